@@ -1,0 +1,179 @@
+//! The `Backend` trait the forward is written against, and the types its kernels share.
+
+use crate::bytes::MatView;
+
+/// A failed kernel call. These are engine faults or bad shapes caught before any arithmetic, never a
+/// silent wrong result.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum KernelError {
+    /// A buffer's length disagrees with the shape the call was given.
+    #[error("kernel {kernel}: {what} has {got} elements, expected {want}")]
+    Shape { kernel: &'static str, what: &'static str, got: usize, want: usize },
+    /// A token id past the embedding table.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    /// A segment's first position disagrees with the key rows its KV cache holds.
+    #[error("segment of cache {cache} starts at position {start} but its KV cache holds {held} rows")]
+    KeyCount { cache: usize, start: usize, held: usize },
+    /// A segment names a cache outside the slice it was given, or segments overlap.
+    #[error("segment table is invalid: {0}")]
+    Segments(String),
+}
+
+/// One stream's rows in a call: rows `first_row .. first_row + rows` of every activation buffer belong
+/// to the stream whose caches are `caches[cache]`, at absolute positions `start_pos ..`.
+/// The shared round (docs/architecture.md) is a list of these over one set of buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// First row of this stream in the call's activation buffers.
+    pub first_row: usize,
+    /// Number of rows (a prompt chunk, a decode row, or a verify window).
+    pub rows: usize,
+    /// Absolute position of the first row; equals the key rows already in the stream's KV cache.
+    pub start_pos: usize,
+    /// Index of the stream's caches in the slice passed to the stateful kernels.
+    pub cache: usize,
+}
+
+/// Rotary embedding settings (Llama "half-split" form, as transformers' `rotate_half`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// `rope_theta` (config `rope_theta` or `rope_parameters.rope_theta`).
+    pub theta: f64,
+    /// Rotated dimensions per head (the whole head).
+    pub head_dim: usize,
+}
+
+/// MoE routing settings (transformers `Lfm2MoeSparseMoeBlock`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeParams {
+    /// `num_experts_per_tok`.
+    pub top_k: usize,
+    /// `norm_topk_prob`: weights divided by their sum + 1e-6.
+    pub norm_topk_prob: bool,
+    /// `routed_scaling_factor`, applied after normalizing.
+    pub routed_scaling_factor: f32,
+}
+
+/// One SwiGLU expert (or the dense FFN): `w2(silu(w1 x) * w3 x)`.
+pub struct Ffn<M> {
+    /// Gate projection `[inter, hidden]`.
+    pub w1: M,
+    /// Up projection `[inter, hidden]`.
+    pub w3: M,
+    /// Down projection `[hidden, inter]`.
+    pub w2: M,
+}
+
+/// A row's greedy pick: the first largest logit (ties go to the lower id); `nonfinite` flags a row with
+/// a NaN or infinite logit, whose `token` must not be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    /// Picked token id.
+    pub token: u32,
+    /// The row held a non-finite logit: an error, never a silent pick.
+    pub nonfinite: bool,
+}
+
+/// The kernels of the LFM2 forward on one device. Activation buffers are row-major f32 `[rows, width]`.
+pub trait Backend: Send + Sync {
+    /// An f32 buffer on the device.
+    type Buf: Send + Sync;
+    /// A weight matrix `[rows, cols]` on the device.
+    type Mat: Send + Sync;
+    /// One attention layer's KV rows of one stream.
+    type Kv: Send + Sync;
+    /// One conv layer's state of one stream (the last `taps - 1` values of `B*x`).
+    type Conv: Send + Sync;
+
+    /// Backend name (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Moves a host matrix to the device (the CPU keeps a zero-copy view).
+    fn upload_mat(&self, m: &MatView) -> Result<Self::Mat, KernelError>;
+    /// Bytes of a device matrix.
+    fn mat_bytes(&self, m: &Self::Mat) -> usize;
+    /// Copies host values to a new device buffer.
+    fn upload(&self, data: &[f32]) -> Self::Buf;
+    /// A zeroed buffer of `len` elements.
+    fn zeros(&self, len: usize) -> Self::Buf;
+    /// Copies a device buffer back to the host.
+    fn read(&self, b: &Self::Buf) -> Vec<f32>;
+    /// An empty KV cache whose rows hold `width = kv_heads * head_dim` keys and as many values.
+    fn new_kv(&self, width: usize) -> Self::Kv;
+    /// Key rows held.
+    fn kv_len(&self, kv: &Self::Kv) -> usize;
+    /// Drops key rows past `len` (rolls back a rejected window).
+    fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
+    /// Bytes the cache holds.
+    fn kv_bytes(&self, kv: &Self::Kv) -> usize;
+    /// A zeroed conv state for `channels` channels and a kernel of `taps` taps.
+    fn new_conv(&self, channels: usize, taps: usize) -> Self::Conv;
+
+    /// `out[r] = table[ids[r]]` widened to f32. Errors on an id past the table.
+    fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;
+    /// Row-wise RMSNorm over `width`: `x * rsqrt(mean(x^2) + eps) * weight`.
+    fn rmsnorm(&self, x: &Self::Buf, weight: &Self::Buf, eps: f32, width: usize, out: &mut Self::Buf);
+    /// `out[r] = w x[r] (+ bias)`: `x` is `[rows, w.cols]`, `out` `[rows, w.rows]`.
+    fn linear(&self, x: &Self::Buf, rows: usize, w: &Self::Mat, bias: Option<&Self::Buf>, out: &mut Self::Buf);
+    /// Rows `rows` of `x` `[*, width]`, in that order, as a new buffer `[rows.len(), width]`.
+    fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize]) -> Self::Buf;
+    /// `acc += y` elementwise.
+    fn add(&self, acc: &mut Self::Buf, y: &Self::Buf);
+    /// Per-head RMSNorm (weight `[head_dim]`) then RoPE at each row's absolute position, in place on
+    /// `x` `[rows, heads * head_dim]`.
+    fn qk_norm_rope(
+        &self,
+        x: &mut Self::Buf,
+        heads: usize,
+        norm: &Self::Buf,
+        eps: f32,
+        rope: RopeParams,
+        segs: &[Segment],
+    ) -> Result<(), KernelError>;
+    /// Appends each segment's `k`, `v` rows to its stream's cache, then causal GQA attention of every
+    /// row over its stream's keys `[0, pos]`, scale `1/sqrt(head_dim)`. `q` `[rows, heads*hd]`,
+    /// `k`/`v` `[rows, kv_heads*hd]`, `out` `[rows, heads*hd]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &mut [&mut Self::Kv],
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// LFM2 short conv core over `bcx` `[rows, 3*width]` (B, C, x chunks): `C * conv(B * x)` with a
+    /// depthwise causal kernel `weight` `[width, taps]` (+ bias) reading each stream's state, which is then
+    /// advanced to the segment's last row. `out` `[rows, width]`.
+    #[allow(clippy::too_many_arguments)]
+    fn short_conv(
+        &self,
+        bcx: &Self::Buf,
+        width: usize,
+        weight: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        segs: &[Segment],
+        states: &mut [&mut Self::Conv],
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// Dense SwiGLU FFN over `rows` rows.
+    fn swiglu(&self, x: &Self::Buf, rows: usize, ffn: &Ffn<Self::Mat>, out: &mut Self::Buf);
+    /// LFM2-MoE block: sigmoid router, top-k selection by score + bias, weights by score, SwiGLU
+    /// experts, combined per row in rank order.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        gate: &Self::Mat,
+        expert_bias: Option<&Self::Buf>,
+        experts: &[Ffn<Self::Mat>],
+        p: MoeParams,
+        out: &mut Self::Buf,
+    );
+    /// Greedy pick of each row of `logits` `[rows, vocab]`.
+    fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
+}

@@ -1,0 +1,170 @@
+//! Host byte ranges (mapped files, embedded bytes, owned copies) and typed matrix views over them.
+
+use std::sync::Arc;
+
+/// Element type of a weight tensor as stored in a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// bfloat16 (1 sign, 8 exponent, 7 mantissa bits); widened to f32 by a 16-bit shift, exactly.
+    Bf16,
+    /// IEEE binary32.
+    F32,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Bf16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+}
+
+/// A read-only byte range whose owner (a memory map, a `'static` slice, an owned buffer) is kept alive
+/// by reference counting, so weight views are zero-copy and a refused open frees everything on drop.
+#[derive(Clone)]
+pub struct HostBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    start: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for HostBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBytes({} bytes)", self.len)
+    }
+}
+
+/// Owned bytes with 4-byte alignment, so f32 and bf16 views are always valid.
+struct Aligned(Vec<u32>, usize);
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.0)[..self.1]
+    }
+}
+
+impl HostBytes {
+    /// Wraps `owner[start..start + len]`. Returns `None` when the range is out of bounds.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Option<Self> {
+        let total = (*owner).as_ref().len();
+        (start.checked_add(len)? <= total).then_some(Self { owner, start, len })
+    }
+
+    /// Copies `data` into an owned, 4-byte aligned buffer.
+    pub fn copy_from(data: &[u8]) -> Self {
+        let mut words = vec![0u32; data.len().div_ceil(4)];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..data.len()].copy_from_slice(data);
+        Self { owner: Arc::new(Aligned(words, data.len())), start: 0, len: data.len() }
+    }
+
+    /// Owned bytes of an f32 vector (little-endian, as in safetensors).
+    pub fn from_f32(data: &[f32]) -> Self {
+        Self::copy_from(bytemuck::cast_slice(data))
+    }
+
+    /// Owned bytes of a bf16 vector given as raw u16 bit patterns.
+    pub fn from_bf16_bits(data: &[u16]) -> Self {
+        Self::copy_from(bytemuck::cast_slice(data))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A sub-range of these bytes (zero-copy). `None` when out of bounds.
+    pub fn slice(&self, start: usize, len: usize) -> Option<Self> {
+        (start.checked_add(len)? <= self.len).then(|| Self {
+            owner: self.owner.clone(),
+            start: self.start + start,
+            len,
+        })
+    }
+
+    /// These bytes, aligned to `align` (a copy only when the range is misaligned).
+    pub fn aligned(self, align: usize) -> Self {
+        if (self.as_slice().as_ptr() as usize).is_multiple_of(align) { self } else { Self::copy_from(self.as_slice()) }
+    }
+}
+
+/// A row-major weight matrix `[rows, cols]` (`rows` outputs of `cols` inputs each, as torch's
+/// `nn.Linear.weight`) in host memory.
+#[derive(Clone, Debug)]
+pub struct MatView {
+    /// Output features (rows of the matrix).
+    pub rows: usize,
+    /// Input features (columns).
+    pub cols: usize,
+    /// Element type of `bytes`.
+    pub dtype: Dtype,
+    /// `rows * cols * dtype.size()` bytes, aligned to the element size.
+    pub bytes: HostBytes,
+}
+
+impl MatView {
+    /// Checks that the byte length matches the shape and aligns the bytes to the element size.
+    pub fn new(rows: usize, cols: usize, dtype: Dtype, bytes: HostBytes) -> Option<Self> {
+        (rows.checked_mul(cols)?.checked_mul(dtype.size())? == bytes.len()).then(|| Self {
+            rows,
+            cols,
+            dtype,
+            bytes: bytes.aligned(dtype.size()),
+        })
+    }
+
+    /// An f32 matrix from values (for tests and the contract).
+    pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Self {
+        assert_eq!(rows * cols, data.len(), "MatView::from_f32 shape");
+        Self { rows, cols, dtype: Dtype::F32, bytes: HostBytes::from_f32(data) }
+    }
+
+    /// A bf16 matrix from raw bit patterns (for tests and the contract).
+    pub fn from_bf16_bits(rows: usize, cols: usize, data: &[u16]) -> Self {
+        assert_eq!(rows * cols, data.len(), "MatView::from_bf16_bits shape");
+        Self { rows, cols, dtype: Dtype::Bf16, bytes: HostBytes::from_bf16_bits(data) }
+    }
+
+    /// Rows `[start, start + count)` as their own matrix (zero-copy).
+    pub fn row_range(&self, start: usize, count: usize) -> Option<Self> {
+        let row_bytes = self.cols * self.dtype.size();
+        Some(Self {
+            rows: count,
+            cols: self.cols,
+            dtype: self.dtype,
+            bytes: self.bytes.slice(start.checked_mul(row_bytes)?, count.checked_mul(row_bytes)?)?,
+        })
+    }
+
+    /// Element `(r, c)` widened to f32 (slow; for references and tests).
+    pub fn get(&self, r: usize, c: usize) -> f32 {
+        let i = r * self.cols + c;
+        let b = self.bytes.as_slice();
+        match self.dtype {
+            Dtype::F32 => f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap_or([0; 4])),
+            Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16),
+        }
+    }
+
+    /// All elements widened to f32, row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.dtype {
+            Dtype::F32 => bytemuck::cast_slice::<u8, f32>(self.bytes.as_slice()).to_vec(),
+            Dtype::Bf16 => bytemuck::cast_slice::<u8, u16>(self.bytes.as_slice())
+                .iter()
+                .map(|&h| f32::from_bits((h as u32) << 16))
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! CPU causal GQA attention over each stream's KV rows, walking the call's segment table.
+
+use super::ops::{SendPtr, check_len};
+use crate::backend::{KernelError, Segment};
+use crate::simd::{self, WRow};
+use rayon::prelude::*;
+
+/// One attention layer's KV rows of one stream: `k` and `v` are `[len, width]`, `width = kv_heads * hd`.
+#[derive(Clone, Debug, Default)]
+pub struct CpuKv {
+    /// Row width (`kv_heads * head_dim`).
+    pub width: usize,
+    /// Keys, row-major.
+    pub k: Vec<f32>,
+    /// Values, row-major.
+    pub v: Vec<f32>,
+}
+
+impl CpuKv {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.k.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// True when no rows are held.
+    pub fn is_empty(&self) -> bool {
+        self.k.is_empty()
+    }
+}
+
+/// Appends each segment's new K/V rows to its cache (checking the cache holds exactly `start_pos` rows),
+/// then computes every row's attention over keys `[0, pos]` of its own stream.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    segs: &[Segment],
+    caches: &mut [&mut CpuKv],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let width = caches.first().map_or(0, |c| c.width);
+    let hd = width / kv_heads.max(1);
+    let n_rows = k.len() / width.max(1);
+    check_len("attention", "q", q.len(), n_rows * heads * hd)?;
+    check_len("attention", "v", v.len(), n_rows * width)?;
+    check_len("attention", "out", out.len(), n_rows * heads * hd)?;
+    let pos = super::ops::row_positions(segs, n_rows)?;
+    check_caches(segs, caches.len())?;
+    for s in segs {
+        let held = caches[s.cache].len();
+        if held != s.start_pos {
+            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
+        }
+    }
+    let mut row_cache = vec![0usize; n_rows];
+    for s in segs {
+        let c = &mut caches[s.cache];
+        let r = s.first_row * width..(s.first_row + s.rows) * width;
+        c.k.extend_from_slice(&k[r.clone()]);
+        c.v.extend_from_slice(&v[r]);
+        row_cache[s.first_row..s.first_row + s.rows].fill(s.cache);
+    }
+    let caches: Vec<&CpuKv> = caches.iter().map(|c| &**c).collect();
+    let group = heads / kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let ptr = SendPtr(out.as_mut_ptr());
+    (0..n_rows * heads).into_par_iter().for_each(|i| {
+        let ptr = ptr;
+        let (r, h) = (i / heads, i % heads);
+        let qh = &q[i * hd..(i + 1) * hd];
+        let cache = caches[row_cache[r]];
+        // SAFETY: each (row, head) task writes its own hd elements.
+        let o = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * hd), hd) };
+        attend_row(qh, cache, h / group, hd, pos[r] + 1, scale, o);
+    });
+    Ok(())
+}
+
+/// Softmax attention of one query head over the first `keys` rows of `cache` for KV head `kvh`.
+/// Fixed order: scores by the canonical dot, max, `exp(s - max)` summed in key order, values accumulated
+/// in key order (multiply, then add), then divided by the sum.
+pub fn attend_row(q: &[f32], cache: &CpuKv, kvh: usize, hd: usize, keys: usize, scale: f32, out: &mut [f32]) {
+    let w = cache.width;
+    let mut scores: Vec<f32> = (0..keys)
+        .map(|j| simd::dot(q, WRow::F32(&cache.k[j * w + kvh * hd..j * w + (kvh + 1) * hd])) * scale)
+        .collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let vr = &cache.v[j * w + kvh * hd..j * w + (kvh + 1) * hd];
+        for (o, &x) in out.iter_mut().zip(vr) {
+            *o += p * x;
+        }
+    }
+    for o in out.iter_mut() {
+        *o /= sum;
+    }
+}
+
+/// Checks that segments name distinct caches inside a slice of `n` caches.
+pub(crate) fn check_caches(segs: &[Segment], n: usize) -> Result<(), KernelError> {
+    let mut seen = vec![false; n];
+    for s in segs {
+        match seen.get_mut(s.cache) {
+            None => return Err(KernelError::Segments(format!("segment names cache {} of {n}", s.cache))),
+            Some(true) => return Err(KernelError::Segments(format!("two segments name cache {}", s.cache))),
+            Some(b) => *b = true,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! CPU LFM2 short conv core over each stream's conv state, walking the call's segment table.
+
+use super::attention::check_caches;
+use super::ops::check_len;
+use crate::backend::{KernelError, Segment};
+
+/// One conv layer's state of one stream: the last `taps - 1` values of `B * x`, oldest first,
+/// `[taps - 1, width]`. Zeros before the first row (the reference's causal zero padding).
+#[derive(Clone, Debug)]
+pub struct CpuConv {
+    /// Channels.
+    pub width: usize,
+    /// Kernel taps (`conv_L_cache`).
+    pub taps: usize,
+    /// `[taps - 1, width]`, oldest row first.
+    pub state: Vec<f32>,
+}
+
+impl CpuConv {
+    /// A zeroed state.
+    pub fn new(width: usize, taps: usize) -> Self {
+        Self { width, taps, state: vec![0.0; taps.saturating_sub(1) * width] }
+    }
+}
+
+/// `out[t, c] = C[t, c] * (sum_i w[c, i] * Bx[t - taps + 1 + i, c] + bias[c])` for each segment's rows,
+/// where rows before the segment come from its stream's state; then the state holds the segment's last
+/// `taps - 1` rows of `B * x`. `bcx` is `[rows, 3 * width]` (B, C, x), `weight` `[width, taps]`.
+/// The sum runs over taps in order (multiply, then add), bias last.
+#[allow(clippy::too_many_arguments)]
+pub fn short_conv(
+    bcx: &[f32],
+    width: usize,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    segs: &[Segment],
+    states: &mut [&mut CpuConv],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let rows = out.len() / width.max(1);
+    check_len("short_conv", "bcx", bcx.len(), rows * 3 * width)?;
+    check_len("short_conv", "out", out.len(), rows * width)?;
+    super::ops::row_positions(segs, rows)?;
+    check_caches(segs, states.len())?;
+    let taps = weight.len() / width.max(1);
+    for s in segs {
+        let st = &states[s.cache];
+        if st.width != width || st.taps != taps || taps == 0 {
+            return Err(KernelError::Shape {
+                kernel: "short_conv",
+                what: "conv state",
+                got: st.state.len(),
+                want: taps.saturating_sub(1) * width,
+            });
+        }
+    }
+    for s in segs {
+        let st = &mut states[s.cache];
+        let hist = taps - 1;
+        // Window of B*x: the state's rows then this segment's rows.
+        let mut bx = Vec::with_capacity((hist + s.rows) * width);
+        bx.extend_from_slice(&st.state);
+        for t in 0..s.rows {
+            let r = &bcx[(s.first_row + t) * 3 * width..(s.first_row + t + 1) * 3 * width];
+            bx.extend(r[..width].iter().zip(&r[2 * width..]).map(|(b, x)| b * x));
+        }
+        for t in 0..s.rows {
+            let c_gate = &bcx[(s.first_row + t) * 3 * width + width..(s.first_row + t) * 3 * width + 2 * width];
+            let o = &mut out[(s.first_row + t) * width..(s.first_row + t + 1) * width];
+            for c in 0..width {
+                let mut acc = 0f32;
+                for i in 0..taps {
+                    acc += weight[c * taps + i] * bx[(t + i) * width + c];
+                }
+                if let Some(b) = bias {
+                    acc += b[c];
+                }
+                o[c] = c_gate[c] * acc;
+            }
+        }
+        let n = bx.len();
+        st.state.copy_from_slice(&bx[n - hist * width..]);
+    }
+    Ok(())
+}

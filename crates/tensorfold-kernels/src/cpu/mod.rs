@@ -1,0 +1,153 @@
+//! The CPU backend: host buffers, zero-copy weight views, and the row kernels of `ops`, `attention`,
+//! `conv` and `moe`, with threads (rayon) and run-time SIMD detection.
+
+pub mod attention;
+pub mod conv;
+pub mod moe;
+pub mod ops;
+
+pub use attention::CpuKv;
+pub use conv::CpuConv;
+
+use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
+use crate::bytes::MatView;
+use rayon::prelude::*;
+
+/// The CPU backend. Weights stay in the checkpoint's mapped pages (bf16 or f32); activations are f32.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Mat = MatView;
+    type Kv = CpuKv;
+    type Conv = CpuConv;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload_mat(&self, m: &MatView) -> Result<MatView, KernelError> {
+        Ok(m.clone())
+    }
+
+    fn mat_bytes(&self, m: &MatView) -> usize {
+        m.bytes.len()
+    }
+
+    fn upload(&self, data: &[f32]) -> Vec<f32> {
+        data.to_vec()
+    }
+
+    fn zeros(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn read(&self, b: &Vec<f32>) -> Vec<f32> {
+        b.clone()
+    }
+
+    fn new_kv(&self, width: usize) -> CpuKv {
+        CpuKv { width, k: Vec::new(), v: Vec::new() }
+    }
+
+    fn kv_len(&self, kv: &CpuKv) -> usize {
+        kv.len()
+    }
+
+    fn kv_truncate(&self, kv: &mut CpuKv, len: usize) {
+        kv.k.truncate(len * kv.width);
+        kv.v.truncate(len * kv.width);
+    }
+
+    fn kv_bytes(&self, kv: &CpuKv) -> usize {
+        (kv.k.capacity() + kv.v.capacity()) * 4
+    }
+
+    fn new_conv(&self, channels: usize, taps: usize) -> CpuConv {
+        CpuConv::new(channels, taps)
+    }
+
+    fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
+        ops::embed(table, ids, out)
+    }
+
+    fn rmsnorm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, width: usize, out: &mut Vec<f32>) {
+        ops::rmsnorm(x, weight, eps, width, out)
+    }
+
+    fn linear(&self, x: &Vec<f32>, rows: usize, w: &MatView, bias: Option<&Vec<f32>>, out: &mut Vec<f32>) {
+        ops::linear(x, rows, w, bias.map(|b| b.as_slice()), out)
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, width: usize, rows: &[usize]) -> Vec<f32> {
+        rows.iter().flat_map(|&r| x[r * width..(r + 1) * width].iter().copied()).collect()
+    }
+
+    fn add(&self, acc: &mut Vec<f32>, y: &Vec<f32>) {
+        acc.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    }
+
+    fn qk_norm_rope(
+        &self,
+        x: &mut Vec<f32>,
+        heads: usize,
+        norm: &Vec<f32>,
+        eps: f32,
+        rope: RopeParams,
+        segs: &[Segment],
+    ) -> Result<(), KernelError> {
+        let width = heads * rope.head_dim;
+        let pos = ops::row_positions(segs, x.len() / width.max(1))?;
+        x.par_chunks_mut(width).zip(pos).for_each(|(row, p)| ops::qk_norm_rope_row(row, norm, eps, rope, p));
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &mut [&mut CpuKv],
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        attention::attention(q, k, v, heads, kv_heads, segs, caches, out)
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &Vec<f32>,
+        width: usize,
+        weight: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        segs: &[Segment],
+        states: &mut [&mut CpuConv],
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        conv::short_conv(bcx, width, weight, bias.map(|b| b.as_slice()), segs, states, out)
+    }
+
+    fn swiglu(&self, x: &Vec<f32>, rows: usize, ffn: &Ffn<MatView>, out: &mut Vec<f32>) {
+        moe::swiglu(x, rows, ffn, out)
+    }
+
+    fn moe(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        gate: &MatView,
+        expert_bias: Option<&Vec<f32>>,
+        experts: &[Ffn<MatView>],
+        p: MoeParams,
+        out: &mut Vec<f32>,
+    ) {
+        moe::moe(x, rows, gate, expert_bias.map(|b| b.as_slice()), experts, p, out)
+    }
+
+    fn greedy(&self, logits: &Vec<f32>, vocab: usize) -> Vec<Pick> {
+        logits.par_chunks(vocab).map(ops::greedy_row).collect()
+    }
+}

@@ -1,0 +1,175 @@
+//! CPU row kernels on plain slices: embedding, RMSNorm, linear, q/k norm + RoPE, SwiGLU, greedy pick.
+//!
+//! Each output element is reduced by `simd::dot_tile` in the canonical order, and work is split across
+//! threads by output column or row only, so a row's bits never depend on the batch or the thread count.
+
+use crate::backend::{KernelError, Pick, RopeParams, Segment};
+use crate::bytes::{Dtype, MatView};
+use crate::simd::{self, Level, WRow};
+use rayon::prelude::*;
+
+/// Rows of `x` a linear task keeps hot in cache while it walks its weight rows.
+const ROW_BLOCK: usize = 64;
+
+/// A raw pointer that threads writing disjoint elements may share.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub *mut f32);
+// SAFETY: every user writes only elements no other task touches (disjoint output columns or rows).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+/// Weight row `j` of `w`.
+pub fn wrow(w: &MatView, j: usize) -> WRow<'_> {
+    let b = w.bytes.as_slice();
+    match w.dtype {
+        Dtype::F32 => WRow::F32(&bytemuck::cast_slice::<u8, f32>(b)[j * w.cols..(j + 1) * w.cols]),
+        Dtype::Bf16 => WRow::Bf16(&bytemuck::cast_slice::<u8, u16>(b)[j * w.cols..(j + 1) * w.cols]),
+    }
+}
+
+/// `out[r, j] = dot(x[r], w[j]) (+ bias[j])` for `x` `[rows, w.cols]`, `out` `[rows, w.rows]`, on `level`.
+pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option<&[f32]>, out: &mut [f32]) {
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), rows * k, "linear: x is not [rows, cols]");
+    assert_eq!(out.len(), rows * n, "linear: out is not [rows, n]");
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let xs: Vec<&[f32]> = x.chunks_exact(k).collect();
+    let threads = rayon::current_num_threads().max(1);
+    let cols_per_task = (n / (threads * 8)).clamp(8, 256);
+    let ptr = SendPtr(out.as_mut_ptr());
+    (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
+        let ptr = ptr;
+        let j0 = task * cols_per_task;
+        let j1 = (j0 + cols_per_task).min(n);
+        let mut tmp = vec![0f32; ROW_BLOCK.min(rows)];
+        for r0 in (0..rows).step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(rows);
+            for j in j0..j1 {
+                let t = &mut tmp[..r1 - r0];
+                simd::dot_tile(level, &xs[r0..r1], wrow(w, j), t);
+                let b = bias.map_or(0.0, |b| b[j]);
+                for (i, v) in t.iter().enumerate() {
+                    // SAFETY: (r0 + i, j) is inside out, and column j belongs to this task only.
+                    unsafe { *ptr.0.add((r0 + i) * n + j) = if bias.is_some() { v + b } else { *v } };
+                }
+            }
+        }
+    });
+}
+
+/// [`linear_on`] at the detected SIMD level.
+pub fn linear(x: &[f32], rows: usize, w: &MatView, bias: Option<&[f32]>, out: &mut [f32]) {
+    linear_on(simd::level(), x, rows, w, bias, out)
+}
+
+/// Gathers embedding rows, widened to f32 exactly. `out` is `[ids.len(), table.cols]`.
+pub fn embed(table: &MatView, ids: &[u32], out: &mut [f32]) -> Result<(), KernelError> {
+    let h = table.cols;
+    check_len("embed", "out", out.len(), ids.len() * h)?;
+    for (row, &id) in out.chunks_exact_mut(h).zip(ids) {
+        if id as usize >= table.rows {
+            return Err(KernelError::TokenOutOfRange { id, vocab: table.rows });
+        }
+        match wrow(table, id as usize) {
+            WRow::F32(w) => row.copy_from_slice(w),
+            WRow::Bf16(w) => row.iter_mut().zip(w).for_each(|(o, &b)| *o = f32::from_bits((b as u32) << 16)),
+        }
+    }
+    Ok(())
+}
+
+/// RMSNorm of one row: `x * (1 / sqrt(dot(x, x) / n + eps)) * weight`.
+pub fn rmsnorm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = simd::dot(x, WRow::F32(x));
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// Row-wise RMSNorm of `x` `[rows, width]`.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, width: usize, out: &mut [f32]) {
+    assert_eq!(weight.len(), width, "rmsnorm: weight width");
+    out.par_chunks_mut(width).zip(x.par_chunks(width)).for_each(|(o, r)| rmsnorm_row(r, weight, eps, o));
+}
+
+/// Inverse frequency of rotary pair `i`, as transformers computes it in float32:
+/// `1 / theta ^ (2i / head_dim)`.
+pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
+    let e = (2 * i) as f32 / head_dim as f32;
+    1.0 / ((theta as f32) as f64).powf(e as f64) as f32
+}
+
+/// Per-head RMSNorm then half-split RoPE of one row `x` `[heads * head_dim]` at `pos`.
+pub fn qk_norm_rope_row(x: &mut [f32], norm: &[f32], eps: f32, rope: RopeParams, pos: usize) {
+    let hd = rope.head_dim;
+    let half = hd / 2;
+    let mut cs = vec![(0f32, 0f32); half];
+    for (i, c) in cs.iter_mut().enumerate() {
+        let angle = rope_inv_freq(rope.theta, hd, i) * pos as f32;
+        *c = ((angle as f64).cos() as f32, (angle as f64).sin() as f32);
+    }
+    let mut normed = vec![0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        rmsnorm_row(head, norm, eps, &mut normed);
+        for (i, &(c, s)) in cs.iter().enumerate() {
+            let (a, b) = (normed[i], normed[i + half]);
+            head[i] = a * c - b * s;
+            head[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/// Absolute position of every row of a call, from its segments. Errors on overlapping or missing rows.
+pub fn row_positions(segs: &[Segment], rows: usize) -> Result<Vec<usize>, KernelError> {
+    let mut pos = vec![usize::MAX; rows];
+    for s in segs {
+        if s.first_row + s.rows > rows {
+            return Err(KernelError::Segments(format!(
+                "segment rows {}..{} past {rows}",
+                s.first_row,
+                s.first_row + s.rows
+            )));
+        }
+        for i in 0..s.rows {
+            if pos[s.first_row + i] != usize::MAX {
+                return Err(KernelError::Segments(format!("row {} is in two segments", s.first_row + i)));
+            }
+            pos[s.first_row + i] = s.start_pos + i;
+        }
+    }
+    if pos.contains(&usize::MAX) {
+        return Err(KernelError::Segments("a row belongs to no segment".into()));
+    }
+    Ok(pos)
+}
+
+/// `silu(g) * u` elementwise into `g`; silu(v) = v / (1 + exp(-v)).
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    g.par_chunks_mut(4096).zip(u.par_chunks(4096)).for_each(|(g, u)| {
+        for (a, &b) in g.iter_mut().zip(u) {
+            *a = *a / (1.0 + (-*a).exp()) * b;
+        }
+    });
+}
+
+/// Greedy pick of one row: the first largest logit; a NaN or infinite logit flags the row.
+pub fn greedy_row(row: &[f32]) -> Pick {
+    let mut best = 0usize;
+    let mut nonfinite = row.is_empty();
+    for (i, &v) in row.iter().enumerate() {
+        if !v.is_finite() {
+            nonfinite = true;
+        } else if v > row[best] || !row[best].is_finite() {
+            best = i;
+        }
+    }
+    Pick { token: best as u32, nonfinite }
+}
+
+pub(crate) fn check_len(kernel: &'static str, what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
+    if got == want { Ok(()) } else { Err(KernelError::Shape { kernel, what, got, want }) }
+}

@@ -1,0 +1,15 @@
+//! TensorFold kernels: the `Backend` trait, the CPU backend, and the kernel contract that checks them.
+//!
+//! Numerics (docs/architecture.md): weights bf16 or f32, activations and accumulation f32, one reduction
+//! order per row fixed by the row's own length (never by the batch), so a row's bits do not depend on
+//! what else is in the call.
+
+pub mod backend;
+pub mod bytes;
+pub mod contract;
+pub mod cpu;
+pub mod simd;
+
+pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
+pub use bytes::{Dtype, HostBytes, MatView};
+pub use cpu::CpuBackend;

@@ -1,0 +1,257 @@
+//! The LFM2 / LFM2-MoE forward over a table of rows and segments, generic over the `Backend`, with each
+//! stream's state (KV rows per attention layer, conv state per conv layer).
+
+use crate::config::{Mixer, ModelConfig};
+use crate::weights::{FfnWeights, MixerWeights, Weights};
+use tensorfold_kernels::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
+
+/// A forward that could not run. Checked before any state changes, so a refused call leaves every
+/// stream as it was.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ForwardError {
+    /// A kernel refused its inputs.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// A row would pass the model's context.
+    #[error("position {pos} is past the context of {max} tokens")]
+    ContextFull { pos: usize, max: usize },
+    /// A token id past the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    /// A segment's start disagrees with its stream's position (an engine fault).
+    #[error("segment of stream {cache} starts at {start} but the stream is at {pos}")]
+    Position { cache: usize, start: usize, pos: usize },
+    /// The call has no rows, or its segments do not cover them.
+    #[error("invalid batch: {0}")]
+    Batch(String),
+}
+
+/// One layer's state of one stream.
+pub enum LayerState<B: Backend> {
+    /// KV rows of an attention layer.
+    Kv(B::Kv),
+    /// Conv state of a conv layer.
+    Conv(B::Conv),
+}
+
+/// A stream's state: one entry per layer, and the number of positions it has consumed.
+pub struct StreamState<B: Backend> {
+    /// Per-layer state, in layer order.
+    pub layers: Vec<LayerState<B>>,
+    /// Positions consumed (equals the KV rows of every attention layer).
+    pub pos: usize,
+}
+
+/// Which rows of a call get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Every row (verify windows, `tensorfold exact`).
+    All,
+    /// The last row of each segment (prefill chunks, decode).
+    Last,
+}
+
+/// Logits and greedy picks of the rows that asked for them.
+#[derive(Clone, Debug)]
+pub struct ForwardOut {
+    /// Call rows that have logits, in order.
+    pub rows: Vec<usize>,
+    /// `[rows.len(), vocab]` f32.
+    pub logits: Vec<f32>,
+    /// Greedy pick of each logits row (first largest; non-finite rows flagged).
+    pub picks: Vec<Pick>,
+}
+
+/// A loaded model on a backend.
+pub struct Model<B: Backend> {
+    /// Admitted config.
+    pub cfg: ModelConfig,
+    /// Weights on the device.
+    pub weights: Weights<B>,
+    /// The backend.
+    pub backend: B,
+}
+
+impl<B: Backend> Model<B> {
+    /// A fresh stream state at position 0.
+    pub fn new_state(&self) -> StreamState<B> {
+        let c = &self.cfg;
+        let layers = c
+            .layers
+            .iter()
+            .map(|m| match m {
+                Mixer::Attention => LayerState::Kv(self.backend.new_kv(c.kv_heads * c.head_dim)),
+                Mixer::Conv => LayerState::Conv(self.backend.new_conv(c.hidden, c.conv_taps)),
+            })
+            .collect();
+        StreamState { layers, pos: 0 }
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        let b = &self.backend;
+        let w = &self.weights;
+        let mut n = b.mat_bytes(&w.embed) + w.head.as_ref().map_or(0, |m| b.mat_bytes(m));
+        for l in &w.layers {
+            n += match &l.mixer {
+                MixerWeights::Conv(c) => b.mat_bytes(&c.in_proj) + b.mat_bytes(&c.out_proj),
+                MixerWeights::Attn(a) => [&a.q, &a.k, &a.v, &a.o].iter().map(|m| b.mat_bytes(m)).sum(),
+            };
+            n += match &l.ffn {
+                FfnWeights::Dense(f) => b.mat_bytes(&f.w1) + b.mat_bytes(&f.w2) + b.mat_bytes(&f.w3),
+                FfnWeights::Moe { gate, experts, .. } => {
+                    b.mat_bytes(gate)
+                        + experts
+                            .iter()
+                            .map(|f| b.mat_bytes(&f.w1) + b.mat_bytes(&f.w2) + b.mat_bytes(&f.w3))
+                            .sum::<usize>()
+                }
+            };
+        }
+        n
+    }
+
+    /// Runs every layer once over all rows of `tokens`; `segs[i].cache` indexes `states`. On success each
+    /// stream's position advances by its rows. Errors leave all states unchanged.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+        which: LogitRows,
+    ) -> Result<ForwardOut, ForwardError> {
+        self.check(tokens, segs, states)?;
+        let c = &self.cfg;
+        let (b, w) = (&self.backend, &self.weights);
+        let rows = tokens.len();
+        let h = c.hidden;
+        let mut x = b.zeros(rows * h);
+        b.embed(&w.embed, tokens, &mut x)?;
+        let mut normed = b.zeros(rows * h);
+        let mut mixed = b.zeros(rows * h);
+        for (i, layer) in w.layers.iter().enumerate() {
+            b.rmsnorm(&x, &layer.operator_norm, c.norm_eps, h, &mut normed);
+            match &layer.mixer {
+                MixerWeights::Conv(cw) => {
+                    let mut st: Vec<&mut B::Conv> = states.iter_mut().map(|s| conv_of(&mut s.layers[i])).collect();
+                    let mut bcx = b.zeros(rows * 3 * h);
+                    b.linear(&normed, rows, &cw.in_proj, cw.in_bias.as_ref(), &mut bcx);
+                    let mut y = b.zeros(rows * h);
+                    b.short_conv(&bcx, h, &cw.kernel, cw.kernel_bias.as_ref(), segs, &mut st, &mut y)?;
+                    b.linear(&y, rows, &cw.out_proj, cw.out_bias.as_ref(), &mut mixed);
+                }
+                MixerWeights::Attn(aw) => {
+                    let mut kv: Vec<&mut B::Kv> = states.iter_mut().map(|s| kv_of(&mut s.layers[i])).collect();
+                    self.attention(&normed, aw, segs, &mut kv, &mut mixed)?;
+                }
+            }
+            b.add(&mut x, &mixed);
+            b.rmsnorm(&x, &layer.ffn_norm, c.norm_eps, h, &mut normed);
+            match &layer.ffn {
+                FfnWeights::Dense(f) => b.swiglu(&normed, rows, f, &mut mixed),
+                FfnWeights::Moe { gate, bias, experts } => {
+                    let m = c.moe.as_ref().expect("MoE weights imply a MoE config");
+                    let p = MoeParams {
+                        top_k: m.top_k,
+                        norm_topk_prob: m.norm_topk_prob,
+                        routed_scaling_factor: m.routed_scaling_factor,
+                    };
+                    b.moe(&normed, rows, gate, bias.as_ref(), experts, p, &mut mixed);
+                }
+            }
+            b.add(&mut x, &mixed);
+        }
+        for s in segs {
+            states[s.cache].pos += s.rows;
+        }
+        Ok(self.head(&x, segs, which))
+    }
+
+    fn attention(
+        &self,
+        normed: &B::Buf,
+        aw: &crate::weights::AttnWeights<B>,
+        segs: &[Segment],
+        kv: &mut [&mut B::Kv],
+        out: &mut B::Buf,
+    ) -> Result<(), ForwardError> {
+        let (b, c) = (&self.backend, &self.cfg);
+        let rows = segs.iter().map(|s| s.rows).sum::<usize>();
+        let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let rope = RopeParams { theta: c.rope_theta, head_dim: c.head_dim };
+        let (mut q, mut k, mut v) = (b.zeros(rows * qd), b.zeros(rows * kd), b.zeros(rows * kd));
+        b.linear(normed, rows, &aw.q, None, &mut q);
+        b.linear(normed, rows, &aw.k, None, &mut k);
+        b.linear(normed, rows, &aw.v, None, &mut v);
+        b.qk_norm_rope(&mut q, c.heads, &aw.q_norm, c.norm_eps, rope, segs)?;
+        b.qk_norm_rope(&mut k, c.kv_heads, &aw.k_norm, c.norm_eps, rope, segs)?;
+        let mut a = b.zeros(rows * qd);
+        b.attention(&q, &k, &v, c.heads, c.kv_heads, segs, kv, &mut a)?;
+        b.linear(&a, rows, &aw.o, None, out);
+        Ok(())
+    }
+
+    /// Final norm, head and greedy pick of the rows that want logits.
+    fn head(&self, x: &B::Buf, segs: &[Segment], which: LogitRows) -> ForwardOut {
+        let (b, c, w) = (&self.backend, &self.cfg, &self.weights);
+        let rows: Vec<usize> = match which {
+            LogitRows::All => (0..segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0)).collect(),
+            LogitRows::Last => segs.iter().map(|s| s.first_row + s.rows - 1).collect(),
+        };
+        let picked = b.gather_rows(x, c.hidden, &rows);
+        let mut normed = b.zeros(rows.len() * c.hidden);
+        b.rmsnorm(&picked, &w.final_norm, c.norm_eps, c.hidden, &mut normed);
+        let mut logits = b.zeros(rows.len() * c.vocab);
+        b.linear(&normed, rows.len(), w.head.as_ref().unwrap_or(&w.embed), None, &mut logits);
+        let picks = b.greedy(&logits, c.vocab);
+        ForwardOut { rows, logits: b.read(&logits), picks }
+    }
+
+    /// Validates a call before it touches any state.
+    fn check(&self, tokens: &[u32], segs: &[Segment], states: &[&mut StreamState<B>]) -> Result<(), ForwardError> {
+        if tokens.is_empty() || segs.is_empty() {
+            return Err(ForwardError::Batch("no rows".into()));
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(ForwardError::TokenOutOfRange { id, vocab: self.cfg.vocab });
+        }
+        let mut covered = 0;
+        let mut seen = vec![false; states.len()];
+        for s in segs {
+            let st = states
+                .get(s.cache)
+                .ok_or_else(|| ForwardError::Batch(format!("segment names stream {} of {}", s.cache, states.len())))?;
+            if std::mem::replace(&mut seen[s.cache], true) {
+                return Err(ForwardError::Batch(format!("two segments name stream {}", s.cache)));
+            }
+            if s.rows == 0 || s.first_row != covered {
+                return Err(ForwardError::Batch("segments must cover the rows in order, each non-empty".into()));
+            }
+            if st.pos != s.start_pos {
+                return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: st.pos });
+            }
+            if s.start_pos + s.rows > self.cfg.max_positions {
+                return Err(ForwardError::ContextFull { pos: s.start_pos + s.rows, max: self.cfg.max_positions });
+            }
+            covered += s.rows;
+        }
+        if covered != tokens.len() {
+            return Err(ForwardError::Batch(format!("segments cover {covered} of {} rows", tokens.len())));
+        }
+        Ok(())
+    }
+}
+
+fn conv_of<B: Backend>(l: &mut LayerState<B>) -> &mut B::Conv {
+    match l {
+        LayerState::Conv(c) => c,
+        LayerState::Kv(_) => unreachable!("layer plan and state agree by construction"),
+    }
+}
+
+fn kv_of<B: Backend>(l: &mut LayerState<B>) -> &mut B::Kv {
+    match l {
+        LayerState::Kv(k) => k,
+        LayerState::Conv(_) => unreachable!("layer plan and state agree by construction"),
+    }
+}

@@ -1,0 +1,13 @@
+//! TensorFold model side: checkpoints, config admission, text, and the LFM2 / LFM2-MoE forward.
+pub mod checkpoint;
+pub mod config;
+pub mod exact;
+pub mod forward;
+pub mod load;
+pub mod text;
+pub mod weights;
+
+pub use checkpoint::Source;
+pub use config::{Family, Mixer, ModelConfig};
+pub use forward::{ForwardError, ForwardOut, LogitRows, Model, StreamState};
+pub use load::{Loaded, OpenError, open, summarize};

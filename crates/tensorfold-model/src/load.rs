@@ -1,0 +1,133 @@
+//! Opening a checkpoint: config admission, generation config, text files, weights bound to a backend.
+
+use crate::checkpoint::{CheckpointError, Source, TensorTable};
+use crate::config::{ConfigError, Mixer, ModelConfig};
+use crate::forward::Model;
+use crate::text::{Text, TextError};
+use crate::weights::{WeightError, bind};
+use std::collections::BTreeMap;
+use tensorfold_kernels::Backend;
+
+/// Why a checkpoint could not be opened. Everything loaded so far is dropped (mapped files unmapped).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A file is missing, unreadable or corrupt.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// `config.json` refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A tensor does not fit the config.
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+    /// Tokenizer or chat template files are present but unreadable.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    /// `generation_config.json` is unreadable.
+    #[error("generation_config.json is invalid: {0}")]
+    Generation(String),
+}
+
+/// What `tensorfold inspect` prints about a checkpoint, read without binding weights.
+#[derive(Debug)]
+pub struct Summary {
+    /// Admitted config.
+    pub cfg: ModelConfig,
+    /// Parameters (elements of all tensors).
+    pub params: usize,
+    /// Bytes of all tensors.
+    pub bytes: usize,
+    /// Tensors and bytes by stored dtype.
+    pub dtypes: BTreeMap<&'static str, (usize, usize)>,
+    /// Weight files.
+    pub files: Vec<String>,
+    /// Whether tokenizer files are present.
+    pub has_tokenizer: bool,
+}
+
+/// A model ready to run, with its text side and stop ids.
+pub struct Loaded<B: Backend> {
+    /// The model.
+    pub model: Model<B>,
+    /// Tokenizer and chat template; `None` for a checkpoint without `tokenizer.json`.
+    pub text: Option<Text>,
+    /// End-of-sequence ids from `generation_config.json` and `config.json`, deduplicated.
+    pub eos_ids: Vec<u32>,
+    /// Where it came from.
+    pub source: String,
+}
+
+/// Reads and admits `config.json`.
+pub fn read_config(src: &Source) -> Result<ModelConfig, OpenError> {
+    if let Source::Dir(d) = src {
+        if !d.is_dir() {
+            return Err(CheckpointError::NoDir(d.clone()).into());
+        }
+    }
+    let bytes = src
+        .read("config.json")?
+        .ok_or_else(|| CheckpointError::Missing { dir: src.describe(), file: "config.json".into() })?;
+    Ok(ModelConfig::parse(&bytes)?)
+}
+
+/// Config, tensor table and dtype totals, without binding weights.
+pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
+    let cfg = read_config(src)?;
+    let table = TensorTable::open(src)?;
+    let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
+    let mut params = 0;
+    for t in table.tensors.values() {
+        let n: usize = t.shape.iter().product();
+        params += n;
+        let e = dtypes.entry(t.dtype.as_str()).or_default();
+        e.0 += 1;
+        e.1 += t.bytes.len();
+    }
+    let has_tokenizer = src.read("tokenizer.json")?.is_some();
+    Ok(Summary { cfg, params, bytes: table.total_bytes(), dtypes, files: table.files.clone(), has_tokenizer })
+}
+
+/// Opens a checkpoint on `backend`: admits the config, binds every tensor, reads the text files.
+pub fn open<B: Backend>(src: &Source, backend: B) -> Result<Loaded<B>, OpenError> {
+    let cfg = read_config(src)?;
+    let table = TensorTable::open(src)?;
+    let weights = bind(&cfg, &table, &backend)?;
+    let text = open_text(src)?;
+    let mut eos_ids = generation_eos(src)?;
+    for id in &cfg.eos_ids {
+        if !eos_ids.contains(id) {
+            eos_ids.push(*id);
+        }
+    }
+    Ok(Loaded { model: Model { cfg, weights, backend }, text, eos_ids, source: src.describe() })
+}
+
+fn open_text(src: &Source) -> Result<Option<Text>, OpenError> {
+    let Some(tok) = src.read("tokenizer.json")? else { return Ok(None) };
+    let cfg = src.read("tokenizer_config.json")?;
+    let tpl = src.read("chat_template.jinja")?.map(|b| String::from_utf8_lossy(&b).into_owned());
+    Ok(Some(Text::from_parts(&tok, cfg.as_deref(), tpl.as_deref())?))
+}
+
+fn generation_eos(src: &Source) -> Result<Vec<u32>, OpenError> {
+    let Some(b) = src.read("generation_config.json")? else { return Ok(Vec::new()) };
+    let v: serde_json::Value = serde_json::from_slice(&b).map_err(|e| OpenError::Generation(e.to_string()))?;
+    let ids = match v.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(a)) => {
+            a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>().unwrap_or_default()
+        }
+        Some(x) => x.as_u64().into_iter().collect(),
+    };
+    Ok(ids.into_iter().filter_map(|x| u32::try_from(x).ok()).collect())
+}
+
+/// The layer plan as one string, e.g. `CCACCA`: `C` conv, `A` attention.
+pub fn layer_plan(cfg: &ModelConfig) -> String {
+    cfg.layers.iter().map(|m| if *m == Mixer::Attention { 'A' } else { 'C' }).collect()
+}
+
+/// Per-layer FFN kind: `D` dense, `M` MoE.
+pub fn ffn_plan(cfg: &ModelConfig) -> String {
+    (0..cfg.layers.len()).map(|i| if cfg.is_moe_layer(i) { 'M' } else { 'D' }).collect()
+}

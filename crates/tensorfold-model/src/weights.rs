@@ -1,0 +1,262 @@
+//! Binds checkpoint tensors to the LFM2 / LFM2-MoE layer structure: names, layouts (per-expert or fused
+//! experts, tied or untied head), shapes checked against the config, missing and unexpected tensors refused.
+
+use crate::checkpoint::{StoredDtype, TensorEntry, TensorTable};
+use crate::config::{Mixer, ModelConfig};
+use std::collections::BTreeSet;
+use tensorfold_kernels::{Backend, Dtype, HostBytes, KernelError, MatView, backend::Ffn};
+
+/// A tensor that does not fit the admitted config.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightError {
+    /// A tensor the config requires is absent.
+    #[error("tensor {0} is missing from the checkpoint")]
+    Missing(String),
+    /// A tensor the config does not use is present (a wrong config, or a layout we do not know).
+    #[error("unexpected tensor {0}: the config does not use it (wrong config or unsupported layout)")]
+    Unexpected(String),
+    /// A tensor's shape disagrees with the config.
+    #[error("tensor {name} has shape {got:?}, the config implies {want:?}")]
+    Shape { name: String, got: Vec<usize>, want: Vec<usize> },
+    /// The device refused a matrix.
+    #[error("uploading {name}: {source}")]
+    Upload { name: String, source: KernelError },
+}
+
+/// Conv mixer weights (`conv.*`).
+pub struct ConvWeights<B: Backend> {
+    /// `in_proj` `[3h, h]` giving B, C, x.
+    pub in_proj: B::Mat,
+    /// `in_proj.bias` `[3h]` when `conv_bias`.
+    pub in_bias: Option<B::Buf>,
+    /// Depthwise kernel `[h, taps]` (from `conv.conv.weight` `[h, 1, taps]`).
+    pub kernel: B::Buf,
+    /// `conv.conv.bias` `[h]` when `conv_bias`.
+    pub kernel_bias: Option<B::Buf>,
+    /// `out_proj` `[h, h]`.
+    pub out_proj: B::Mat,
+    /// `out_proj.bias` `[h]` when `conv_bias`.
+    pub out_bias: Option<B::Buf>,
+}
+
+/// Attention mixer weights (`self_attn.*`).
+pub struct AttnWeights<B: Backend> {
+    /// `q_proj` `[heads*hd, h]`.
+    pub q: B::Mat,
+    /// `k_proj` `[kv_heads*hd, h]`.
+    pub k: B::Mat,
+    /// `v_proj` `[kv_heads*hd, h]`.
+    pub v: B::Mat,
+    /// `out_proj` `[h, heads*hd]`.
+    pub o: B::Mat,
+    /// `q_layernorm.weight` `[hd]`.
+    pub q_norm: B::Buf,
+    /// `k_layernorm.weight` `[hd]`.
+    pub k_norm: B::Buf,
+}
+
+/// A layer's mixer.
+pub enum MixerWeights<B: Backend> {
+    /// Short conv.
+    Conv(ConvWeights<B>),
+    /// Attention.
+    Attn(AttnWeights<B>),
+}
+
+/// A layer's feed-forward.
+pub enum FfnWeights<B: Backend> {
+    /// Dense SwiGLU.
+    Dense(Ffn<B::Mat>),
+    /// MoE: router `[experts, h]`, optional f32 expert bias `[experts]`, SwiGLU experts.
+    Moe { gate: B::Mat, bias: Option<B::Buf>, experts: Vec<Ffn<B::Mat>> },
+}
+
+/// One decoder layer.
+pub struct LayerWeights<B: Backend> {
+    /// `operator_norm.weight` `[h]`.
+    pub operator_norm: B::Buf,
+    /// `ffn_norm.weight` `[h]`.
+    pub ffn_norm: B::Buf,
+    /// Mixer.
+    pub mixer: MixerWeights<B>,
+    /// Feed-forward.
+    pub ffn: FfnWeights<B>,
+}
+
+/// Every weight of the model on the device.
+pub struct Weights<B: Backend> {
+    /// `model.embed_tokens.weight` `[vocab, h]`.
+    pub embed: B::Mat,
+    /// `lm_head.weight` `[vocab, h]`; `None` when tied to `embed`.
+    pub head: Option<B::Mat>,
+    /// `model.embedding_norm.weight` `[h]` (the final norm).
+    pub final_norm: B::Buf,
+    /// Decoder layers.
+    pub layers: Vec<LayerWeights<B>>,
+}
+
+/// Tracks which tensors were used, so leftovers are refused.
+struct Binder<'a, B: Backend> {
+    table: &'a TensorTable,
+    used: BTreeSet<String>,
+    backend: &'a B,
+}
+
+impl<B: Backend> Binder<'_, B> {
+    fn entry(&mut self, name: &str, want: &[usize]) -> Result<&TensorEntry, WeightError> {
+        let e = self.table.tensors.get(name).ok_or_else(|| WeightError::Missing(name.to_string()))?;
+        if e.shape != want {
+            return Err(WeightError::Shape { name: name.to_string(), got: e.shape.clone(), want: want.to_vec() });
+        }
+        self.used.insert(name.to_string());
+        Ok(e)
+    }
+
+    fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Mat, WeightError> {
+        let e = self.entry(name, &[rows, cols])?.clone();
+        let view = to_mat(&e, rows, cols);
+        self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
+    }
+
+    /// Rows `[start, start+count)` of expert `e` of a stacked `[experts, rows, cols]` tensor.
+    fn stacked(
+        &mut self,
+        name: &str,
+        shape: [usize; 3],
+        e: usize,
+        start: usize,
+        count: usize,
+    ) -> Result<B::Mat, WeightError> {
+        let ent = self.entry(name, &shape)?.clone();
+        let full = to_mat(&ent, shape[0] * shape[1], shape[2]);
+        let view = full.row_range(e * shape[1] + start, count).expect("in range: shape checked");
+        self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
+    }
+
+    fn vec(&mut self, name: &str, shape: &[usize]) -> Result<B::Buf, WeightError> {
+        let values = to_f32(self.entry(name, shape)?);
+        Ok(self.backend.upload(&values))
+    }
+
+    fn opt_vec(&mut self, on: bool, name: &str, len: usize) -> Result<Option<B::Buf>, WeightError> {
+        if on { self.vec(name, &[len]).map(Some) } else { Ok(None) }
+    }
+}
+
+/// Widens any stored dtype to f32 values.
+pub fn to_f32(e: &TensorEntry) -> Vec<f32> {
+    let b = e.bytes.as_slice();
+    match e.dtype {
+        StoredDtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        StoredDtype::Bf16 => {
+            b.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
+        }
+        StoredDtype::F16 => {
+            b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+        }
+    }
+}
+
+/// A matrix view of a tensor: bf16 and f32 stay zero-copy; f16 is widened to f32 (exact).
+fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
+    let (dtype, bytes) = match e.dtype {
+        StoredDtype::Bf16 => (Dtype::Bf16, e.bytes.clone()),
+        StoredDtype::F32 => (Dtype::F32, e.bytes.clone()),
+        StoredDtype::F16 => (Dtype::F32, HostBytes::from_f32(&to_f32(e))),
+    };
+    MatView::new(rows, cols, dtype, bytes).expect("byte length matches the checked shape")
+}
+
+/// Binds and uploads every tensor; refuses missing, misshapen and unexpected tensors by name.
+pub fn bind<B: Backend>(cfg: &ModelConfig, table: &TensorTable, backend: &B) -> Result<Weights<B>, WeightError> {
+    let mut b = Binder { table, used: BTreeSet::new(), backend };
+    let (h, v) = (cfg.hidden, cfg.vocab);
+    let embed = b.mat("model.embed_tokens.weight", v, h)?;
+    let head = if cfg.tied { None } else { Some(b.mat("lm_head.weight", v, h)?) };
+    let final_norm = b.vec("model.embedding_norm.weight", &[h])?;
+    let layers = (0..cfg.layers.len()).map(|i| bind_layer(cfg, &mut b, i)).collect::<Result<Vec<_>, _>>()?;
+    if let Some(extra) = table.tensors.keys().find(|k| !b.used.contains(*k)) {
+        return Err(WeightError::Unexpected(extra.clone()));
+    }
+    Ok(Weights { embed, head, final_norm, layers })
+}
+
+fn bind_layer<B: Backend>(cfg: &ModelConfig, b: &mut Binder<B>, i: usize) -> Result<LayerWeights<B>, WeightError> {
+    let p = format!("model.layers.{i}");
+    let h = cfg.hidden;
+    let mixer = match cfg.layers[i] {
+        Mixer::Conv => {
+            let bias = cfg.conv_bias;
+            let taps = cfg.conv_taps;
+            MixerWeights::Conv(ConvWeights {
+                in_proj: b.mat(&format!("{p}.conv.in_proj.weight"), 3 * h, h)?,
+                in_bias: b.opt_vec(bias, &format!("{p}.conv.in_proj.bias"), 3 * h)?,
+                kernel: b.vec(&format!("{p}.conv.conv.weight"), &[h, 1, taps])?,
+                kernel_bias: b.opt_vec(bias, &format!("{p}.conv.conv.bias"), h)?,
+                out_proj: b.mat(&format!("{p}.conv.out_proj.weight"), h, h)?,
+                out_bias: b.opt_vec(bias, &format!("{p}.conv.out_proj.bias"), h)?,
+            })
+        }
+        Mixer::Attention => {
+            let (qd, kd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+            MixerWeights::Attn(AttnWeights {
+                q: b.mat(&format!("{p}.self_attn.q_proj.weight"), qd, h)?,
+                k: b.mat(&format!("{p}.self_attn.k_proj.weight"), kd, h)?,
+                v: b.mat(&format!("{p}.self_attn.v_proj.weight"), kd, h)?,
+                o: b.mat(&format!("{p}.self_attn.out_proj.weight"), h, qd)?,
+                q_norm: b.vec(&format!("{p}.self_attn.q_layernorm.weight"), &[cfg.head_dim])?,
+                k_norm: b.vec(&format!("{p}.self_attn.k_layernorm.weight"), &[cfg.head_dim])?,
+            })
+        }
+    };
+    let ffn = match &cfg.moe {
+        Some(m) if i >= m.dense_layers => {
+            let f = format!("{p}.feed_forward");
+            FfnWeights::Moe {
+                gate: b.mat(&format!("{f}.gate.weight"), m.experts, h)?,
+                bias: b.opt_vec(m.use_expert_bias, &format!("{f}.expert_bias"), m.experts)?,
+                experts: bind_experts(b, &f, m.experts, m.inter, h)?,
+            }
+        }
+        _ => FfnWeights::Dense(dense(b, &format!("{p}.feed_forward"), cfg.dense_inter, h)?),
+    };
+    Ok(LayerWeights {
+        operator_norm: b.vec(&format!("{p}.operator_norm.weight"), &[h])?,
+        ffn_norm: b.vec(&format!("{p}.ffn_norm.weight"), &[h])?,
+        mixer,
+        ffn,
+    })
+}
+
+fn dense<B: Backend>(b: &mut Binder<B>, p: &str, inter: usize, h: usize) -> Result<Ffn<B::Mat>, WeightError> {
+    Ok(Ffn {
+        w1: b.mat(&format!("{p}.w1.weight"), inter, h)?,
+        w3: b.mat(&format!("{p}.w3.weight"), inter, h)?,
+        w2: b.mat(&format!("{p}.w2.weight"), h, inter)?,
+    })
+}
+
+/// Experts as released (`experts.{e}.w1/w3/w2.weight`) or fused as transformers 5 writes them
+/// (`experts.gate_up_proj` `[E, 2I, h]`, gate rows first, and `experts.down_proj` `[E, h, I]`).
+fn bind_experts<B: Backend>(
+    b: &mut Binder<B>,
+    f: &str,
+    n: usize,
+    inter: usize,
+    h: usize,
+) -> Result<Vec<Ffn<B::Mat>>, WeightError> {
+    let fused = format!("{f}.experts.gate_up_proj");
+    if !b.table.tensors.contains_key(&fused) {
+        return (0..n).map(|e| dense(b, &format!("{f}.experts.{e}"), inter, h)).collect();
+    }
+    let down = format!("{f}.experts.down_proj");
+    (0..n)
+        .map(|e| {
+            Ok(Ffn {
+                w1: b.stacked(&fused, [n, 2 * inter, h], e, 0, inter)?,
+                w3: b.stacked(&fused, [n, 2 * inter, h], e, inter, inter)?,
+                w2: b.stacked(&down, [n, h, inter], e, 0, h)?,
+            })
+        })
+        .collect()
+}
