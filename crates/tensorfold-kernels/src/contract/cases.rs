@@ -1,0 +1,105 @@
+//! Shared pieces of the contract's gates: random inputs, float64 helpers, bit comparisons.
+
+use crate::bytes::MatView;
+use crate::contract::Gate;
+use rand::{Rng, rngs::StdRng};
+
+/// `n` values uniform in `[-1, 1)`.
+pub fn uniform(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
+}
+
+/// A random bf16 matrix `[rows, cols]` with entries in `[-scale, scale)`.
+pub fn bf16_mat(rng: &mut StdRng, rows: usize, cols: usize, scale: f32) -> MatView {
+    let bits: Vec<u16> = (0..rows * cols)
+        .map(|_| ((rng.random::<f32>() * 2.0 - 1.0) * scale).to_bits())
+        .map(|b| (b >> 16) as u16)
+        .collect();
+    MatView::from_bf16_bits(rows, cols, &bits)
+}
+
+/// A random f32 matrix.
+pub fn f32_mat(rng: &mut StdRng, rows: usize, cols: usize, scale: f32) -> MatView {
+    let v: Vec<f32> = uniform(rng, rows * cols).into_iter().map(|x| x * scale).collect();
+    MatView::from_f32(rows, cols, &v)
+}
+
+/// Row `r` of a matrix widened to f64.
+pub fn row64(m: &MatView, r: usize) -> Vec<f64> {
+    (0..m.cols).map(|c| m.get(r, c) as f64).collect()
+}
+
+/// Float64 dot.
+pub fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// f32 slice widened to f64.
+pub fn wide(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// Bound of the canonical dot of length `k` (16 lanes, fused multiply-add, tree fold):
+/// `(k/16 + 5) * 2^-24 * sum |x_i w_i|`.
+pub fn dot_bound(k: usize, abs_sum: f64) -> f64 {
+    ((k / 16) as f64 + 5.0) * f64::powi(2.0, -24) * abs_sum
+}
+
+/// Largest `|got - want| / scale` (infinite if a value is not finite).
+pub fn max_err(got: &[f32], want: &[f64], scale: f64) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| if g.is_finite() { (*g as f64 - w).abs() / scale.max(1e-30) } else { f64::INFINITY })
+        .fold(0.0, f64::max)
+}
+
+/// Largest magnitude of a slice.
+pub fn max_abs(x: &[f64]) -> f64 {
+    x.iter().fold(0.0, |m, v| m.max(v.abs()))
+}
+
+/// How many elements differ in bits.
+pub fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
+    a.len().abs_diff(b.len()) + a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
+
+/// Gate 2 from a relative error and its bound.
+pub fn reference_gate(shape: &str, err: f64, bound: f64) -> Gate {
+    Gate::new("reference", err <= bound, format!("{shape}: rel err {err:.2e} <= {bound:.1e}"))
+}
+
+/// Gate 3 from the number of differing elements over all widths.
+pub fn invariance_gate(what: &str, differing: usize) -> Gate {
+    Gate::new("invariance", differing == 0, format!("{what}: {differing} elements differ from the one-row calls"))
+}
+
+/// Merges per-shape gates of the same name into one: it fails if any failed, and its detail is the first
+/// failure's (or, when all passed, every distinct detail).
+pub fn merge(gates: Vec<Gate>) -> Vec<Gate> {
+    let mut out: Vec<(Gate, Vec<String>)> = Vec::new();
+    for g in gates {
+        match out.iter_mut().find(|(o, _)| o.name == g.name) {
+            Some((o, details)) => {
+                if o.pass && !g.pass {
+                    o.detail = g.detail.clone();
+                }
+                o.pass &= g.pass;
+                if !details.contains(&g.detail) {
+                    details.push(g.detail);
+                }
+            }
+            None => {
+                let d = vec![g.detail.clone()];
+                out.push((g, d));
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(mut g, details)| {
+            if g.pass {
+                g.detail = details.join("; ");
+            }
+            g
+        })
+        .collect()
+}

@@ -1,0 +1,522 @@
+//! Contract entries of the row-wise CPU kernels: the canonical dot, linear, embedding, RMSNorm, MoE, greedy.
+
+use super::cases::*;
+use super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
+use crate::backend::{Ffn, MoeParams};
+use crate::bytes::MatView;
+use crate::cpu::{moe, ops};
+use crate::simd::{self, Level, WRow};
+use rand::{Rng, rngs::StdRng};
+
+pub fn kernels() -> Vec<Box<dyn Kernel>> {
+    vec![Box::new(Dot), Box::new(Linear), Box::new(Embed), Box::new(RmsNorm), Box::new(Moe), Box::new(Greedy)]
+}
+
+struct Dot;
+impl Kernel for Dot {
+    fn name(&self) -> &'static str {
+        "cpu.dot"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual(
+            "the portable 16-lane dot on every SIMD level and tile width; (k/16+5)*2^-24*sum|x*w| of float64",
+        )
+    }
+    fn reference(&self) -> &'static str {
+        "float64 sum of products"
+    }
+    fn shapes(&self, _: Scale) -> Vec<String> {
+        vec!["k in 1, 15, 16, 17, 64, 1536, 2048, 6144".into()]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[Fault { name: "sequential-fold", what: "the SIMD paths sum products in one sequential f32 accumulator" }]
+    }
+    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let mut gates = Vec::new();
+        for k in [1, 15, 16, 17, 64, 1536, 2048, 6144] {
+            let w = uniform(rng, k);
+            let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let xs: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, k)).collect();
+            let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+            let call = |lv: Level, xs: &[&[f32]], row: WRow, out: &mut [f32]| {
+                if fault.is_some() && lv != Level::Portable {
+                    for (o, x) in out.iter_mut().zip(xs) {
+                        *o = (0..k).map(|i| x[i] * row_get(row, i)).sum();
+                    }
+                } else {
+                    simd::dot_tile(lv, xs, row, out)
+                }
+            };
+            for row in [WRow::F32(&w), WRow::Bf16(&wb)] {
+                let mut want = vec![0f32; 33];
+                simd::dot_tile(Level::Portable, &refs, row, &mut want);
+                let (mut err, mut diffs, mut inv) = (0f64, 0, 0);
+                for (r, x) in xs.iter().enumerate() {
+                    let exact: f64 = (0..k).map(|i| x[i] as f64 * row_get(row, i) as f64).sum();
+                    let abs: f64 = (0..k).map(|i| (x[i] as f64 * row_get(row, i) as f64).abs()).sum();
+                    err = err.max((want[r] as f64 - exact).abs() / dot_bound(k, abs));
+                }
+                for lv in simd::available_levels() {
+                    let mut got = vec![0f32; 33];
+                    call(lv, &refs, row, &mut got);
+                    diffs += bit_diffs(&got, &want);
+                    for w in WIDTHS {
+                        let mut part = vec![0f32; w];
+                        call(lv, &refs[..w], row, &mut part);
+                        inv += bit_diffs(&part, &want[..w]);
+                    }
+                }
+                gates.push(reference_gate(&format!("k={k}"), err, 1.0));
+                gates.push(Gate::new("paths", diffs == 0, format!("{diffs} results differ from the portable path")));
+                gates.push(invariance_gate("tile widths", inv));
+            }
+        }
+        merge(gates)
+    }
+}
+
+fn row_get(row: WRow, i: usize) -> f32 {
+    match row {
+        WRow::F32(w) => w[i],
+        WRow::Bf16(w) => f32::from_bits((w[i] as u32) << 16),
+    }
+}
+
+/// Linear shapes `(n, k)`: LFM2.5-24B-A2B's conv in_proj, square projections, KV, expert up/down, head.
+fn linear_shapes(scale: Scale) -> Vec<(usize, usize, bool)> {
+    match scale {
+        Scale::Quick => vec![(96, 80, false), (40, 33, true), (300, 64, true)],
+        Scale::Served => {
+            vec![
+                (6144, 2048, true),
+                (2048, 2048, true),
+                (512, 2048, true),
+                (1536, 2048, true),
+                (2048, 1536, true),
+                (128_000, 2048, true),
+                (96, 80, false),
+            ]
+        }
+    }
+}
+
+struct Linear;
+impl Linear {
+    fn call(fault: Option<&str>, x: &[f32], rows: usize, w: &MatView, out: &mut [f32]) {
+        match fault {
+            Some("dropped-last-column") => {
+                let mut x = x.to_vec();
+                x.chunks_mut(w.cols).for_each(|r| r[w.cols - 1] = 0.0);
+                ops::linear(&x, rows, w, None, out)
+            }
+            Some("batch-dependent-order") if rows > 1 => {
+                for r in 0..rows {
+                    for j in 0..w.rows {
+                        out[r * w.rows + j] = (0..w.cols).map(|c| x[r * w.cols + c] * w.get(j, c)).sum();
+                    }
+                }
+            }
+            _ => ops::linear(x, rows, w, None, out),
+        }
+    }
+}
+impl Kernel for Linear {
+    fn name(&self) -> &'static str {
+        "cpu.linear"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("(k/16+5)*2^-24*sum|x*w| of float64 per output (the canonical dot's error bound)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 matrix-vector product of the bf16/f32 weights"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        linear_shapes(scale).iter().map(|(n, k, b)| format!("[{n},{k}] {}", if *b { "bf16" } else { "f32" })).collect()
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "dropped-last-column", what: "the last input column is skipped" },
+            Fault { name: "batch-dependent-order", what: "calls of several rows reduce in a plain sequential order" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let mut gates = Vec::new();
+        for (n, k, bf16) in linear_shapes(scale) {
+            let w = if bf16 { bf16_mat(rng, n, k, 0.5) } else { f32_mat(rng, n, k, 0.5) };
+            let x = uniform(rng, 2 * k);
+            let mut out = vec![0f32; 2 * n];
+            Self::call(fault, &x, 2, &w, &mut out);
+            let mut err = 0f64;
+            for r in 0..2 {
+                let xr = wide(&x[r * k..(r + 1) * k]);
+                for j in 0..n {
+                    let wr = row64(&w, j);
+                    let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
+                    err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / dot_bound(k, abs));
+                }
+            }
+            gates.push(reference_gate(&format!("[{n},{k}]"), err, 1.0));
+            // Invariance over a prefix of the outputs: each output's reduction is independent of n.
+            let wn = w.row_range(0, n.min(4096)).expect("prefix");
+            let xs = uniform(rng, 33 * k);
+            let mut one = vec![0f32; 33 * wn.rows];
+            for r in 0..33 {
+                Self::call(fault, &xs[r * k..(r + 1) * k], 1, &wn, &mut one[r * wn.rows..(r + 1) * wn.rows]);
+            }
+            let mut diffs = 0;
+            for wdt in WIDTHS {
+                let mut o = vec![0f32; wdt * wn.rows];
+                Self::call(fault, &xs[..wdt * k], wdt, &wn, &mut o);
+                diffs += bit_diffs(&o, &one[..wdt * wn.rows]);
+            }
+            gates.push(invariance_gate(&format!("[{},{k}]", wn.rows), diffs));
+        }
+        merge(gates)
+    }
+}
+
+struct Embed;
+impl Kernel for Embed {
+    fn name(&self) -> &'static str {
+        "cpu.embed"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual("the table row widened exactly (bf16 bits << 16); ids past the table refused")
+    }
+    fn reference(&self) -> &'static str {
+        "exact widening of the stored row"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        vec![if scale == Scale::Served { "[128000,2048] bf16".into() } else { "[1000,64] bf16".into() }]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "off-by-one-row", what: "gathers row id + 1" },
+            Fault { name: "clamps-out-of-range", what: "an id past the table reads the last row instead of failing" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let (v, h) = if scale == Scale::Served { (128_000, 2048) } else { (1000, 64) };
+        let t = bf16_mat(rng, v, h, 1.0);
+        let call = |ids: &[u32], out: &mut [f32]| -> Result<(), crate::KernelError> {
+            match fault {
+                Some("off-by-one-row") => {
+                    ops::embed(&t, &ids.iter().map(|i| (i + 1).min(v as u32 - 1)).collect::<Vec<_>>(), out)
+                }
+                Some("clamps-out-of-range") => {
+                    ops::embed(&t, &ids.iter().map(|&i| i.min(v as u32 - 1)).collect::<Vec<_>>(), out)
+                }
+                _ => ops::embed(&t, ids, out),
+            }
+        };
+        let ids: Vec<u32> =
+            (0..33).map(|i| if i == 0 { v as u32 - 1 } else { rng.random_range(0..v as u32) }).collect();
+        let mut out = vec![0f32; 33 * h];
+        let ok = call(&ids, &mut out).is_ok();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| row64(&t, i as usize).into_iter().map(|x| x as f32)).collect();
+        let mut one = vec![0f32; h];
+        let inv: usize = WIDTHS
+            .iter()
+            .map(|&w| {
+                let mut o = vec![0f32; w * h];
+                let _ = call(&ids[..w], &mut o);
+                (0..w)
+                    .map(|r| {
+                        let _ = call(&ids[r..r + 1], &mut one);
+                        bit_diffs(&o[r * h..(r + 1) * h], &one)
+                    })
+                    .sum::<usize>()
+            })
+            .sum();
+        let refused = matches!(call(&[v as u32], &mut one), Err(crate::KernelError::TokenOutOfRange { .. }));
+        vec![
+            Gate::new(
+                "reference",
+                ok && bit_diffs(&out, &want) == 0,
+                format!("{} of {} values differ", bit_diffs(&out, &want), out.len()),
+            ),
+            invariance_gate("33 ids", inv),
+            Gate::new("edges", refused, format!("id {v} past a table of {v}: refused = {refused}")),
+        ]
+    }
+}
+
+struct RmsNorm;
+impl Kernel for RmsNorm {
+    fn name(&self) -> &'static str {
+        "cpu.rmsnorm"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("2e-6 of the row's largest output (an f32 sum of squares of <= 6144 values and one rsqrt)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 x / sqrt(mean(x^2) + eps) * weight"
+    }
+    fn shapes(&self, _: Scale) -> Vec<String> {
+        vec!["width 2048 (hidden), 64 (head), 6144, 33".into()]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "eps-dropped", what: "eps is not added before the rsqrt" },
+            Fault { name: "mean-over-width-minus-one", what: "the mean divides by width - 1" },
+        ]
+    }
+    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let eps = 1e-5f32;
+        let call = |x: &[f32], w: &[f32], width: usize, out: &mut [f32]| match fault {
+            Some("eps-dropped") => ops::rmsnorm(x, w, 0.0, width, out),
+            Some("mean-over-width-minus-one") => {
+                for (o, r) in out.chunks_mut(width).zip(x.chunks(width)) {
+                    let ss = simd::dot(r, WRow::F32(r));
+                    let s = 1.0 / (ss / (width - 1) as f32 + eps).sqrt();
+                    o.iter_mut().zip(r).zip(w).for_each(|((o, v), w)| *o = v * s * w);
+                }
+            }
+            _ => ops::rmsnorm(x, w, eps, width, out),
+        };
+        let mut gates = Vec::new();
+        for width in [2048, 64, 6144, 33] {
+            let w: Vec<f32> = uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect();
+            let x = uniform(rng, 33 * width);
+            let mut out = vec![0f32; 33 * width];
+            call(&x, &w, width, &mut out);
+            let mut err = 0f64;
+            for r in 0..33 {
+                let xr = wide(&x[r * width..(r + 1) * width]);
+                let s = 1.0 / (dot64(&xr, &xr) / width as f64 + eps as f64).sqrt();
+                let want: Vec<f64> = xr.iter().zip(&w).map(|(v, w)| v * s * *w as f64).collect();
+                err = err.max(max_err(&out[r * width..(r + 1) * width], &want, max_abs(&want)));
+            }
+            gates.push(reference_gate(&format!("width {width}"), err, 2e-6));
+            let mut inv = 0;
+            for wd in WIDTHS {
+                let mut o = vec![0f32; wd * width];
+                call(&x[..wd * width], &w, width, &mut o);
+                for r in 0..wd {
+                    let mut one = vec![0f32; width];
+                    call(&x[r * width..(r + 1) * width], &w, width, &mut one);
+                    inv += bit_diffs(&o[r * width..(r + 1) * width], &one);
+                }
+            }
+            gates.push(invariance_gate(&format!("width {width}"), inv));
+        }
+        let mut zero = vec![1f32; 64];
+        call(&[0.0; 64], &[1.0; 64], 64, &mut zero);
+        gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
+        merge(gates)
+    }
+}
+
+/// MoE shapes: (hidden, experts, width, top-k).
+fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize)> {
+    match scale {
+        Scale::Quick => vec![(48, 8, 24, 4)],
+        Scale::Served => vec![(2048, 64, 1536, 4), (48, 8, 24, 4)],
+    }
+}
+
+struct Moe;
+impl Moe {
+    /// Distinct experts as overlapping row windows of two random matrices (served shapes would be 1.2 GB).
+    fn experts(rng: &mut StdRng, h: usize, e: usize, inter: usize) -> Vec<Ffn<MatView>> {
+        let up = bf16_mat(rng, inter + 7 * e + 7, h, 0.05);
+        let down = bf16_mat(rng, h + 3 * e, inter, 0.05);
+        (0..e)
+            .map(|i| Ffn {
+                w1: up.row_range(7 * i, inter).expect("window"),
+                w3: up.row_range(7 * i + 5, inter).expect("window"),
+                w2: down.row_range(3 * i, h).expect("window"),
+            })
+            .collect()
+    }
+
+    fn reference(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: MoeParams) -> Vec<f64> {
+        let s: Vec<f64> = (0..gate.rows).map(|e| 1.0 / (1.0 + (-dot64(x, &row64(gate, e))).exp())).collect();
+        let mut order: Vec<usize> = (0..s.len()).collect();
+        order.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)).then(a.cmp(&b)));
+        order.truncate(p.top_k);
+        let sum: f64 = order.iter().map(|&e| s[e]).sum();
+        let mut out = vec![0f64; x.len()];
+        for e in order {
+            let w = if p.norm_topk_prob { s[e] / (sum + 1e-6) } else { s[e] } * p.routed_scaling_factor as f64;
+            let f = &ex[e];
+            let a: Vec<f64> = (0..f.w1.rows)
+                .map(|i| {
+                    let g = dot64(x, &row64(&f.w1, i));
+                    g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
+                })
+                .collect();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o += w * dot64(&a, &row64(&f.w2, j));
+            }
+        }
+        out
+    }
+}
+impl Kernel for Moe {
+    fn name(&self) -> &'static str {
+        "cpu.moe"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("1e-5 of the row's largest output (three chained canonical dots, f32 sigmoid/silu)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 sigmoid router, top-k by score + expert_bias, weights by score, SwiGLU experts"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        moe_shapes(scale).iter().map(|(h, e, i, k)| format!("hidden {h}, {e} experts of {i}, top-{k}, bf16")).collect()
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault {
+                name: "select-without-bias",
+                what: "experts are selected by the score alone, ignoring expert_bias",
+            },
+            Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let mut gates = Vec::new();
+        let p = MoeParams { top_k: 4, norm_topk_prob: true, routed_scaling_factor: 1.5 };
+        for (h, ne, inter, k) in moe_shapes(scale) {
+            let p = MoeParams { top_k: k, ..p };
+            let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
+            let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
+            let ex = Self::experts(rng, h, ne, inter);
+            let call = |x: &[f32], rows: usize, out: &mut [f32]| match fault {
+                Some("select-without-bias") => moe::moe(x, rows, &gate, None, &ex, p, out),
+                Some("weight-with-bias") => {
+                    // Weighting by score + bias: fold the bias into the weights after routing.
+                    let mut logits = vec![0f32; rows * ne];
+                    ops::linear(x, rows, &gate, None, &mut logits);
+                    for r in 0..rows {
+                        let route = moe::route_row(&logits[r * ne..(r + 1) * ne], Some(&bias), p);
+                        let o = &mut out[r * h..(r + 1) * h];
+                        o.fill(0.0);
+                        for (e, w) in route {
+                            let mut y = vec![0f32; h];
+                            moe::swiglu(&x[r * h..(r + 1) * h], 1, &ex[e], &mut y);
+                            o.iter_mut().zip(&y).for_each(|(a, b)| *a += (w + bias[e] * p.routed_scaling_factor) * b);
+                        }
+                    }
+                }
+                _ => moe::moe(x, rows, &gate, Some(&bias), &ex, p, out),
+            };
+            let x = uniform(rng, 33 * h);
+            let mut out = vec![0f32; 2 * h];
+            call(&x[..2 * h], 2, &mut out);
+            let mut err = 0f64;
+            for r in 0..2 {
+                let want = Self::reference(&wide(&x[r * h..(r + 1) * h]), &gate, &bias, &ex, p);
+                err = err.max(max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want)));
+            }
+            gates.push(reference_gate(&format!("hidden {h}, {ne} experts"), err, 1e-5));
+            let mut one = vec![0f32; 33 * h];
+            for r in 0..33 {
+                call(&x[r * h..(r + 1) * h], 1, &mut one[r * h..(r + 1) * h]);
+            }
+            let inv: usize = WIDTHS
+                .iter()
+                .map(|&w| {
+                    let mut o = vec![0f32; w * h];
+                    call(&x[..w * h], w, &mut o);
+                    bit_diffs(&o, &one[..w * h])
+                })
+                .sum();
+            gates.push(invariance_gate(&format!("hidden {h}"), inv));
+        }
+        let tied = moe::route_row(
+            &[0.0; 8],
+            Some(&[0.0; 8]),
+            MoeParams { top_k: 4, norm_topk_prob: false, routed_scaling_factor: 1.0 },
+        );
+        let ids: Vec<usize> = tied.iter().map(|r| r.0).collect();
+        gates.push(Gate::new("edges", ids == [0, 1, 2, 3], format!("all-equal scores select {ids:?} (lowest ids)")));
+        merge(gates)
+    }
+}
+
+struct Greedy;
+impl Kernel for Greedy {
+    fn name(&self) -> &'static str {
+        "cpu.greedy"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual("the exact integer rule: first largest logit (ties to the lower id), non-finite rows flagged")
+    }
+    fn reference(&self) -> &'static str {
+        "exact scan"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        vec![if scale == Scale::Served { "128000 and 65536 logits a row".into() } else { "1000 logits a row".into() }]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "ties-to-higher-id", what: "a tie goes to the higher id" },
+            Fault { name: "nan-not-flagged", what: "a NaN logit is skipped without flagging the row" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let call = |row: &[f32]| -> crate::Pick {
+            let mut p = ops::greedy_row(row);
+            match fault {
+                Some("ties-to-higher-id") => {
+                    let best = row[p.token as usize];
+                    p.token = row.iter().rposition(|v| *v == best).unwrap_or(0) as u32;
+                }
+                Some("nan-not-flagged") => p.nonfinite = row.iter().any(|v| v.is_infinite()),
+                _ => {}
+            }
+            p
+        };
+        let vocabs: &[usize] = if scale == Scale::Served { &[128_000, 65_536] } else { &[1000] };
+        let mut gates = Vec::new();
+        for &v in vocabs {
+            let rows: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, v)).collect();
+            let wrong = rows.iter().filter(|r| {
+                let mut best = 0;
+                for (i, x) in r.iter().enumerate() {
+                    if *x > r[best] {
+                        best = i;
+                    }
+                }
+                let p = call(r);
+                p.token as usize != best || p.nonfinite
+            });
+            gates.push(Gate::new("reference", wrong.count() == 0, format!("{v} logits: 33 random rows")));
+            let flat: Vec<f32> = rows.concat();
+            let inv: usize = WIDTHS
+                .iter()
+                .map(|&w| flat[..w * v].chunks(v).zip(&rows).filter(|(a, b)| call(a) != call(b)).count())
+                .sum();
+            gates.push(invariance_gate(&format!("{v} logits"), inv));
+        }
+        let mut tie = vec![0f32; 16];
+        tie[3] = 5.0;
+        tie[9] = 5.0;
+        let mut nan = vec![1f32; 16];
+        nan[5] = f32::NAN;
+        let mut inf = vec![1f32; 16];
+        inf[2] = f32::INFINITY;
+        let mut ninf = vec![1f32; 16];
+        ninf[0] = f32::NEG_INFINITY;
+        let cases = [
+            (call(&tie) == crate::Pick { token: 3, nonfinite: false }, "tie goes to the lower id"),
+            (call(&nan).nonfinite, "NaN flags the row"),
+            (call(&inf).nonfinite, "+inf flags the row"),
+            (call(&ninf).nonfinite, "-inf flags the row"),
+            (call(&[2.0; 16]).token == 0, "all equal picks id 0"),
+        ];
+        let failed: Vec<&str> = cases.iter().filter(|c| !c.0).map(|c| c.1).collect();
+        gates.push(Gate::new(
+            "edges",
+            failed.is_empty(),
+            if failed.is_empty() {
+                "ties, NaN, +inf, -inf, all equal".into()
+            } else {
+                format!("failed: {}", failed.join(", "))
+            },
+        ));
+        merge(gates)
+    }
+}
