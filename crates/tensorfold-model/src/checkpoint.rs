@@ -23,7 +23,7 @@ pub enum CheckpointError {
     /// A safetensors file is truncated or corrupt (header, offsets or length disagree).
     #[error("{file} is not a valid safetensors file (truncated or corrupt?): {message}")]
     Safetensors { file: String, message: String },
-    /// The shard index is unreadable or names a file that is absent.
+    /// The shard index is unreadable or malformed (a shard it names that is absent is `Missing`).
     #[error("model.safetensors.index.json is invalid: {0}")]
     Index(String),
     /// Two files hold a tensor of the same name.

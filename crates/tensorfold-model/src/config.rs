@@ -94,7 +94,7 @@ pub struct ModelConfig {
     pub conv_bias: bool,
     /// Dense FFN width as the tensors must have it (LFM2 derives it from `block_*`, see [`dense_width`]).
     pub dense_inter: usize,
-    /// `tie_word_embeddings` (or `tie_embedding`; default true): the head is `embed_tokens`.
+    /// `tie_embedding` (legacy key, wins) or `tie_word_embeddings` (default true): the head is `embed_tokens`.
     pub tied: bool,
     /// `max_position_embeddings`: the context limit.
     pub max_positions: usize,
@@ -176,9 +176,10 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         conv_taps,
         conv_bias: opt_bool(o, "conv_bias")?.unwrap_or(false),
         dense_inter,
-        tied: match opt_bool(o, "tie_word_embeddings")? {
+        // As transformers' `Lfm2Config` / `Lfm2MoeConfig`: the legacy `tie_embedding` key wins when present.
+        tied: match opt_bool(o, "tie_embedding")? {
             Some(t) => t,
-            None => opt_bool(o, "tie_embedding")?.unwrap_or(true),
+            None => opt_bool(o, "tie_word_embeddings")?.unwrap_or(true),
         },
         max_positions: opt_usize(o, "max_position_embeddings")?.unwrap_or(128_000),
         moe,

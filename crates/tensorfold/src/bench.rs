@@ -1,6 +1,16 @@
-//! `tensorfold bench`: benchmark commands that print figures.
+//! `tensorfold bench forward`: prefill and decode speed, peak memory, and the decode floor (weight bytes
+//! read per step over measured memory-copy bandwidth). Exactness first: the decoded tokens must equal the
+//! greedy picks of one whole prefill over the same sequence before any speed is printed.
 
+use crate::default_model;
+use anyhow::{Context, bail};
 use std::process::ExitCode;
+use std::time::Instant;
+use tensorfold_engine::sampler::token_sha256;
+use tensorfold_engine::solo::prefill;
+use tensorfold_kernels::{Backend, CpuBackend, Segment};
+use tensorfold_model::weights::{FfnWeights, MixerWeights};
+use tensorfold_model::{LogitRows, Model};
 
 /// Benchmarks.
 #[derive(clap::Subcommand)]
@@ -10,12 +20,153 @@ pub enum What {
         /// Model directory (default: the embedded default).
         #[arg(long)]
         model: Option<std::path::PathBuf>,
+        /// Prompt lengths to time a whole prefill at.
+        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+        prompt_lens: Vec<usize>,
+        /// Greedy decode steps after a 512-token prompt.
+        #[arg(long, default_value_t = 64)]
+        decode: usize,
+        /// Read the decode prompt from a file of comma-separated ids (default: seeded random ids).
+        #[arg(long)]
+        prompt_ids: Option<std::path::PathBuf>,
+        /// Prefill chunk (rows per call).
+        #[arg(long, default_value_t = 2048)]
+        chunk: usize,
     },
 }
 
 /// Runs a benchmark.
 pub fn run(w: What) -> anyhow::Result<ExitCode> {
-    let What::Forward { model } = w;
-    let _ = model;
-    anyhow::bail!("bench: not wired yet")
+    let What::Forward { model, prompt_lens, decode, prompt_ids, chunk } = w;
+    let src = default_model::source(model);
+    let loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
+    let m = &loaded.model;
+    let vocab = m.cfg.vocab as u32;
+    let ids = |n: usize| -> Vec<u32> {
+        (0..n as u64).map(|i| (splitmix(i ^ 0x5eed) % (vocab as u64 - 10)) as u32 + 10).collect()
+    };
+    println!("model: {}  threads: {}  simd: {:?}", src.describe(), rayon_threads(), tensorfold_kernels::simd::level());
+    // Exactness first.
+    let prompt = match prompt_ids {
+        Some(f) => std::fs::read_to_string(&f)?
+            .trim()
+            .split(',')
+            .map(|s| s.trim().parse::<u32>())
+            .collect::<Result<Vec<_>, _>>()?,
+        None => ids(512),
+    };
+    let (tokens, decode_secs) = greedy_decode(m, &prompt, decode.max(2), chunk)?;
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&tokens[..tokens.len().saturating_sub(1)]);
+    let mut state = m.new_state();
+    let seg = Segment { first_row: 0, rows: seq.len(), start_pos: 0, cache: 0 };
+    let picks = m.forward(&seq, &[seg], &mut [&mut state], LogitRows::All)?.picks;
+    let teacher: Vec<u32> = picks[prompt.len() - 1..].iter().map(|p| p.token).collect();
+    if teacher != tokens {
+        bail!("exactness: decoded tokens differ from the whole prefill's greedy picks; no speed is reported");
+    }
+    println!(
+        "exactness: {} decoded tokens equal the whole prefill's greedy picks; token_sha256 {}",
+        tokens.len(),
+        token_sha256(&tokens)
+    );
+    println!("prompt_sha256 {}", token_sha256(&prompt));
+    for &n in &prompt_lens {
+        let p = ids(n);
+        let t = Instant::now();
+        prefill(m, &p, chunk)?;
+        let s = t.elapsed().as_secs_f64();
+        println!("prefill {n:>5} tokens: {s:>8.3} s  {:>9.1} tok/s", n as f64 / s);
+    }
+    let steps = tokens.len().saturating_sub(1);
+    println!(
+        "decode  {steps:>5} steps:  {decode_secs:>8.3} s  {:>9.1} tok/s (after a {}-token prompt)",
+        steps as f64 / decode_secs,
+        prompt.len()
+    );
+    println!("peak RSS: {:.1} MiB (before the bandwidth probe's buffers)", peak_rss_kib() as f64 / 1024.0);
+    let bytes = step_bytes(m);
+    let bw = copy_bandwidth();
+    println!(
+        "floor: {:.1} MiB of weights read per decode step / {:.2} GB/s memcpy (read+write) = {:.1} steps/s at most",
+        bytes as f64 / (1 << 20) as f64,
+        bw / 1e9,
+        bw / bytes as f64
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Greedy decode of `n` tokens after `prompt`; returns the tokens and the seconds of the steps after the first.
+fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usize) -> anyhow::Result<(Vec<u32>, f64)> {
+    let (mut state, logits) = prefill(m, prompt, chunk)?;
+    let mut tok = tensorfold_engine::sampler::greedy_pick(&logits)?;
+    let mut out = vec![tok];
+    let t = Instant::now();
+    while out.len() < n {
+        let seg = Segment { first_row: 0, rows: 1, start_pos: state.pos, cache: 0 };
+        let f = m.forward(&[tok], &[seg], &mut [&mut state], LogitRows::Last)?;
+        if f.picks[0].nonfinite {
+            bail!("a non-finite logit at position {}", state.pos);
+        }
+        tok = f.picks[0].token;
+        out.push(tok);
+    }
+    Ok((out, t.elapsed().as_secs_f64()))
+}
+
+/// Weight bytes one decode step reads: every dense matrix, the router and top-k experts of each MoE
+/// layer (as if each expert were read whole), and the head.
+fn step_bytes<B: Backend>(m: &Model<B>) -> usize {
+    let (b, w) = (&m.backend, &m.weights);
+    let mut n = b.mat_bytes(w.head.as_ref().unwrap_or(&w.embed));
+    for l in &w.layers {
+        n += match &l.mixer {
+            MixerWeights::Conv(c) => b.mat_bytes(&c.in_proj) + b.mat_bytes(&c.out_proj),
+            MixerWeights::Attn(a) => b.mat_bytes(&a.q) + b.mat_bytes(&a.k) + b.mat_bytes(&a.v) + b.mat_bytes(&a.o),
+        };
+        n += match &l.ffn {
+            FfnWeights::Dense(f) => b.mat_bytes(&f.w1) + b.mat_bytes(&f.w2) + b.mat_bytes(&f.w3),
+            FfnWeights::Moe { gate, experts, .. } => {
+                let k = m.cfg.moe.as_ref().map_or(0, |c| c.top_k);
+                let e = &experts[0];
+                b.mat_bytes(gate) + k * (b.mat_bytes(&e.w1) + b.mat_bytes(&e.w2) + b.mat_bytes(&e.w3))
+            }
+        };
+    }
+    n
+}
+
+/// Best of 5 copies of 512 MiB, in bytes moved (read + write) per second.
+fn copy_bandwidth() -> f64 {
+    let n = 512 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * n as f64 / best
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn rayon_threads() -> usize {
+    tensorfold_kernels::cpu::threads()
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

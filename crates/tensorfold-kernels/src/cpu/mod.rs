@@ -151,3 +151,8 @@ impl Backend for CpuBackend {
         logits.par_chunks(vocab).map(ops::greedy_row).collect()
     }
 }
+
+/// Worker threads the CPU kernels use (rayon's pool; `RAYON_NUM_THREADS` sets it).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
