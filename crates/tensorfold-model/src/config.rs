@@ -127,10 +127,8 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         Some(other) => return Err(unsupported("model_type", other, "only lfm2 and lfm2_moe are served")),
         None => return Err(ConfigError::Missing("model_type")),
     };
-    if let Some(act) = o.get("hidden_act").filter(|v| !v.is_null()) {
-        if act.as_str() != Some("silu") {
-            return Err(unsupported("hidden_act", &act.to_string(), "LFM2 FFNs are SwiGLU (silu)"));
-        }
+    if let Some(act) = o.get("hidden_act").filter(|v| !v.is_null() && v.as_str() != Some("silu")) {
+        return Err(unsupported("hidden_act", &act.to_string(), "LFM2 FFNs are SwiGLU (silu)"));
     }
     if let Some(q) = o.get("quantization_config").filter(|v| !v.is_null()) {
         return Err(unsupported("quantization_config", &q.to_string(), "quantized checkpoints are not supported yet"));

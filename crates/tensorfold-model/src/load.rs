@@ -59,10 +59,10 @@ pub struct Loaded<B: Backend> {
 
 /// Reads and admits `config.json`.
 pub fn read_config(src: &Source) -> Result<ModelConfig, OpenError> {
-    if let Source::Dir(d) = src {
-        if !d.is_dir() {
-            return Err(CheckpointError::NoDir(d.clone()).into());
-        }
+    if let Source::Dir(d) = src
+        && !d.is_dir()
+    {
+        return Err(CheckpointError::NoDir(d.clone()).into());
     }
     let bytes = src
         .read("config.json")?

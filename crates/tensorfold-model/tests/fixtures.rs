@@ -139,7 +139,7 @@ fn the_sharded_fixture_reads_both_shards_and_every_indexed_tensor() {
         let st = SafeTensors::deserialize(&bytes).expect("shard parses");
         assert!(!st.names().is_empty(), "{shard} holds tensors");
         for n in st.names() {
-            assert_eq!(index["weight_map"][n.as_str()], shard.as_str(), "{n} is indexed to {shard}");
+            assert_eq!(index["weight_map"][n], shard.as_str(), "{n} is indexed to {shard}");
             assert!(table.tensors.contains_key(n), "{n} from {shard} is in the table");
         }
     }

@@ -15,10 +15,10 @@ pub fn kernels() -> Vec<Box<dyn Kernel>> {
 fn split(rows: usize, streams: usize, starts: &[usize]) -> Vec<Segment> {
     let mut segs = Vec::new();
     let mut first = 0;
-    for s in 0..streams {
+    for (s, &start_pos) in starts.iter().enumerate().take(streams) {
         let n = if s + 1 == streams { rows - first } else { (rows - first).min(rows.div_ceil(streams) + s % 2) };
         if n > 0 {
-            segs.push(Segment { first_row: first, rows: n, start_pos: starts[s], cache: s });
+            segs.push(Segment { first_row: first, rows: n, start_pos, cache: s });
         }
         first += n;
     }
@@ -157,6 +157,7 @@ fn attn_shape(scale: Scale) -> (usize, usize, usize, Vec<usize>) {
 
 struct Attention;
 impl Attention {
+    #[allow(clippy::too_many_arguments)]
     fn call(
         fault: Option<&str>,
         q: &[f32],
@@ -341,6 +342,7 @@ impl Kernel for Attention {
 
 struct ShortConv;
 impl ShortConv {
+    #[allow(clippy::too_many_arguments)]
     fn call(
         fault: Option<&str>,
         bcx: &[f32],
@@ -466,7 +468,7 @@ impl Kernel for ShortConv {
             }
         }
         gates.push(invariance_gate("widths over 4 streams", inv));
-        let mut wrong = vec![CpuConv { width, taps: taps + 1, state: vec![0.0; taps * width] }];
+        let mut wrong = [CpuConv { width, taps: taps + 1, state: vec![0.0; taps * width] }];
         let mut refs: Vec<&mut CpuConv> = wrong.iter_mut().collect();
         let seg = [Segment { first_row: 0, rows: 1, start_pos: 0, cache: 0 }];
         let refused =

@@ -68,12 +68,11 @@ pub fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let ptr = SendPtr(out.as_mut_ptr());
     (0..n_rows * heads).into_par_iter().for_each(|i| {
-        let ptr = ptr;
         let (r, h) = (i / heads, i % heads);
         let qh = &q[i * hd..(i + 1) * hd];
         let cache = caches[row_cache[r]];
         // SAFETY: each (row, head) task writes its own hd elements.
-        let o = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(i * hd), hd) };
+        let o = unsafe { std::slice::from_raw_parts_mut(ptr.at(i * hd), hd) };
         attend_row(qh, cache, h / group, hd, pos[r] + 1, scale, o);
     });
     Ok(())

@@ -14,6 +14,17 @@ const ROW_BLOCK: usize = 64;
 /// A raw pointer that threads writing disjoint elements may share.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub *mut f32);
+
+impl SendPtr {
+    /// Element `i` (a method, so closures capture the whole `Send` wrapper, not the raw field).
+    ///
+    /// # Safety
+    /// `i` must be inside the buffer the pointer came from.
+    pub(crate) unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.0.add(i) }
+    }
+}
 // SAFETY: every user writes only elements no other task touches (disjoint output columns or rows).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
@@ -41,7 +52,6 @@ pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option
     let cols_per_task = (n / (threads * 8)).clamp(8, 256);
     let ptr = SendPtr(out.as_mut_ptr());
     (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
-        let ptr = ptr;
         let j0 = task * cols_per_task;
         let j1 = (j0 + cols_per_task).min(n);
         let mut tmp = vec![0f32; ROW_BLOCK.min(rows)];
@@ -53,7 +63,7 @@ pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option
                 let b = bias.map_or(0.0, |b| b[j]);
                 for (i, v) in t.iter().enumerate() {
                     // SAFETY: (r0 + i, j) is inside out, and column j belongs to this task only.
-                    unsafe { *ptr.0.add((r0 + i) * n + j) = if bias.is_some() { v + b } else { *v } };
+                    unsafe { *ptr.at((r0 + i) * n + j) = if bias.is_some() { v + b } else { *v } };
                 }
             }
         }
