@@ -96,7 +96,7 @@ pub fn generate<B: Backend>(
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, SoloStats), SoloError> {
     cfg.params.validate()?;
-    if prompt.len() + cfg.max_tokens > cfg.context {
+    if prompt.len().saturating_add(cfg.max_tokens) > cfg.context {
         return Err(SoloError::ContextExceeded {
             prompt: prompt.len(),
             max_tokens: cfg.max_tokens,

@@ -5,6 +5,7 @@ use std::path::Path;
 use tensorfold_engine::sampler::{SampleError, SamplingParams};
 use tensorfold_engine::solo::{Finish, SoloConfig, SoloError, generate};
 use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_model::exact::Reference;
 use tensorfold_model::{ForwardError, LogitRows, Model, Source, open};
 
 fn model() -> Model<CpuBackend> {
@@ -12,9 +13,13 @@ fn model() -> Model<CpuBackend> {
     open(&Source::Dir(dir), CpuBackend).expect("the fixture opens").model
 }
 
-/// A 21-token prompt: bos, then ids spread over the vocabulary.
+/// The fixture's 32-token reference input (bos, then ids uniform in 10..511), on which the model is not
+/// collapsed onto one token.
 fn prompt() -> Vec<u32> {
-    std::iter::once(1).chain((0..20).map(|i| 10 + (i * 97) % 500)).collect()
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32/reference.safetensors");
+    let ids = Reference::parse(&std::fs::read(path).expect("the reference is readable")).expect("parses").ids;
+    assert_eq!(ids.len(), 32);
+    ids
 }
 
 fn config(max_tokens: usize, params: SamplingParams) -> SoloConfig {
@@ -51,6 +56,16 @@ fn a_prompt_plus_max_tokens_past_the_context_is_refused_with_the_counts() {
 }
 
 #[test]
+fn a_max_tokens_so_large_that_the_sum_overflows_is_refused_not_wrapped() {
+    let m = model();
+    let cfg = SoloConfig { context: 64, ..config(usize::MAX, SamplingParams::greedy()) };
+    assert_eq!(
+        run(&m, &[1, 2, 3], &cfg),
+        Err(SoloError::ContextExceeded { prompt: 3, max_tokens: usize::MAX, context: 64 })
+    );
+}
+
+#[test]
 fn a_prefill_chunk_of_zero_is_refused() {
     let m = model();
     let cfg = SoloConfig { chunk: 0, ..config(4, SamplingParams::greedy()) };
@@ -80,6 +95,8 @@ fn a_seeded_sampled_run_is_reproducible_and_the_same_for_chunk_sizes_1_5_and_64(
     let reference = run(&m, &p, &config(16, params)).expect("runs");
     assert_eq!(reference.0.len(), 16);
     assert_eq!(reference.1, Finish::Length);
+    let greedy = run(&m, &p, &config(16, SamplingParams::greedy())).expect("runs");
+    assert_ne!(reference.0, greedy.0, "the sampled reply is not the greedy one");
     assert_eq!(run(&m, &p, &config(16, params)).expect("runs"), reference, "same seed, same run");
     for chunk in [1, 5, 64] {
         let cfg = SoloConfig { chunk, ..config(16, params) };

@@ -81,10 +81,10 @@ pub trait Backend: Send + Sync {
     type Buf: Send + Sync;
     /// A weight matrix `[rows, cols]` on the device.
     type Mat: Send + Sync;
-    /// One attention layer's KV rows of one stream.
-    type Kv: Send + Sync;
+    /// One attention layer's KV rows of one stream (`Clone` copies the rows: prompt-cache snapshots).
+    type Kv: Send + Sync + Clone;
     /// One conv layer's state of one stream (the last `taps - 1` values of `B*x`).
-    type Conv: Send + Sync;
+    type Conv: Send + Sync + Clone;
 
     /// Backend name (`cpu`, `cuda`).
     fn name(&self) -> &'static str;

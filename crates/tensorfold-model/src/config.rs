@@ -216,8 +216,9 @@ fn layer_plan(o: &Map<String, Value>, n: usize) -> Result<Vec<Mixer>, ConfigErro
 }
 
 /// Dense LFM2 FFN width, as transformers' `Lfm2MLP` derives it: with `block_auto_adjust_ff_dim`,
-/// `ff = int(2 * ff / 3)`, then `ff = int(block_ffn_dim_multiplier * ff)` when a multiplier is set, then
-/// rounded up to a multiple of `block_multiple_of`. `block_ff_dim` is the original key for `intermediate_size`.
+/// `ff = int(2 * ff / 3)`, then, only when a multiplier is set, `ff = int(block_ffn_dim_multiplier * ff)` rounded
+/// up to a multiple of `block_multiple_of`. An absent multiplier is `Lfm2Config`'s default 1.0; an explicit null
+/// turns both steps off. `block_ff_dim` is the original key for `intermediate_size`.
 pub fn dense_width(o: &Map<String, Value>) -> Result<usize, ConfigError> {
     let ff = match opt_usize(o, "block_ff_dim")? {
         Some(v) => v,
@@ -227,15 +228,20 @@ pub fn dense_width(o: &Map<String, Value>) -> Result<usize, ConfigError> {
         return Ok(ff);
     }
     let mut ff = (2 * ff) / 3;
-    if let Some(m) = opt_f64(o, "block_ffn_dim_multiplier")? {
+    let multiplier = match o.get("block_ffn_dim_multiplier") {
+        None => Some(1.0),
+        Some(_) => opt_f64(o, "block_ffn_dim_multiplier")?,
+    };
+    if let Some(m) = multiplier {
         if !(m.is_finite() && m > 0.0) {
             return Err(invalid("block_ffn_dim_multiplier", m, "must be positive"));
         }
         ff = (m * ff as f64) as usize;
+        let multiple = opt_usize(o, "block_multiple_of")?.unwrap_or(256);
+        positive("block_multiple_of", multiple)?;
+        ff = multiple * ff.div_ceil(multiple);
     }
-    let multiple = opt_usize(o, "block_multiple_of")?.unwrap_or(256);
-    positive("block_multiple_of", multiple)?;
-    Ok(multiple * ff.div_ceil(multiple))
+    Ok(ff)
 }
 
 fn moe_config(o: &Map<String, Value>, n_layers: usize) -> Result<MoeConfig, ConfigError> {

@@ -34,12 +34,28 @@ pub enum LayerState<B: Backend> {
     Conv(B::Conv),
 }
 
-/// A stream's state: one entry per layer, and the number of positions it has consumed.
+/// A stream's state: one entry per layer, and the number of positions it has consumed. `Clone` is a
+/// snapshot (KV rows and conv states at the same position), as the prompt cache keeps them.
 pub struct StreamState<B: Backend> {
     /// Per-layer state, in layer order.
     pub layers: Vec<LayerState<B>>,
     /// Positions consumed (equals the KV rows of every attention layer).
     pub pos: usize,
+}
+
+impl<B: Backend> Clone for LayerState<B> {
+    fn clone(&self) -> Self {
+        match self {
+            LayerState::Kv(k) => LayerState::Kv(k.clone()),
+            LayerState::Conv(c) => LayerState::Conv(c.clone()),
+        }
+    }
+}
+
+impl<B: Backend> Clone for StreamState<B> {
+    fn clone(&self) -> Self {
+        Self { layers: self.layers.clone(), pos: self.pos }
+    }
 }
 
 /// Which rows of a call get logits.
@@ -85,6 +101,29 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         StreamState { layers, pos: 0 }
+    }
+
+    /// Bytes a stream's state holds now (KV rows and conv states).
+    pub fn state_bytes(&self, s: &StreamState<B>) -> usize {
+        let conv = self.cfg.conv_taps.saturating_sub(1) * self.cfg.hidden * 4;
+        s.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(k) => self.backend.kv_bytes(k),
+                LayerState::Conv(_) => conv,
+            })
+            .sum()
+    }
+
+    /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv
+    /// states, and the activations of one decode row (memory admission's per-stream estimate).
+    pub fn stream_bytes(&self, tokens: usize) -> usize {
+        let c = &self.cfg;
+        let attn = c.layers.iter().filter(|m| **m == Mixer::Attention).count();
+        let conv = c.layers.len() - attn;
+        let kv = attn * 2 * c.kv_heads * c.head_dim * 4 * tokens;
+        let scratch = 4 * (8 * c.hidden + c.vocab + c.moe.as_ref().map_or(c.dense_inter, |m| m.inter * m.top_k) * 3);
+        kv + conv * c.conv_taps.saturating_sub(1) * c.hidden * 4 + scratch
     }
 
     /// Bytes of weights on the device.

@@ -379,6 +379,37 @@ fn the_legacy_tie_embedding_key_overrides_tie_word_embeddings_as_in_transformers
     assert!(!ModelConfig::parse(&serde_json::to_vec(&o).unwrap()).expect("admitted").tied);
 }
 
+#[test]
+fn the_dense_width_rounds_to_block_multiple_of_only_when_a_multiplier_is_set_as_in_transformers() {
+    let width = |edit: &dyn Fn(&mut Map<String, Value>)| {
+        let mut o = read_config(&fixtures_root().join("lfm2-dense-f32"));
+        edit(&mut o);
+        ModelConfig::parse(&serde_json::to_vec(&o).unwrap()).expect("admitted").dense_inter
+    };
+    // block_ff_dim 100 -> int(200 / 3) = 66; multiplier 1.5 -> 99 -> rounded up to a multiple of 32.
+    assert_eq!(width(&|_| ()), 128);
+    // An explicit null multiplier: neither scaled nor rounded.
+    let null_multiplier = |o: &mut Map<String, Value>| {
+        o.insert("block_ffn_dim_multiplier".into(), Value::Null);
+    };
+    assert_eq!(width(&null_multiplier), 66);
+    // Absent: Lfm2Config's default multiplier 1.0, so 66 is rounded up to 96.
+    let no_multiplier = |o: &mut Map<String, Value>| {
+        o.remove("block_ffn_dim_multiplier");
+    };
+    assert_eq!(width(&no_multiplier), 96);
+    // No auto-adjust: the configured width as is.
+    let no_adjust = |o: &mut Map<String, Value>| {
+        o.insert("block_auto_adjust_ff_dim".into(), json!(false));
+    };
+    assert_eq!(width(&no_adjust), 100);
+    // The legacy block_ff_dim overrides intermediate_size.
+    let other_intermediate = |o: &mut Map<String, Value>| {
+        o.insert("intermediate_size".into(), json!(1000));
+    };
+    assert_eq!(width(&other_intermediate), 128);
+}
+
 /// Lines of this process's memory map that name a file under `dir`.
 fn mappings_under(dir: &Path) -> usize {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps is readable");

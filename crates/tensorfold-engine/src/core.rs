@@ -1,0 +1,391 @@
+//! The lane core: streams admitted into lanes (FCFS, memory admission), each round ONE forward over every
+//! active stream's rows (a decode row, or a chunk of its prompt within a per-round row budget), keyed
+//! draws, stop conditions, prompt-cache snapshots, cancel. Synchronous and deterministic: `engine` runs it
+//! on its own thread.
+
+use crate::prompt_cache::{CacheCounters, PromptCache};
+use crate::request::{Event, FinishReason, Request, RequestId, Stats, SubmitError};
+use crate::sampler::draw;
+use crate::target::Target;
+use std::collections::VecDeque;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+use tensorfold_kernels::Segment;
+
+/// Lane-core settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Streams that decode at once (lanes).
+    pub parallel: usize,
+    /// Requests that may wait for a lane; one more is refused (`QueueFull`).
+    pub queue_capacity: usize,
+    /// Rows one round may hold (decode rows first, then prompt chunks), so a long prompt does not stall decode.
+    pub round_rows: usize,
+    /// Prompt chunk: prefill stops at multiples of it, where the prompt cache keeps states.
+    pub prefill_chunk: usize,
+    /// Bytes the streams' states may hold together (memory admission).
+    pub memory_bytes: usize,
+    /// Bytes of the prompt cache (0 = off).
+    pub prompt_cache_bytes: usize,
+    /// One forward over all streams' rows (true), or one forward per stream (the A/B baseline).
+    pub shared_rounds: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            parallel: 8,
+            queue_capacity: 64,
+            round_rows: 512,
+            prefill_chunk: 256,
+            memory_bytes: 8 << 30,
+            prompt_cache_bytes: 1 << 30,
+            shared_rounds: true,
+        }
+    }
+}
+
+/// A source of time (a fixed clock in tests keeps every recorded duration zero).
+pub trait Clock: Send {
+    /// Now.
+    fn now(&self) -> Instant;
+}
+
+/// The system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that never moves.
+pub struct FixedClock(pub Instant);
+
+impl Clock for FixedClock {
+    fn now(&self) -> Instant {
+        self.0
+    }
+}
+
+/// What the engine reports (`/metrics`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metrics {
+    /// Streams in lanes.
+    pub running: usize,
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Prompt tokens admitted.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Rounds run.
+    pub rounds: u64,
+    /// Prompt-cache counters.
+    pub cache: CacheCounters,
+    /// Bytes the running streams' states hold.
+    pub state_bytes: usize,
+    /// Bytes reserved by memory admission.
+    pub reserved_bytes: usize,
+    /// Bytes the prompt cache holds.
+    pub cache_bytes: usize,
+}
+
+struct Waiting {
+    id: RequestId,
+    req: Request,
+    sink: Sender<Event>,
+    submitted: Instant,
+    bytes: usize,
+}
+
+struct Stream<S> {
+    id: RequestId,
+    req: Request,
+    sink: Sender<Event>,
+    state: S,
+    pending: Option<u32>,
+    generated: usize,
+    bytes: usize,
+    stats: Stats,
+    submitted: Instant,
+    first_token: Option<Instant>,
+}
+
+/// The lane core over a target `T`.
+pub struct Core<T: Target> {
+    target: T,
+    cfg: EngineConfig,
+    clock: Box<dyn Clock>,
+    queue: VecDeque<Waiting>,
+    lanes: Vec<Stream<T::State>>,
+    cache: PromptCache<T::State>,
+    eos: Vec<u32>,
+    next_id: RequestId,
+    reserved: usize,
+    counters: Metrics,
+}
+
+impl<T: Target> Core<T> {
+    /// A core with no streams.
+    pub fn new(target: T, cfg: EngineConfig, clock: Box<dyn Clock>) -> Self {
+        let eos = target.eos_ids();
+        let cache = PromptCache::new(cfg.prompt_cache_bytes);
+        Self {
+            target,
+            cfg,
+            clock,
+            queue: VecDeque::new(),
+            lanes: Vec::new(),
+            cache,
+            eos,
+            next_id: 1,
+            reserved: 0,
+            counters: Metrics::default(),
+        }
+    }
+
+    /// The target.
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    /// True when nothing runs or waits.
+    pub fn is_idle(&self) -> bool {
+        self.lanes.is_empty() && self.queue.is_empty()
+    }
+
+    /// Current metrics.
+    pub fn metrics(&self) -> Metrics {
+        Metrics {
+            running: self.lanes.len(),
+            waiting: self.queue.len(),
+            cache: self.cache.counters,
+            state_bytes: self.lanes.iter().map(|s| self.target.state_bytes(&s.state)).sum(),
+            reserved_bytes: self.reserved,
+            cache_bytes: self.cache.bytes(),
+            ..self.counters.clone()
+        }
+    }
+
+    /// Checks and queues a request; events go to `sink`. Refusals queue nothing.
+    pub fn submit(&mut self, req: Request, sink: Sender<Event>) -> Result<RequestId, SubmitError> {
+        req.params.validate()?;
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let vocab = self.target.vocab();
+        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SubmitError::TokenOutOfRange { id, vocab });
+        }
+        let (prompt, context) = (req.prompt.len(), self.target.context());
+        if prompt + req.max_tokens > context {
+            return Err(SubmitError::ContextExceeded { prompt, max_tokens: req.max_tokens, context });
+        }
+        let tokens = prompt + req.max_tokens;
+        let bytes = self.target.stream_bytes(tokens);
+        if bytes > self.cfg.memory_bytes {
+            let fits = (0..=tokens).rev().find(|&t| self.target.stream_bytes(t) <= self.cfg.memory_bytes).unwrap_or(0);
+            return Err(SubmitError::NeverFits { needed: bytes, tokens, budget: self.cfg.memory_bytes, fits });
+        }
+        if self.queue.len() >= self.cfg.queue_capacity {
+            return Err(SubmitError::QueueFull { capacity: self.cfg.queue_capacity });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.push_back(Waiting { id, req, sink, submitted: self.clock.now(), bytes });
+        Ok(id)
+    }
+
+    /// Cancels a waiting or running request: it finishes `Cancelled` now and frees its lane and memory.
+    /// Returns false when the id is unknown (already finished). Touches no other request.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.queue.iter().position(|w| w.id == id) {
+            let w = self.queue.remove(i).expect("index from position");
+            let stats =
+                Stats { prompt_tokens: w.req.prompt.len(), queued: self.clock.now() - w.submitted, ..Stats::default() };
+            let _ = w.sink.send(Event::Finished { reason: FinishReason::Cancelled, error: None, stats });
+            return true;
+        }
+        match self.lanes.iter().position(|s| s.id == id) {
+            Some(i) => {
+                self.finish(i, FinishReason::Cancelled, None);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Admits waiting requests, first come first served, while lanes and memory allow.
+    fn admit(&mut self) {
+        while self.lanes.len() < self.cfg.parallel {
+            let Some(w) = self.queue.front() else { break };
+            if self.reserved + w.bytes > self.cfg.memory_bytes {
+                break;
+            }
+            let w = self.queue.pop_front().expect("front exists");
+            let now = self.clock.now();
+            let (state, cached) = match self.cache.lookup(&w.req.prompt) {
+                Some((s, n)) => (s, n),
+                None => (self.target.new_state(), 0),
+            };
+            self.reserved += w.bytes;
+            self.counters.prompt_tokens += w.req.prompt.len() as u64;
+            let stats = Stats {
+                prompt_tokens: w.req.prompt.len(),
+                cached_tokens: cached,
+                queued: now - w.submitted,
+                ..Stats::default()
+            };
+            self.lanes.push(Stream {
+                id: w.id,
+                req: w.req,
+                sink: w.sink,
+                state,
+                pending: None,
+                generated: 0,
+                bytes: w.bytes,
+                stats,
+                submitted: w.submitted,
+                first_token: None,
+            });
+        }
+    }
+
+    /// Rows of this round: `(lane, tokens)`, decode rows first, then prompt chunks within the row budget.
+    fn plan(&self) -> Vec<(usize, Vec<u32>)> {
+        let mut plan = Vec::new();
+        let mut budget = self.cfg.round_rows.max(1);
+        for (i, s) in self.lanes.iter().enumerate() {
+            if let Some(t) = s.pending {
+                plan.push((i, vec![t]));
+                budget = budget.saturating_sub(1);
+            }
+        }
+        for (i, s) in self.lanes.iter().enumerate() {
+            let pos = self.target.pos(&s.state);
+            if s.pending.is_some() || pos >= s.req.prompt.len() || budget == 0 {
+                continue;
+            }
+            let chunk = self.cfg.prefill_chunk.max(1);
+            let boundary = ((pos / chunk + 1) * chunk).min(s.req.prompt.len());
+            let n = (boundary - pos).min(budget);
+            budget -= n;
+            plan.push((i, s.req.prompt[pos..pos + n].to_vec()));
+        }
+        plan
+    }
+
+    /// Runs one round. Returns false when there was nothing to run.
+    pub fn step(&mut self) -> bool {
+        self.admit();
+        let plan = self.plan();
+        if plan.is_empty() {
+            return false;
+        }
+        self.counters.rounds += 1;
+        let logits = match self.run_forward(&plan) {
+            Ok(l) => l,
+            Err(e) => {
+                // An engine fault: the round's streams fail; every other stream and the queue go on.
+                let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
+                for id in ids {
+                    if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
+                        self.finish(i, FinishReason::Error, Some(e.clone()));
+                    }
+                }
+                return true;
+            }
+        };
+        let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
+        for ((id, (_, rows)), logits) in ids.into_iter().zip(&plan).zip(logits) {
+            let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
+            self.after_rows(i, rows.len(), &logits);
+        }
+        true
+    }
+
+    /// One forward over every planned row (or one per stream when shared rounds are off).
+    fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
+        let mut tokens = Vec::new();
+        let mut segs = Vec::new();
+        for (k, (lane, rows)) in plan.iter().enumerate() {
+            let start_pos = self.target.pos(&self.lanes[*lane].state);
+            segs.push(Segment { first_row: tokens.len(), rows: rows.len(), start_pos, cache: k });
+            tokens.extend_from_slice(rows);
+        }
+        let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
+        let mut states: Vec<&mut T::State> =
+            plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
+        if self.cfg.shared_rounds {
+            return self.target.forward(&tokens, &segs, &mut states).map_err(|e| e.to_string());
+        }
+        let mut out = Vec::with_capacity(segs.len());
+        for (seg, st) in segs.iter().zip(states.iter_mut()) {
+            let one = Segment { first_row: 0, cache: 0, ..*seg };
+            let rows = &tokens[seg.first_row..seg.first_row + seg.rows];
+            out.extend(self.target.forward(rows, &[one], &mut [&mut **st]).map_err(|e| e.to_string())?);
+        }
+        Ok(out)
+    }
+
+    /// Book-keeping after a stream's rows ran: prompt-cache snapshots, the first token, decode tokens.
+    fn after_rows(&mut self, i: usize, rows: usize, logits: &[f32]) {
+        let s = &self.lanes[i];
+        let pos = self.target.pos(&s.state);
+        let prompt_len = s.req.prompt.len();
+        if s.pending.is_none() {
+            if pos.is_multiple_of(self.cfg.prefill_chunk.max(1)) || pos == prompt_len {
+                let bytes = self.target.state_bytes(&s.state);
+                self.cache.insert(&s.req.prompt[..pos], &s.state, bytes);
+            }
+            if pos < prompt_len {
+                return;
+            }
+            let _ = s.sink.send(Event::Prefilled { cached_tokens: s.stats.cached_tokens });
+        }
+        debug_assert!(rows > 0);
+        match draw(&self.lanes[i].req.params, pos as u64, logits) {
+            Ok(tok) => self.commit(i, tok),
+            Err(e) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
+        }
+    }
+
+    /// Commits a drawn token and applies the stop conditions.
+    fn commit(&mut self, i: usize, tok: u32) {
+        let now = self.clock.now();
+        let context = self.target.context();
+        let s = &mut self.lanes[i];
+        s.generated += 1;
+        self.counters.generated_tokens += 1;
+        if s.first_token.is_none() {
+            s.first_token = Some(now);
+            s.stats.ttft = now - s.submitted;
+        }
+        if s.sink.send(Event::Token(tok)).is_err() {
+            self.finish(i, FinishReason::Cancelled, None);
+            return;
+        }
+        let stop = s.req.stop_ids.contains(&tok) || (!s.req.ignore_eos && self.eos.contains(&tok));
+        let pos = self.target.pos(&s.state);
+        if stop {
+            self.finish(i, FinishReason::Stop, None);
+        } else if s.generated >= s.req.max_tokens || pos + 1 > context {
+            self.finish(i, FinishReason::Length, None);
+        } else {
+            s.pending = Some(tok);
+        }
+    }
+
+    /// Ends lane `i`: its last event, its lane and its memory are released at once.
+    fn finish(&mut self, i: usize, reason: FinishReason, error: Option<String>) {
+        let s = self.lanes.swap_remove(i);
+        let now = self.clock.now();
+        self.reserved -= s.bytes;
+        let mut stats = s.stats;
+        stats.generated_tokens = s.generated;
+        stats.decode = s.first_token.map_or_else(Default::default, |t| now - t);
+        let _ = s.sink.send(Event::Finished { reason, error, stats });
+    }
+}

@@ -1,0 +1,112 @@
+//! The engine thread: owns the target and the lane core, takes submissions and cancels between rounds,
+//! and runs rounds while any stream is active. Handles are cheap to clone and usable from any thread.
+
+use crate::core::{Clock, Core, EngineConfig, Metrics, SystemClock};
+use crate::request::{Event, Request, RequestId, SubmitError};
+use crate::target::Target;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+enum Command {
+    Submit(Request, Sender<Event>, Sender<Result<RequestId, SubmitError>>),
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// A handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+impl EngineHandle {
+    /// Submits a request; its events arrive on the returned receiver (dropping it cancels the stream at
+    /// the next token). Refusals are immediate and queue nothing.
+    pub fn submit(&self, req: Request) -> Result<(RequestId, Receiver<Event>), SubmitError> {
+        let (etx, erx) = mpsc::channel();
+        let (rtx, rrx) = mpsc::channel();
+        self.tx.send(Command::Submit(req, etx, rtx)).map_err(|_| SubmitError::Stopped)?;
+        let id = rrx.recv().map_err(|_| SubmitError::Stopped)??;
+        Ok((id, erx))
+    }
+
+    /// Cancels a request (waiting or running) at the next round; unknown ids are ignored.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Metrics as of the last round.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+/// An engine thread and its handle.
+pub struct Engine {
+    handle: EngineHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine thread over `target`.
+    pub fn start<T: Target>(target: T, cfg: EngineConfig) -> Self {
+        Self::start_with_clock(target, cfg, Box::new(SystemClock))
+    }
+
+    /// Starts the engine thread with a given clock (tests use a fixed one).
+    pub fn start_with_clock<T: Target>(target: T, cfg: EngineConfig, clock: Box<dyn Clock>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let m = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("tensorfold-engine".into())
+            .spawn(move || run(Core::new(target, cfg, clock), rx, m))
+            .expect("spawning the engine thread");
+        Self { handle: EngineHandle { tx, metrics }, thread: Some(thread) }
+    }
+
+    /// A handle for submitting and cancelling.
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.handle.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run<T: Target>(mut core: Core<T>, rx: Receiver<Command>, metrics: Arc<Mutex<Metrics>>) {
+    loop {
+        // Block only when idle; otherwise take what has arrived and run a round.
+        let first = if core.is_idle() {
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match cmd {
+                Command::Submit(req, sink, reply) => {
+                    let _ = reply.send(core.submit(req, sink));
+                }
+                Command::Cancel(id) => {
+                    core.cancel(id);
+                }
+                Command::Shutdown => return,
+            }
+        }
+        core.step();
+        if let Ok(mut m) = metrics.lock() {
+            *m = core.metrics();
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! A fake target for engine tests: each row's logits are a hash of the WHOLE token history its stream was
+//! fed, up to and including that row, so any position, ordering or rollback bug changes every later token.
+
+use crate::target::Target;
+use tensorfold_kernels::Segment;
+use tensorfold_model::ForwardError;
+
+/// The fake target: `vocab` logits a row, a context limit, and stop ids.
+#[derive(Clone, Debug)]
+pub struct FakeTarget {
+    /// Logits a row.
+    pub vocab: usize,
+    /// Context limit.
+    pub context: usize,
+    /// End-of-sequence ids.
+    pub eos: Vec<u32>,
+    /// Bytes a position costs in memory admission.
+    pub bytes_per_token: usize,
+}
+
+impl FakeTarget {
+    /// A target with 64 logits a row, a 4,096-token context and EOS id 0.
+    pub fn new() -> Self {
+        Self { vocab: 64, context: 4096, eos: vec![0], bytes_per_token: 1024 }
+    }
+
+    /// Logits of the row that ends `history`: pseudo-random in [-4, 4), a function of every token and its position.
+    pub fn logits(&self, history: &[u32]) -> Vec<f32> {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for (i, &t) in history.iter().enumerate() {
+            h = mix(h ^ ((i as u64) << 32 | t as u64));
+        }
+        (0..self.vocab as u64)
+            .map(|v| (mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15)) >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0)
+            .collect()
+    }
+}
+
+impl Default for FakeTarget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Target for FakeTarget {
+    type State = Vec<u32>;
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn context(&self) -> usize {
+        self.context
+    }
+
+    fn eos_ids(&self) -> Vec<u32> {
+        self.eos.clone()
+    }
+
+    fn new_state(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        s.len()
+    }
+
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        s.len() * self.bytes_per_token
+    }
+
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        tokens * self.bytes_per_token
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        for s in segs {
+            let st = states.get(s.cache).ok_or_else(|| ForwardError::Batch(format!("no stream {}", s.cache)))?;
+            if st.len() != s.start_pos {
+                return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: st.len() });
+            }
+            if let Some(&id) = tokens[s.first_row..s.first_row + s.rows].iter().find(|&&t| t as usize >= self.vocab) {
+                return Err(ForwardError::TokenOutOfRange { id, vocab: self.vocab });
+            }
+        }
+        Ok(segs
+            .iter()
+            .map(|s| {
+                let st = &mut states[s.cache];
+                st.extend_from_slice(&tokens[s.first_row..s.first_row + s.rows]);
+                self.logits(st)
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,108 @@
+//! Requests into the lane core and the events that come back out of it.
+
+use crate::sampler::{SampleError, SamplingParams};
+use std::time::Duration;
+
+/// Engine-wide request id.
+pub type RequestId = u64;
+
+/// One generation request, in token ids.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Sampling parameters; the seed keys every draw.
+    pub params: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Caller's stop token ids (besides the checkpoint's EOS ids).
+    pub stop_ids: Vec<u32>,
+    /// Ignore the checkpoint's EOS ids (the caller's stop ids still stop).
+    pub ignore_eos: bool,
+}
+
+impl Request {
+    /// A greedy request.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self { prompt, params: SamplingParams::greedy(), max_tokens, stop_ids: Vec::new(), ignore_eos: false }
+    }
+}
+
+/// Why a stream finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS or stop id was drawn (it is the last token of the reply).
+    Stop,
+    /// `max_tokens` reached, or the context's end.
+    Length,
+    /// Cancelled by the caller (or its receiver was dropped).
+    Cancelled,
+    /// The stream failed; others are unaffected.
+    Error,
+}
+
+/// Counters and timings of one request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the prompt cache.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub generated_tokens: usize,
+    /// Time in the queue before admission.
+    pub queued: Duration,
+    /// Time from submission to the first token (TTFT).
+    pub ttft: Duration,
+    /// Time from the first token to the last.
+    pub decode: Duration,
+}
+
+/// What the engine tells a request's owner, in order: `Prefilled`, `Token`s, then one `Finished`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The prompt is in the stream's state; `cached_tokens` of it came from the prompt cache.
+    Prefilled {
+        /// Prompt tokens reused.
+        cached_tokens: usize,
+    },
+    /// A committed token.
+    Token(u32),
+    /// The last event.
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// A message when `reason` is `Error`.
+        error: Option<String>,
+        /// Counters and timings.
+        stats: Stats,
+    },
+}
+
+/// A request refused at submission. Nothing was queued.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SubmitError {
+    /// The prompt has no tokens.
+    #[error("the prompt has zero tokens")]
+    EmptyPrompt,
+    /// A prompt id outside the vocabulary.
+    #[error("prompt token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    /// Prompt plus max_tokens past the context.
+    #[error("prompt of {prompt} tokens plus max_tokens {max_tokens} exceeds the context of {context} tokens")]
+    ContextExceeded { prompt: usize, max_tokens: usize, context: usize },
+    /// The queue is at capacity.
+    #[error("the request queue is full ({capacity} waiting); retry later")]
+    QueueFull { capacity: usize },
+    /// The stream can never fit the memory budget.
+    #[error(
+        "the request needs {needed} bytes for {tokens} positions but the memory budget is {budget} bytes; at most {fits} positions (prompt plus max_tokens) fit"
+    )]
+    NeverFits { needed: usize, tokens: usize, budget: usize, fits: usize },
+    /// Bad sampling parameters.
+    #[error(transparent)]
+    Sampling(#[from] SampleError),
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}

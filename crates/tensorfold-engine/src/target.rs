@@ -1,0 +1,84 @@
+//! What the lane core needs of a model: one forward over a round's rows and segments, stream states it
+//! can snapshot (prompt cache) and size (memory admission). `Model<B>` is the real target; `fake` has a
+//! test target.
+
+use tensorfold_kernels::{Backend, Segment};
+use tensorfold_model::{ForwardError, LogitRows, Model, StreamState};
+
+/// A model the engine can run.
+pub trait Target: Send + 'static {
+    /// One stream's state (`Clone` is a snapshot at the same position).
+    type State: Send + Clone;
+    /// Logits a row.
+    fn vocab(&self) -> usize;
+    /// Context limit in positions.
+    fn context(&self) -> usize;
+    /// End-of-sequence ids (generation_config.json and config.json).
+    fn eos_ids(&self) -> Vec<u32>;
+    /// A fresh state at position 0.
+    fn new_state(&self) -> Self::State;
+    /// Positions a state has consumed.
+    fn pos(&self, s: &Self::State) -> usize;
+    /// Bytes a state holds now.
+    fn state_bytes(&self, s: &Self::State) -> usize;
+    /// Bytes a stream of `tokens` positions needs at most (memory admission).
+    fn stream_bytes(&self, tokens: usize) -> usize;
+    /// One forward over every row of the round; `segs[i].cache` indexes `states`. Returns the logits of
+    /// each segment's last row, `[segs.len()][vocab]`, in segment order. An error leaves states unchanged.
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Self::State],
+    ) -> Result<Vec<Vec<f32>>, ForwardError>;
+}
+
+/// A loaded LFM2 model with its end-of-sequence ids.
+pub struct ModelTarget<B: Backend> {
+    /// The model.
+    pub model: Model<B>,
+    /// End-of-sequence ids.
+    pub eos: Vec<u32>,
+}
+
+impl<B: Backend + 'static> Target for ModelTarget<B> {
+    type State = StreamState<B>;
+
+    fn vocab(&self) -> usize {
+        self.model.cfg.vocab
+    }
+
+    fn context(&self) -> usize {
+        self.model.cfg.max_positions
+    }
+
+    fn eos_ids(&self) -> Vec<u32> {
+        self.eos.clone()
+    }
+
+    fn new_state(&self) -> StreamState<B> {
+        self.model.new_state()
+    }
+
+    fn pos(&self, s: &StreamState<B>) -> usize {
+        s.pos
+    }
+
+    fn state_bytes(&self, s: &StreamState<B>) -> usize {
+        self.model.state_bytes(s)
+    }
+
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        self.model.stream_bytes(tokens)
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let out = self.model.forward(tokens, segs, states, LogitRows::Last)?;
+        Ok(out.logits.chunks(self.model.cfg.vocab).map(<[f32]>::to_vec).collect())
+    }
+}
