@@ -4,11 +4,10 @@
 //! on its own thread.
 
 use crate::prompt_cache::{CacheCounters, PromptCache};
-use crate::request::{Event, FinishReason, Request, RequestId, Stats, SubmitError};
+use crate::request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
 use crate::sampler::draw;
 use crate::target::Target;
 use std::collections::VecDeque;
-use std::sync::mpsc::Sender;
 use std::time::Instant;
 use tensorfold_kernels::Segment;
 
@@ -95,7 +94,7 @@ pub struct Metrics {
 struct Waiting {
     id: RequestId,
     req: Request,
-    sink: Sender<Event>,
+    sink: Sink,
     submitted: Instant,
     bytes: usize,
 }
@@ -103,7 +102,7 @@ struct Waiting {
 struct Stream<S> {
     id: RequestId,
     req: Request,
-    sink: Sender<Event>,
+    sink: Sink,
     state: S,
     pending: Option<u32>,
     generated: usize,
@@ -170,7 +169,8 @@ impl<T: Target> Core<T> {
     }
 
     /// Checks and queues a request; events go to `sink`. Refusals queue nothing.
-    pub fn submit(&mut self, req: Request, sink: Sender<Event>) -> Result<RequestId, SubmitError> {
+    pub fn submit(&mut self, req: Request, sink: impl Into<Sink>) -> Result<RequestId, SubmitError> {
+        let sink = sink.into();
         req.params.validate()?;
         if req.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -202,10 +202,10 @@ impl<T: Target> Core<T> {
     /// Returns false when the id is unknown (already finished). Touches no other request.
     pub fn cancel(&mut self, id: RequestId) -> bool {
         if let Some(i) = self.queue.iter().position(|w| w.id == id) {
-            let w = self.queue.remove(i).expect("index from position");
+            let mut w = self.queue.remove(i).expect("index from position");
             let stats =
                 Stats { prompt_tokens: w.req.prompt.len(), queued: self.clock.now() - w.submitted, ..Stats::default() };
-            let _ = w.sink.send(Event::Finished { reason: FinishReason::Cancelled, error: None, stats });
+            w.sink.send(Event::Finished { reason: FinishReason::Cancelled, error: None, stats });
             return true;
         }
         match self.lanes.iter().position(|s| s.id == id) {
@@ -332,7 +332,7 @@ impl<T: Target> Core<T> {
 
     /// Book-keeping after a stream's rows ran: prompt-cache snapshots, the first token, decode tokens.
     fn after_rows(&mut self, i: usize, rows: usize, logits: &[f32]) {
-        let s = &self.lanes[i];
+        let s = &mut self.lanes[i];
         let pos = self.target.pos(&s.state);
         let prompt_len = s.req.prompt.len();
         if s.pending.is_none() {
@@ -343,11 +343,18 @@ impl<T: Target> Core<T> {
             if pos < prompt_len {
                 return;
             }
-            let _ = s.sink.send(Event::Prefilled { cached_tokens: s.stats.cached_tokens });
+            let s = &mut self.lanes[i];
+            let cached_tokens = s.stats.cached_tokens;
+            s.sink.send(Event::Prefilled { cached_tokens });
         }
         debug_assert!(rows > 0);
         match draw(&self.lanes[i].req.params, pos as u64, logits) {
-            Ok(tok) => self.commit(i, tok),
+            Ok(tok) => {
+                if let Some(n) = self.lanes[i].req.logprobs {
+                    self.lanes[i].sink.send(Event::Logprobs(TokenLogprobs::from_logits(logits, tok, n)));
+                }
+                self.commit(i, tok)
+            }
             Err(e) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
         }
     }
@@ -363,7 +370,7 @@ impl<T: Target> Core<T> {
             s.first_token = Some(now);
             s.stats.ttft = now - s.submitted;
         }
-        if s.sink.send(Event::Token(tok)).is_err() {
+        if !s.sink.send(Event::Token(tok)) {
             self.finish(i, FinishReason::Cancelled, None);
             return;
         }
@@ -380,12 +387,12 @@ impl<T: Target> Core<T> {
 
     /// Ends lane `i`: its last event, its lane and its memory are released at once.
     fn finish(&mut self, i: usize, reason: FinishReason, error: Option<String>) {
-        let s = self.lanes.swap_remove(i);
+        let mut s = self.lanes.swap_remove(i);
         let now = self.clock.now();
         self.reserved -= s.bytes;
         let mut stats = s.stats;
         stats.generated_tokens = s.generated;
         stats.decode = s.first_token.map_or_else(Default::default, |t| now - t);
-        let _ = s.sink.send(Event::Finished { reason, error, stats });
+        s.sink.send(Event::Finished { reason, error, stats });
     }
 }

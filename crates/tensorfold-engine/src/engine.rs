@@ -2,14 +2,14 @@
 //! and runs rounds while any stream is active. Handles are cheap to clone and usable from any thread.
 
 use crate::core::{Clock, Core, EngineConfig, Metrics, SystemClock};
-use crate::request::{Event, Request, RequestId, SubmitError};
+use crate::request::{Event, Request, RequestId, Sink, SubmitError};
 use crate::target::Target;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum Command {
-    Submit(Request, Sender<Event>, Sender<Result<RequestId, SubmitError>>),
+    Submit(Request, Sink, Sender<Result<RequestId, SubmitError>>),
     Cancel(RequestId),
     Shutdown,
 }
@@ -26,10 +26,14 @@ impl EngineHandle {
     /// the next token). Refusals are immediate and queue nothing.
     pub fn submit(&self, req: Request) -> Result<(RequestId, Receiver<Event>), SubmitError> {
         let (etx, erx) = mpsc::channel();
+        Ok((self.submit_to(req, etx.into())?, erx))
+    }
+
+    /// Submits a request whose events go to `sink` (e.g. an async channel); returns its id.
+    pub fn submit_to(&self, req: Request, sink: Sink) -> Result<RequestId, SubmitError> {
         let (rtx, rrx) = mpsc::channel();
-        self.tx.send(Command::Submit(req, etx, rtx)).map_err(|_| SubmitError::Stopped)?;
-        let id = rrx.recv().map_err(|_| SubmitError::Stopped)??;
-        Ok((id, erx))
+        self.tx.send(Command::Submit(req, sink, rtx)).map_err(|_| SubmitError::Stopped)?;
+        rrx.recv().map_err(|_| SubmitError::Stopped)?
     }
 
     /// Cancels a request (waiting or running) at the next round; unknown ids are ignored.

@@ -12,5 +12,5 @@ pub mod target;
 
 pub use crate::core::{Core, EngineConfig, Metrics};
 pub use engine::{Engine, EngineHandle};
-pub use request::{Event, FinishReason, Request, RequestId, Stats, SubmitError};
+pub use request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
 pub use target::{ModelTarget, Target};

@@ -19,12 +19,72 @@ pub struct Request {
     pub stop_ids: Vec<u32>,
     /// Ignore the checkpoint's EOS ids (the caller's stop ids still stop).
     pub ignore_eos: bool,
+    /// Report each token's log-probability and this many top alternatives (`None`: no logprobs).
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
     /// A greedy request.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Self { prompt, params: SamplingParams::greedy(), max_tokens, stop_ids: Vec::new(), ignore_eos: false }
+        Self {
+            prompt,
+            params: SamplingParams::greedy(),
+            max_tokens,
+            stop_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+}
+
+/// Log-probabilities of a committed token under the model's distribution (log-softmax of the raw logits,
+/// before temperature and filters, as vLLM reports them by default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The committed token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first (ties to the lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Computes them from a row's logits (in f64, max-subtracted).
+    pub fn from_logits(logits: &[f32], token: u32, top_n: usize) -> Self {
+        let max = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let lse = max + logits.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        let lp = |i: usize| (logits[i] as f64 - lse) as f32;
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        let n = top_n.min(logits.len());
+        if n > 0 {
+            order.select_nth_unstable_by(n - 1, |&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            order.truncate(n);
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        }
+        Self { token, logprob: lp(token as usize), top: order.into_iter().take(n).map(|i| (i as u32, lp(i))).collect() }
+    }
+}
+
+/// Where a request's events go: a function that returns false once nobody listens (the stream is then
+/// cancelled at its next token).
+pub struct Sink(Box<dyn FnMut(Event) -> bool + Send>);
+
+impl Sink {
+    /// A sink from a function.
+    pub fn new(f: impl FnMut(Event) -> bool + Send + 'static) -> Self {
+        Self(Box::new(f))
+    }
+
+    /// Delivers an event; false when the receiver is gone.
+    pub fn send(&mut self, e: Event) -> bool {
+        (self.0)(e)
+    }
+}
+
+impl From<std::sync::mpsc::Sender<Event>> for Sink {
+    fn from(tx: std::sync::mpsc::Sender<Event>) -> Self {
+        Self::new(move |e| tx.send(e).is_ok())
     }
 }
 
@@ -66,6 +126,8 @@ pub enum Event {
         /// Prompt tokens reused.
         cached_tokens: usize,
     },
+    /// Log-probabilities of the token that follows (only when the request asked for them).
+    Logprobs(TokenLogprobs),
     /// A committed token.
     Token(u32),
     /// The last event.

@@ -35,6 +35,7 @@ fn concurrent_replies_equal_solo_replies_on_the_fake_target() {
             max_tokens: 5 + i as usize * 3,
             stop_ids: vec![],
             ignore_eos: true,
+            logprobs: None,
         })
         .collect();
     let cfg = EngineConfig { round_rows: 10, prefill_chunk: 4, ..EngineConfig::default() };

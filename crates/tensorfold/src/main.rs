@@ -1,4 +1,4 @@
-//! `tensorfold`: the command line (generate, exact, inspect, contract, bench).
+//! `tensorfold`: the command line (serve, generate, exact, inspect, contract, bench).
 
 mod bench;
 mod contract_cmd;
@@ -6,6 +6,7 @@ mod default_model;
 mod exact;
 mod generate;
 mod inspect;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (completions, chat, models, tokenize, health, metrics).
+    Serve(serve::Args),
     /// Generate a completion for one prompt and print prompt/decode speeds.
     Generate(generate::Args),
     /// Check the engine's logits against a reference file (whole prefill, chunked prefill, decode).
@@ -41,11 +44,12 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Exact(a) => exact::run(a),
         Command::Inspect { dir } => inspect::run(dir),

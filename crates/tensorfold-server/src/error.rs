@@ -1,0 +1,84 @@
+//! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the matching HTTP status.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to a client. Client mistakes are 4xx; only engine faults are 5xx.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message.
+    pub message: String,
+    /// OpenAI error type (`invalid_request_error`, `authentication_error`, `not_found_error`, ...).
+    pub kind: &'static str,
+    /// The request field at fault, if any.
+    pub param: Option<String>,
+    /// A machine-readable code (`context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// A 400 naming the field at fault.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    /// A 400 without a specific field.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The same error with a code.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// Any other status.
+    pub fn status(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind, param: None, code: None }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<tensorfold_engine::SubmitError> for ApiError {
+    fn from(e: tensorfold_engine::SubmitError) -> Self {
+        use tensorfold_engine::SubmitError as S;
+        match &e {
+            S::ContextExceeded { .. } => {
+                ApiError::invalid("max_tokens", e.to_string()).with_code("context_length_exceeded")
+            }
+            S::EmptyPrompt => ApiError::invalid("prompt", e.to_string()),
+            S::TokenOutOfRange { .. } => ApiError::invalid("prompt", e.to_string()),
+            S::NeverFits { .. } => ApiError::invalid("max_tokens", e.to_string()).with_code("insufficient_memory"),
+            S::Sampling(_) => ApiError::bad_request(e.to_string()),
+            S::QueueFull { .. } => ApiError::status(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", e.to_string()),
+            S::Stopped => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()),
+        }
+    }
+}

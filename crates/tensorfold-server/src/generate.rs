@@ -1,0 +1,227 @@
+//! One request through the engine: submit, then turn engine events into text pieces (UTF-8 safe
+//! detokenizing, stop strings, logprobs), with the engine stream cancelled when the client goes away.
+
+use crate::api::Params;
+use crate::error::ApiError;
+use crate::state::Ready;
+use axum::http::StatusCode;
+use std::time::Instant;
+use tensorfold_engine::sampler::{SamplingParams, resolve_seed};
+use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
+use tensorfold_model::text::Detokenizer;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// A token's logprobs in text form.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobEntry {
+    /// The token's text.
+    pub token: String,
+    /// The token's bytes (its text may be part of a multibyte character).
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Top alternatives: (text, bytes, logprob).
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// Text released to the client, with the logprobs of the tokens consumed since the last piece.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Piece {
+    /// Text (may be empty when only logprobs are released).
+    pub text: String,
+    /// Logprobs of the tokens behind it.
+    pub logprobs: Vec<LogprobEntry>,
+}
+
+/// How a reply ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+    /// Every committed token id (the reply's token hash is over these).
+    pub tokens: Vec<u32>,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the prompt cache.
+    pub cached_tokens: usize,
+    /// The seed every draw was keyed by.
+    pub seed: u64,
+    /// An engine fault after the reply started (the stream failed; others go on).
+    pub error: Option<String>,
+}
+
+/// A submitted request whose events have not been read yet.
+pub struct Running {
+    rx: UnboundedReceiver<Event>,
+    guard: CancelGuard,
+    ready: Ready,
+    params: Params,
+    prompt_tokens: usize,
+    seed: u64,
+    started: Instant,
+}
+
+struct CancelGuard {
+    engine: EngineHandle,
+    id: RequestId,
+    done: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancel(self.id);
+        }
+    }
+}
+
+/// Checks the request against the context and submits it. Client mistakes come back as 4xx.
+pub async fn start(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt has zero tokens"));
+    }
+    let room = ready.context.saturating_sub(prompt.len());
+    let max_tokens = match params.max_tokens {
+        Some(m) => m,
+        None if room == 0 => {
+            let msg = format!(
+                "the prompt has {} tokens and the context is {} tokens; nothing is left to generate",
+                prompt.len(),
+                ready.context
+            );
+            return Err(ApiError::invalid("prompt", msg).with_code("context_length_exceeded"));
+        }
+        None => ready.default_max_tokens.min(room),
+    };
+    let seed = resolve_seed(params.seed);
+    let sampling = SamplingParams {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
+        seed,
+    };
+    let req = Request {
+        prompt: prompt.clone(),
+        params: sampling,
+        max_tokens,
+        stop_ids: Vec::new(),
+        ignore_eos: params.ignore_eos,
+        logprobs: params.logprobs,
+    };
+    let (tx, rx) = unbounded_channel();
+    let engine = ready.engine.clone();
+    let sink = Sink::new(move |e| tx.send(e).is_ok());
+    let id = tokio::task::spawn_blocking(move || engine.submit_to(req, sink))
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
+    let guard = CancelGuard { engine: ready.engine.clone(), id, done: false };
+    Ok(Running { rx, guard, ready: ready.clone(), params, prompt_tokens: prompt.len(), seed, started: Instant::now() })
+}
+
+impl Running {
+    /// True when the request asked for logprobs.
+    pub fn wants_logprobs(&self) -> bool {
+        self.params.logprobs.is_some()
+    }
+
+    /// Reads the engine's events to the end, handing each released piece to `emit` (which returns false
+    /// when the client is gone: the stream is then cancelled and `None` returned).
+    pub async fn drive(mut self, mut emit: impl FnMut(Piece) -> bool) -> Option<Outcome> {
+        let mut detok = self.ready.text.as_ref().map(|t| Detokenizer::new(t.clone(), true));
+        let mut stops = crate::stops::StopMatcher::new(self.params.stop.clone());
+        let mut out = Outcome {
+            finish_reason: "length",
+            tokens: Vec::new(),
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: 0,
+            seed: self.seed,
+            error: None,
+        };
+        let (mut pending, mut lps) = (Vec::new(), Vec::new());
+        let mut last = self.started;
+        while let Some(ev) = self.rx.recv().await {
+            match ev {
+                Event::Prefilled { cached_tokens } => out.cached_tokens = cached_tokens,
+                Event::Logprobs(lp) => pending.push(lp),
+                Event::Token(t) => {
+                    let now = Instant::now();
+                    let name = if out.tokens.is_empty() {
+                        "tensorfold_time_to_first_token_seconds"
+                    } else {
+                        "tensorfold_inter_token_latency_seconds"
+                    };
+                    metrics::histogram!(name).record((now - last).as_secs_f64());
+                    last = now;
+                    out.tokens.push(t);
+                    let piece = match detok.as_mut().map(|d| d.push(t)) {
+                        Some(Ok(p)) => p,
+                        Some(Err(e)) => {
+                            out.error = Some(format!("token {t} cannot be detokenized: {e}"));
+                            return Some(out);
+                        }
+                        None => String::new(),
+                    };
+                    lps.extend(pending.drain(..).map(|lp| self.entry(&lp)));
+                    let (text, stopped) = stops.push(&piece);
+                    if (!text.is_empty() || !lps.is_empty())
+                        && !emit(Piece { text, logprobs: std::mem::take(&mut lps) })
+                    {
+                        return None;
+                    }
+                    if stopped {
+                        out.finish_reason = "stop";
+                        return Some(out);
+                    }
+                }
+                Event::Finished { reason, error, .. } => {
+                    self.guard.done = true;
+                    let tail = detok.take().map(|d| d.finish()).unwrap_or_default();
+                    let (mut text, stopped) = stops.push(&tail);
+                    if !stopped {
+                        text += &stops.finish();
+                    }
+                    lps.extend(pending.drain(..).map(|lp| self.entry(&lp)));
+                    if (!text.is_empty() || !lps.is_empty())
+                        && !emit(Piece { text, logprobs: std::mem::take(&mut lps) })
+                    {
+                        return None;
+                    }
+                    out.finish_reason = match reason {
+                        FinishReason::Length if !stopped => "length",
+                        _ => "stop",
+                    };
+                    if reason == FinishReason::Error {
+                        out.error = Some(error.unwrap_or_else(|| "the stream failed".into()));
+                    }
+                    return Some(out);
+                }
+            }
+        }
+        out.error = Some("the engine stopped".into());
+        Some(out)
+    }
+
+    fn entry(&self, lp: &TokenLogprobs) -> LogprobEntry {
+        let text = |id: u32| -> (String, Vec<u8>) {
+            let s =
+                self.ready.text.as_ref().and_then(|t| t.decode(&[id], false).ok()).unwrap_or_else(|| format!("<{id}>"));
+            let b = s.as_bytes().to_vec();
+            (s, b)
+        };
+        let (token, bytes) = text(lp.token);
+        LogprobEntry {
+            token,
+            bytes,
+            logprob: lp.logprob,
+            top: lp
+                .top
+                .iter()
+                .map(|&(id, p)| {
+                    let (s, b) = text(id);
+                    (s, b, p)
+                })
+                .collect(),
+        }
+    }
+}

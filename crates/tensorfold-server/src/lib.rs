@@ -1,0 +1,148 @@
+//! `tensorfold serve`: an OpenAI-compatible HTTP server on the lane core (routes in `routes`, request
+//! fields in `api`, one request's life in `generate`). Loading happens after the socket is bound, so
+//! `/health` answers 503 until the model is ready.
+
+pub mod api;
+pub mod error;
+pub mod generate;
+pub mod routes;
+pub mod state;
+pub mod stops;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use state::{AppState, Ready};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Largest request body accepted (larger: 413).
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// Server options (the `serve` flags).
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to bind.
+    pub addr: SocketAddr,
+    /// Name listed by `/v1/models`.
+    pub model_name: String,
+    /// Bearer key required on API routes.
+    pub api_key: Option<String>,
+    /// How long in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
+    pub grace: Duration,
+}
+
+/// The process-wide Prometheus recorder (installed once).
+pub fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .set_buckets(&[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])
+                .expect("static buckets")
+                .build_recorder();
+            let handle = recorder.handle();
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// The router over `state`.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/models", get(routes::models))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(api)
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics_route))
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given =
+            req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            let msg =
+                if given.is_none() { "missing API key: send Authorization: Bearer KEY" } else { "invalid API key" };
+            return error::ApiError::status(axum::http::StatusCode::UNAUTHORIZED, "authentication_error", msg)
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// An empty state (nothing loaded yet).
+pub fn new_state(opts: &ServeOptions) -> AppState {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    AppState {
+        ready: Arc::new(OnceLock::new()),
+        model_name: opts.model_name.clone(),
+        api_key: opts.api_key.clone(),
+        prometheus: prometheus(),
+        created,
+    }
+}
+
+/// Binds, serves while `load` runs (503 until it returns), then serves until SIGINT/SIGTERM; in-flight
+/// requests get `opts.grace` to finish. `load` returns the ready state and whatever must live as long as
+/// the server (the engine).
+pub async fn serve<K: Send + 'static>(
+    opts: ServeOptions,
+    load: impl FnOnce() -> Result<(Ready, K), String> + Send + 'static,
+) -> Result<(), String> {
+    let state = new_state(&opts);
+    let listener = tokio::net::TcpListener::bind(opts.addr).await.map_err(|e| format!("binding {}: {e}", opts.addr))?;
+    tracing::info!("listening on http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let app = router(state.clone());
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stop2 = stop.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop2.notified().await }).await
+    });
+    let t = std::time::Instant::now();
+    let (ready, keep) = tokio::task::spawn_blocking(load).await.map_err(|e| e.to_string())??;
+    let _ = state.ready.set(ready);
+    tracing::info!("model ready in {:.1} s", t.elapsed().as_secs_f64());
+    shutdown_signal().await;
+    tracing::info!("shutting down: no new connections; in-flight requests have {:?}", opts.grace);
+    stop.notify_one();
+    if tokio::time::timeout(opts.grace, server).await.is_err() {
+        tracing::warn!("grace period over: cancelling the requests still running");
+    }
+    drop(keep);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

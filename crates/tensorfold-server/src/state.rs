@@ -1,0 +1,33 @@
+//! Server state: what the routes share once the model is loaded, and the options that hold before.
+
+use std::sync::{Arc, OnceLock};
+use tensorfold_engine::EngineHandle;
+use tensorfold_model::text::Text;
+
+/// What the routes need once the model is loaded.
+#[derive(Clone)]
+pub struct Ready {
+    /// The engine.
+    pub engine: EngineHandle,
+    /// Tokenizer and chat template (`None`: token-id requests only).
+    pub text: Option<Arc<Text>>,
+    /// Context limit in tokens.
+    pub context: usize,
+    /// `max_tokens` when a request gives none (clipped to what the context leaves).
+    pub default_max_tokens: usize,
+}
+
+/// Shared by every route.
+#[derive(Clone)]
+pub struct AppState {
+    /// Set once loading finishes; routes answer 503 until then.
+    pub ready: Arc<OnceLock<Ready>>,
+    /// The name `/v1/models` lists and requests may give as `model`.
+    pub model_name: String,
+    /// Bearer key required on API routes, if set.
+    pub api_key: Option<String>,
+    /// Renders `/metrics`.
+    pub prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+}

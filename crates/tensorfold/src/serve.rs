@@ -1,0 +1,120 @@
+//! `tensorfold serve`: the OpenAI-compatible server on the embedded default model or a model directory.
+
+use crate::{Device, check_device, default_model};
+use anyhow::{Context, bail};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
+use tensorfold_kernels::CpuBackend;
+use tensorfold_server::{ServeOptions, state::Ready};
+
+/// Arguments of `tensorfold serve`; every flag has a `TENSORFOLD_*` environment mirror (the flag wins).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model directory (default: the embedded default model).
+    #[arg(env = "TENSORFOLD_MODEL")]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "TENSORFOLD_HOST")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080, env = "TENSORFOLD_PORT")]
+    port: u16,
+    /// Streams decoded together in shared rounds (lanes).
+    #[arg(long, default_value_t = 8, env = "TENSORFOLD_PARALLEL")]
+    parallel: usize,
+    /// Requests that may wait for a lane (more: 429).
+    #[arg(long, default_value_t = 64, env = "TENSORFOLD_QUEUE")]
+    queue: usize,
+    /// Context limit in tokens (default and maximum: the model's max_position_embeddings).
+    #[arg(long, env = "TENSORFOLD_CONTEXT")]
+    context: Option<usize>,
+    /// max_tokens of a request that gives none (clipped to what the context leaves).
+    #[arg(long, default_value_t = 256, env = "TENSORFOLD_MAX_TOKENS")]
+    max_tokens: usize,
+    /// Prompt cache size in GiB (0 turns it off).
+    #[arg(long, default_value_t = 1.0, env = "TENSORFOLD_PROMPT_CACHE_GIB")]
+    prompt_cache_gib: f64,
+    /// Memory budget for the streams' KV rows, conv states and scratch, in GiB.
+    #[arg(long, default_value_t = 4.0, env = "TENSORFOLD_MEMORY_GIB")]
+    memory_gib: f64,
+    /// Rows a shared round may hold (decode rows first, then prompt chunks).
+    #[arg(long, default_value_t = 512, env = "TENSORFOLD_ROUND_ROWS")]
+    round_rows: usize,
+    /// Prompt chunk in tokens (prompt-cache states are kept at its multiples).
+    #[arg(long, default_value_t = 256, env = "TENSORFOLD_PREFILL_CHUNK")]
+    prefill_chunk: usize,
+    /// Model name for /v1/models and the `model` field (default: the directory name).
+    #[arg(long, env = "TENSORFOLD_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on API routes.
+    #[arg(long, env = "TENSORFOLD_API_KEY", conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from a file (first line).
+    #[arg(long, env = "TENSORFOLD_API_KEY_FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Seconds in-flight requests may run after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30, env = "TENSORFOLD_GRACE_SECONDS")]
+    grace_seconds: u64,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
+    device: Device,
+}
+
+/// Runs the server until SIGINT/SIGTERM.
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    check_device(a.device)?;
+    if a.parallel == 0 || a.round_rows == 0 || a.prefill_chunk == 0 {
+        bail!("--parallel, --round-rows and --prefill-chunk must be at least 1");
+    }
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => {
+            let s = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(s.lines().next().unwrap_or_default().trim().to_string()).filter(|k| !k.is_empty())
+        }
+        (None, None) => None,
+    };
+    let name = a.served_model_name.clone().unwrap_or_else(|| match &a.model {
+        Some(d) => d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        None => "tensorfold-default".into(),
+    });
+    let addr =
+        format!("{}:{}", a.host, a.port).parse().with_context(|| format!("--host {} --port {}", a.host, a.port))?;
+    let opts = ServeOptions { addr, model_name: name, api_key, grace: Duration::from_secs(a.grace_seconds) };
+    let gib = |g: f64| (g.max(0.0) * (1u64 << 30) as f64) as usize;
+    let cfg = EngineConfig {
+        parallel: a.parallel,
+        queue_capacity: a.queue,
+        round_rows: a.round_rows,
+        prefill_chunk: a.prefill_chunk,
+        memory_bytes: gib(a.memory_gib),
+        prompt_cache_bytes: gib(a.prompt_cache_gib),
+        shared_rounds: true,
+    };
+    let src = default_model::source(a.model.clone());
+    let (context, max_tokens) = (a.context, a.max_tokens);
+    let load = move || -> Result<(Ready, Engine), String> {
+        eprintln!("loading {} ...", src.describe());
+        let mut loaded =
+            tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
+        let max = loaded.model.cfg.max_positions;
+        loaded.model.cfg.max_positions = context.unwrap_or(max).min(max);
+        let ctx = loaded.model.cfg.max_positions;
+        eprintln!(
+            "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes",
+            loaded.model.cfg.family.as_str(),
+            loaded.model.cfg.layers.len(),
+            loaded.model.weight_bytes() as f64 / (1 << 20) as f64,
+            cfg.parallel
+        );
+        let text = loaded.text.map(Arc::new);
+        let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, cfg);
+        Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: max_tokens }, engine))
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(tensorfold_server::serve(opts, load)).map_err(anyhow::Error::msg)?;
+    Ok(ExitCode::SUCCESS)
+}
