@@ -148,7 +148,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(invalid("head_dim", head_dim, "must be even and positive (half-split RoPE)"));
     }
-    let layers = layer_plan(o, n_layers)?;
+    let layers = layer_plan(o, n_layers, family)?;
     let vocab = usize_field(o, "vocab_size")?;
     positive("vocab_size", vocab)?;
     let conv_taps = opt_usize(o, "conv_L_cache")?.unwrap_or(3);
@@ -186,8 +186,9 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
     })
 }
 
-/// `layer_types` (preferred) or the older `full_attn_idxs`; other layer types are refused by name.
-fn layer_plan(o: &Map<String, Value>, n: usize) -> Result<Vec<Mixer>, ConfigError> {
+/// `layer_types` (preferred) or the older `full_attn_idxs`; other layer types are refused by name. A dense
+/// `lfm2` config with neither has attention in every layer, as transformers' `Lfm2Config` defaults.
+fn layer_plan(o: &Map<String, Value>, n: usize, family: Family) -> Result<Vec<Mixer>, ConfigError> {
     if let Some(types) = o.get("layer_types").filter(|v| !v.is_null()) {
         let arr = types.as_array().ok_or_else(|| invalid("layer_types", types, "must be a list"))?;
         if arr.len() != n {
@@ -204,6 +205,7 @@ fn layer_plan(o: &Map<String, Value>, n: usize) -> Result<Vec<Mixer>, ConfigErro
     }
     let idxs = match o.get("full_attn_idxs").filter(|v| !v.is_null()) {
         Some(v) => v.as_array().ok_or_else(|| invalid("full_attn_idxs", v, "must be a list"))?.clone(),
+        None if family == Family::Lfm2 => return Ok(vec![Mixer::Attention; n]),
         None => return Err(ConfigError::Missing("layer_types")),
     };
     let mut plan = vec![Mixer::Conv; n];

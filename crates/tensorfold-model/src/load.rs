@@ -112,14 +112,16 @@ fn open_text(src: &Source) -> Result<Option<Text>, OpenError> {
 fn generation_eos(src: &Source) -> Result<Vec<u32>, OpenError> {
     let Some(b) = src.read("generation_config.json")? else { return Ok(Vec::new()) };
     let v: serde_json::Value = serde_json::from_slice(&b).map_err(|e| OpenError::Generation(e.to_string()))?;
-    let ids = match v.get("eos_token_id") {
-        None | Some(serde_json::Value::Null) => Vec::new(),
-        Some(serde_json::Value::Array(a)) => {
-            a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>().unwrap_or_default()
-        }
-        Some(x) => x.as_u64().into_iter().collect(),
+    let id = |x: &serde_json::Value| {
+        x.as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| OpenError::Generation(format!("eos_token_id entry {x} is not a token id")))
     };
-    Ok(ids.into_iter().filter_map(|x| u32::try_from(x).ok()).collect())
+    match v.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a.iter().map(id).collect(),
+        Some(x) => Ok(vec![id(x)?]),
+    }
 }
 
 /// The layer plan as one string, e.g. `CCACCA`: `C` conv, `A` attention.

@@ -101,12 +101,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let (ids, stats) = generate(&loaded.model, &prompt, &cfg, |tok| {
-        let piece = match detok.as_mut() {
-            Some(d) => d.push(tok).unwrap_or_default(),
+        let piece = match detok.as_mut().map(|d| d.push(tok)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                write_err =
+                    Some(anyhow::anyhow!("the model produced token {tok}, which the tokenizer cannot decode: {e}"));
+                return false;
+            }
             None => format!("{tok} "),
         };
         if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
-            write_err = Some(e);
+            write_err = Some(anyhow::anyhow!("writing to stdout: {e}"));
             return false;
         }
         true
@@ -116,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let _ = writeln!(stdout);
     if let Some(e) = write_err {
-        bail!("writing to stdout: {e}");
+        return Err(e);
     }
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     eprintln!(
