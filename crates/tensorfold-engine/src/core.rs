@@ -131,6 +131,7 @@ impl<T: Target> Core<T> {
     pub fn new(target: T, cfg: EngineConfig, clock: Box<dyn Clock>) -> Self {
         let eos = target.eos_ids();
         let cache = PromptCache::new(cfg.prompt_cache_bytes);
+        let cfg = EngineConfig { parallel: cfg.parallel.max(1), round_rows: cfg.round_rows.max(1), ..cfg };
         Self {
             target,
             cfg,
@@ -263,6 +264,8 @@ impl<T: Target> Core<T> {
                 budget = budget.saturating_sub(1);
             }
         }
+        // At least one prompt row a round, so prefill never starves behind decode rows.
+        budget = budget.max(1);
         for (i, s) in self.lanes.iter().enumerate() {
             let pos = self.target.pos(&s.state);
             if s.pending.is_some() || pos >= s.req.prompt.len() || budget == 0 {
@@ -378,7 +381,7 @@ impl<T: Target> Core<T> {
         let pos = self.target.pos(&s.state);
         if stop {
             self.finish(i, FinishReason::Stop, None);
-        } else if s.generated >= s.req.max_tokens || pos + 1 > context {
+        } else if s.generated >= s.req.max_tokens || pos + 1 >= context {
             self.finish(i, FinishReason::Length, None);
         } else {
             s.pending = Some(tok);

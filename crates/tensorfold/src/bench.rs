@@ -1,7 +1,9 @@
 //! `tensorfold bench forward`: prefill and decode speed, peak memory, and the decode floor (weight bytes
 //! read per step over measured memory-copy bandwidth). Exactness first: the decoded tokens must equal the
 //! greedy picks of one whole prefill over the same sequence before any speed is printed.
+//! `tensorfold bench engine` (in `bench_engine.rs`): shared-round throughput, replies checked against solo.
 
+use crate::bench_engine;
 use crate::default_model;
 use anyhow::{Context, bail};
 use std::process::ExitCode;
@@ -33,11 +35,19 @@ pub enum What {
         #[arg(long, default_value_t = 2048)]
         chunk: usize,
     },
+    /// Shared-round throughput of the threaded engine at several concurrency levels, every concurrent reply
+    /// checked equal to its solo run.
+    Engine(bench_engine::Args),
 }
 
 /// Runs a benchmark.
 pub fn run(w: What) -> anyhow::Result<ExitCode> {
-    let What::Forward { model, prompt_lens, decode, prompt_ids, chunk } = w;
+    let (model, prompt_lens, decode, prompt_ids, chunk) = match w {
+        What::Forward { model, prompt_lens, decode, prompt_ids, chunk } => {
+            (model, prompt_lens, decode, prompt_ids, chunk)
+        }
+        What::Engine(a) => return bench_engine::run(a),
+    };
     let src = default_model::source(model);
     let loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
     let m = &loaded.model;

@@ -1,6 +1,7 @@
 //! `tensorfold`: the command line (serve, generate, exact, inspect, contract, bench).
 
 mod bench;
+mod bench_engine;
 mod contract_cmd;
 mod default_model;
 mod exact;

@@ -1,0 +1,245 @@
+//! Helpers shared by the lane-core tests: the serial reference on the fake target (no core involved), a
+//! scheduled driver of `Core::step` with a fixed clock, a recording target, and seeded request mixes.
+#![allow(dead_code)]
+
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
+use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::sampler::{SamplingParams, draw};
+use tensorfold_engine::{Event, FinishReason, Request, RequestId, Stats, Target};
+use tensorfold_kernels::Segment;
+use tensorfold_model::ForwardError;
+
+/// splitmix64: the tests' seeded source of prompts and parameters.
+pub fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `n` seeded token ids in `[lo, hi)`.
+pub fn ids(seed: u64, n: usize, lo: u32, hi: u32) -> Vec<u32> {
+    (0..n as u64).map(|i| lo + (splitmix(seed.wrapping_mul(1_000_003) ^ i) % u64::from(hi - lo)) as u32).collect()
+}
+
+/// The serial reference, computed without the core: feed the history, draw at the position the drawn token
+/// takes, stop on the caller's stop ids, EOS (unless ignored) or `max_tokens`.
+pub fn reference(target: &FakeTarget, req: &Request) -> (Vec<u32>, FinishReason) {
+    let mut history = req.prompt.clone();
+    let mut out = Vec::new();
+    while out.len() < req.max_tokens {
+        let logits = target.logits(&history);
+        let tok = draw(&req.params, history.len() as u64, &logits).expect("finite logits");
+        out.push(tok);
+        history.push(tok);
+        if req.stop_ids.contains(&tok) || (!req.ignore_eos && target.eos.contains(&tok)) {
+            return (out, FinishReason::Stop);
+        }
+    }
+    (out, FinishReason::Length)
+}
+
+/// Sampling parameters of the mix: greedy, then temperature 0.8 with top-k / top-p / min-p filters.
+pub fn params_mix(i: usize, seed: u64) -> SamplingParams {
+    let base = SamplingParams { temperature: 0.8, seed, ..SamplingParams::greedy() };
+    match i % 6 {
+        0 => SamplingParams::greedy(),
+        1 => base,
+        2 => SamplingParams { top_k: 8, ..base },
+        3 => SamplingParams { top_p: 0.9, ..base },
+        4 => SamplingParams { min_p: 0.1, ..base },
+        _ => SamplingParams { temperature: 1.0, top_k: 20, top_p: 0.95, min_p: 0.05, seed },
+    }
+}
+
+/// `n` requests of prompt lengths 1 to 300, different `max_tokens`, the parameter mix, some honouring EOS.
+pub fn mix(n: usize, salt: u64) -> Vec<Request> {
+    (0..n)
+        .map(|i| {
+            let r = splitmix(salt ^ (i as u64) << 8);
+            let len = match i % 4 {
+                0 => 1 + (r % 8) as usize,
+                1 => 290 + (r % 11) as usize,
+                _ => 1 + (r % 300) as usize,
+            };
+            Request {
+                prompt: ids(r, len, 0, 64),
+                params: params_mix(i, r >> 7),
+                max_tokens: 1 + (r >> 20) as usize % 40,
+                ignore_eos: i % 3 != 0,
+                ..Request::greedy(Vec::new(), 0)
+            }
+        })
+        .collect()
+}
+
+/// What one request saw, in event order.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Tokens in order.
+    pub tokens: Vec<u32>,
+    /// `Prefilled.cached_tokens`, when it came.
+    pub cached: Option<usize>,
+    /// The loop turn after which `Prefilled` was observed.
+    pub prefilled_round: Option<usize>,
+    /// The loop turn after which `Finished` was observed.
+    pub finished_round: Option<usize>,
+    /// Why it finished.
+    pub reason: Option<FinishReason>,
+    /// The error message, if any.
+    pub error: Option<String>,
+    /// Its stats.
+    pub stats: Stats,
+}
+
+/// A submitted request's receiver and what it has seen.
+pub struct Watch {
+    /// The engine's id.
+    pub id: RequestId,
+    /// Events come here (None once dropped by the test).
+    pub rx: Option<Receiver<Event>>,
+    /// What arrived so far.
+    pub seen: Seen,
+}
+
+impl Watch {
+    /// Takes every event that has arrived, checking the order `Prefilled`, `Token`s, `Finished`.
+    pub fn drain(&mut self, round: usize) {
+        let Some(rx) = &self.rx else { return };
+        for e in rx.try_iter() {
+            assert!(self.seen.reason.is_none(), "request {}: an event after Finished: {e:?}", self.id);
+            match e {
+                Event::Prefilled { cached_tokens } => {
+                    assert!(self.seen.cached.is_none(), "request {}: Prefilled twice", self.id);
+                    self.seen.cached = Some(cached_tokens);
+                    self.seen.prefilled_round = Some(round);
+                }
+                Event::Logprobs(_) => {
+                    assert!(self.seen.cached.is_some(), "request {}: logprobs before Prefilled", self.id)
+                }
+                Event::Token(t) => {
+                    assert!(self.seen.cached.is_some(), "request {}: a token before Prefilled", self.id);
+                    self.seen.tokens.push(t);
+                }
+                Event::Finished { reason, error, stats } => {
+                    self.seen.reason = Some(reason);
+                    self.seen.error = error;
+                    self.seen.finished_round = Some(round);
+                    self.seen.stats = stats;
+                }
+            }
+        }
+    }
+}
+
+/// Submits to a core, returning the watch.
+pub fn submit<T: Target>(core: &mut Core<T>, req: Request) -> Watch {
+    let (tx, rx): (Sender<Event>, Receiver<Event>) = channel();
+    let id = core.submit(req, tx).expect("the request is admitted");
+    Watch { id, rx: Some(rx), seen: Seen::default() }
+}
+
+/// A core on `target` with a fixed clock.
+pub fn core<T: Target>(target: T, cfg: EngineConfig) -> Core<T> {
+    Core::new(target, cfg, Box::new(FixedClock(Instant::now())))
+}
+
+/// Runs `reqs`, each submitted after the round given with it (rounds counted from 0), until idle; asserts
+/// the event order and the stats' counts, and calls `each_round` after every step.
+pub fn run_scheduled<T: Target>(
+    core: &mut Core<T>,
+    reqs: &[(usize, Request)],
+    mut each_round: impl FnMut(&Core<T>),
+) -> Vec<Seen> {
+    let mut watches: Vec<Option<Watch>> = reqs.iter().map(|_| None).collect();
+    let last = reqs.iter().map(|(at, _)| *at).max().unwrap_or(0);
+    // `tick` counts loop turns (rounds, or idle turns while later requests are still to come).
+    for tick in 0.. {
+        for (k, (at, r)) in reqs.iter().enumerate() {
+            if *at == tick {
+                watches[k] = Some(submit(core, r.clone()));
+            }
+        }
+        let ran = core.step();
+        if ran {
+            each_round(core);
+        }
+        for w in watches.iter_mut().flatten() {
+            w.drain(tick + 1);
+        }
+        if !ran && tick >= last {
+            break;
+        }
+    }
+    watches
+        .into_iter()
+        .zip(reqs)
+        .map(|(w, (_, r))| {
+            let s = w.expect("submitted").seen;
+            assert!(s.reason.is_some(), "every request finished");
+            assert_eq!(s.stats.generated_tokens, s.tokens.len());
+            assert_eq!(s.stats.prompt_tokens, r.prompt.len());
+            s
+        })
+        .collect()
+}
+
+/// One forward call as a recording target saw it: `(start_pos, rows)` a segment.
+pub type Call = Vec<(usize, usize)>;
+
+/// A target that records every forward call's segments, over an inner target.
+#[derive(Clone)]
+pub struct Recording<T> {
+    /// The inner target.
+    pub inner: T,
+    /// Calls so far.
+    pub calls: Arc<Mutex<Vec<Call>>>,
+    /// A pause before each forward (a slow model for timing-sensitive engine tests).
+    pub delay: std::time::Duration,
+}
+
+impl<T: Target> Recording<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T) -> Self {
+        Self { inner, calls: Arc::new(Mutex::new(Vec::new())), delay: std::time::Duration::ZERO }
+    }
+}
+
+impl<T: Target> Target for Recording<T> {
+    type State = T::State;
+
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn context(&self) -> usize {
+        self.inner.context()
+    }
+    fn eos_ids(&self) -> Vec<u32> {
+        self.inner.eos_ids()
+    }
+    fn new_state(&self) -> T::State {
+        self.inner.new_state()
+    }
+    fn pos(&self, s: &T::State) -> usize {
+        self.inner.pos(s)
+    }
+    fn state_bytes(&self, s: &T::State) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        self.inner.stream_bytes(tokens)
+    }
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut T::State],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        std::thread::sleep(self.delay);
+        self.calls.lock().expect("not poisoned").push(segs.iter().map(|s| (s.start_pos, s.rows)).collect());
+        self.inner.forward(tokens, segs, states)
+    }
+}
