@@ -3,6 +3,7 @@
 //! draws, stop conditions, prompt-cache snapshots, cancel. Synchronous and deterministic: `engine` runs it
 //! on its own thread.
 
+use crate::drafts::{Guard, context_copy};
 use crate::prompt_cache::{CacheCounters, PromptCache};
 use crate::request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
 use crate::sampler::draw;
@@ -28,6 +29,11 @@ pub struct EngineConfig {
     pub prompt_cache_bytes: usize,
     /// One forward over all streams' rows (true), or one forward per stream (the A/B baseline).
     pub shared_rounds: bool,
+    /// Context copies: the shortest suffix of a stream's context that must recur for its continuation to be
+    /// drafted (0 turns copies off).
+    pub copy_min: usize,
+    /// Most drafts in a verify window (0 turns drafting off).
+    pub max_draft: usize,
 }
 
 impl Default for EngineConfig {
@@ -40,6 +46,8 @@ impl Default for EngineConfig {
             memory_bytes: 8 << 30,
             prompt_cache_bytes: 1 << 30,
             shared_rounds: true,
+            copy_min: 8,
+            max_draft: 8,
         }
     }
 }
@@ -81,6 +89,10 @@ pub struct Metrics {
     pub generated_tokens: u64,
     /// Rounds run.
     pub rounds: u64,
+    /// Draft tokens verified.
+    pub drafted_tokens: u64,
+    /// Draft tokens accepted.
+    pub accepted_tokens: u64,
     /// Prompt-cache counters.
     pub cache: CacheCounters,
     /// Bytes the running streams' states hold.
@@ -104,7 +116,11 @@ struct Stream<S> {
     req: Request,
     sink: Sink,
     state: S,
+    /// The token to feed next (the last committed one) once the prompt is in.
     pending: Option<u32>,
+    /// Prompt and committed tokens (what context copies search).
+    history: Vec<u32>,
+    guard: Guard,
     generated: usize,
     bytes: usize,
     stats: Stats,
@@ -239,12 +255,15 @@ impl<T: Target> Core<T> {
                 queued: now - w.submitted,
                 ..Stats::default()
             };
+            let history = w.req.prompt.clone();
             self.lanes.push(Stream {
                 id: w.id,
                 req: w.req,
                 sink: w.sink,
                 state,
                 pending: None,
+                history,
+                guard: Guard::default(),
                 generated: 0,
                 bytes: w.bytes,
                 stats,
@@ -254,8 +273,9 @@ impl<T: Target> Core<T> {
         }
     }
 
-    /// Rows of this round: `(lane, tokens)`, decode rows first, then prompt chunks within the row budget.
-    fn plan(&self) -> Vec<(usize, Vec<u32>)> {
+    /// Rows of this round: `(lane, tokens)`, decode windows first (the pending token, then drafts while
+    /// the row budget allows), then prompt chunks within the budget.
+    fn plan(&mut self) -> Vec<(usize, Vec<u32>)> {
         let mut plan = Vec::new();
         let mut budget = self.cfg.round_rows.max(1);
         for (i, s) in self.lanes.iter().enumerate() {
@@ -263,6 +283,18 @@ impl<T: Target> Core<T> {
                 plan.push((i, vec![t]));
                 budget = budget.saturating_sub(1);
             }
+        }
+        let context = self.target.context();
+        for (lane, rows) in plan.iter_mut() {
+            let s = &mut self.lanes[*lane];
+            if !s.req.draft || self.cfg.max_draft == 0 || budget == 0 || !s.guard.allow() {
+                continue;
+            }
+            let pos = self.target.pos(&s.state);
+            let room = (s.req.max_tokens - s.generated).saturating_sub(1).min(context.saturating_sub(pos + 1));
+            let drafts = context_copy(&s.history, self.cfg.copy_min, self.cfg.max_draft.min(room).min(budget));
+            budget -= drafts.len();
+            rows.extend(drafts);
         }
         // At least one prompt row a round, so prefill never starves behind decode rows.
         budget = budget.max(1);
@@ -288,11 +320,11 @@ impl<T: Target> Core<T> {
             return false;
         }
         self.counters.rounds += 1;
+        let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
         let logits = match self.run_forward(&plan) {
             Ok(l) => l,
             Err(e) => {
                 // An engine fault: the round's streams fail; every other stream and the queue go on.
-                let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
                 for id in ids {
                     if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
                         self.finish(i, FinishReason::Error, Some(e.clone()));
@@ -301,73 +333,121 @@ impl<T: Target> Core<T> {
                 return true;
             }
         };
-        let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
         for ((id, (_, rows)), logits) in ids.into_iter().zip(&plan).zip(logits) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
-            self.after_rows(i, rows.len(), &logits);
+            if self.lanes[i].pending.is_some() {
+                self.verify(i, rows, &logits);
+            } else {
+                self.after_prompt_rows(i, &logits);
+            }
         }
         true
     }
 
-    /// One forward over every planned row (or one per stream when shared rounds are off).
+    /// One forward over every planned row (or one per stream when shared rounds are off). Windows with
+    /// drafts get logits for every row.
     fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
+        let mut all_rows = Vec::new();
         for (k, (lane, rows)) in plan.iter().enumerate() {
             let start_pos = self.target.pos(&self.lanes[*lane].state);
             segs.push(Segment { first_row: tokens.len(), rows: rows.len(), start_pos, cache: k });
+            all_rows.push(self.lanes[*lane].pending.is_some() && rows.len() > 1);
             tokens.extend_from_slice(rows);
         }
         let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
         let mut states: Vec<&mut T::State> =
             plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
         if self.cfg.shared_rounds {
-            return self.target.forward(&tokens, &segs, &mut states).map_err(|e| e.to_string());
+            return self.target.forward(&tokens, &segs, &mut states, &all_rows).map_err(|e| e.to_string());
         }
         let mut out = Vec::with_capacity(segs.len());
-        for (seg, st) in segs.iter().zip(states.iter_mut()) {
+        for ((seg, st), all) in segs.iter().zip(states.iter_mut()).zip(&all_rows) {
             let one = Segment { first_row: 0, cache: 0, ..*seg };
             let rows = &tokens[seg.first_row..seg.first_row + seg.rows];
-            out.extend(self.target.forward(rows, &[one], &mut [&mut **st]).map_err(|e| e.to_string())?);
+            out.extend(self.target.forward(rows, &[one], &mut [&mut **st], &[*all]).map_err(|e| e.to_string())?);
         }
         Ok(out)
     }
 
-    /// Book-keeping after a stream's rows ran: prompt-cache snapshots, the first token, decode tokens.
-    fn after_rows(&mut self, i: usize, rows: usize, logits: &[f32]) {
+    /// After a prompt chunk: prompt-cache snapshots, and the first token once the prompt is in.
+    fn after_prompt_rows(&mut self, i: usize, logits: &[f32]) {
         let s = &mut self.lanes[i];
         let pos = self.target.pos(&s.state);
         let prompt_len = s.req.prompt.len();
-        if s.pending.is_none() {
-            if pos.is_multiple_of(self.cfg.prefill_chunk.max(1)) || pos == prompt_len {
-                let bytes = self.target.state_bytes(&s.state);
-                self.cache.insert(&s.req.prompt[..pos], &s.state, bytes);
-            }
-            if pos < prompt_len {
-                return;
-            }
-            let s = &mut self.lanes[i];
-            let cached_tokens = s.stats.cached_tokens;
-            s.sink.send(Event::Prefilled { cached_tokens });
+        if pos.is_multiple_of(self.cfg.prefill_chunk.max(1)) || pos == prompt_len {
+            let bytes = self.target.state_bytes(&s.state);
+            self.cache.insert(&s.req.prompt[..pos], &s.state, bytes);
         }
-        debug_assert!(rows > 0);
-        match draw(&self.lanes[i].req.params, pos as u64, logits) {
+        if pos < prompt_len {
+            return;
+        }
+        let cached_tokens = s.stats.cached_tokens;
+        s.sink.send(Event::Prefilled { cached_tokens });
+        match draw(&s.req.params, pos as u64, logits) {
             Ok(tok) => {
-                if let Some(n) = self.lanes[i].req.logprobs {
-                    self.lanes[i].sink.send(Event::Logprobs(TokenLogprobs::from_logits(logits, tok, n)));
-                }
-                self.commit(i, tok)
+                self.send_logprobs(i, logits, tok);
+                self.commit(i, tok, pos);
             }
             Err(e) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
         }
     }
 
-    /// Commits a drawn token and applies the stop conditions.
-    fn commit(&mut self, i: usize, tok: u32) {
+    /// Verifies a decode window (the pending token, then drafts): each row is drawn with the keyed sampler
+    /// at its position; a draft is kept iff it equals the draw at the row before it; the kept drafts and
+    /// the draw after the last kept row are committed, and the state rolls back to the kept path.
+    fn verify(&mut self, i: usize, rows: &[u32], logits: &[f32]) {
+        let v = self.target.vocab();
+        let n = rows.len() - 1;
+        let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
+        let mut toks = Vec::with_capacity(rows.len());
+        for r in 0..=n {
+            let row = &logits[r * v..(r + 1) * v];
+            match draw(&self.lanes[i].req.params, (p0 + 1 + r) as u64, row) {
+                Ok(t) => toks.push(t),
+                Err(e) => {
+                    return self.finish(i, FinishReason::Error, Some(format!("draw at position {}: {e}", p0 + 1 + r)));
+                }
+            }
+            if r == n || toks[r] != rows[r + 1] {
+                break;
+            }
+        }
+        let accepted = toks.len() - 1;
+        if n > 0 {
+            let s = &mut self.lanes[i];
+            if let Err(e) = self.target.keep(&mut s.state, p0 + toks.len()) {
+                return self.finish(i, FinishReason::Error, Some(format!("rolling back a verify window: {e}")));
+            }
+            s.guard.record(accepted);
+            s.stats.drafted += n;
+            s.stats.accepted += accepted;
+            self.counters.drafted_tokens += n as u64;
+            self.counters.accepted_tokens += accepted as u64;
+        }
+        for (r, &t) in toks.iter().enumerate() {
+            self.send_logprobs(i, &logits[r * v..(r + 1) * v], t);
+            if !self.commit(i, t, p0 + 1 + r) {
+                return;
+            }
+        }
+    }
+
+    fn send_logprobs(&mut self, i: usize, logits: &[f32], tok: u32) {
+        if let Some(n) = self.lanes[i].req.logprobs {
+            self.lanes[i].sink.send(Event::Logprobs(TokenLogprobs::from_logits(logits, tok, n)));
+        }
+    }
+
+    /// Commits the token drawn for position `at` and applies the stop conditions. Returns false when the
+    /// stream finished (its lane is gone).
+    fn commit(&mut self, i: usize, tok: u32, at: usize) -> bool {
         let now = self.clock.now();
         let context = self.target.context();
         let s = &mut self.lanes[i];
         s.generated += 1;
+        s.history.push(tok);
         self.counters.generated_tokens += 1;
         if s.first_token.is_none() {
             s.first_token = Some(now);
@@ -375,17 +455,18 @@ impl<T: Target> Core<T> {
         }
         if !s.sink.send(Event::Token(tok)) {
             self.finish(i, FinishReason::Cancelled, None);
-            return;
+            return false;
         }
         let stop = s.req.stop_ids.contains(&tok) || (!s.req.ignore_eos && self.eos.contains(&tok));
-        let pos = self.target.pos(&s.state);
         if stop {
             self.finish(i, FinishReason::Stop, None);
-        } else if s.generated >= s.req.max_tokens || pos + 1 >= context {
+        } else if s.generated >= s.req.max_tokens || at + 1 >= context {
             self.finish(i, FinishReason::Length, None);
         } else {
             s.pending = Some(tok);
+            return true;
         }
+        false
     }
 
     /// Ends lane `i`: its last event, its lane and its memory are released at once.

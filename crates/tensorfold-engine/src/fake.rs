@@ -16,12 +16,15 @@ pub struct FakeTarget {
     pub eos: Vec<u32>,
     /// Bytes a position costs in memory admission.
     pub bytes_per_token: usize,
+    /// Added to the logit of the token that followed the previous occurrence of the last token (0: none),
+    /// so text repeats and context copies get accepted.
+    pub copy_bias: f32,
 }
 
 impl FakeTarget {
     /// A target with 64 logits a row, a 4,096-token context and EOS id 0.
     pub fn new() -> Self {
-        Self { vocab: 64, context: 4096, eos: vec![0], bytes_per_token: 1024 }
+        Self { vocab: 64, context: 4096, eos: vec![0], bytes_per_token: 1024, copy_bias: 0.0 }
     }
 
     /// Logits of the row that ends `history`: pseudo-random in [-4, 4), a function of every token and its position.
@@ -30,9 +33,15 @@ impl FakeTarget {
         for (i, &t) in history.iter().enumerate() {
             h = mix(h ^ ((i as u64) << 32 | t as u64));
         }
-        (0..self.vocab as u64)
+        let mut l: Vec<f32> = (0..self.vocab as u64)
             .map(|v| (mix(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15)) >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0)
-            .collect()
+            .collect();
+        if let Some((&last, before)) = history.split_last()
+            && let Some(j) = before.iter().rposition(|&t| t == last)
+        {
+            l[history[j + 1] as usize] += self.copy_bias;
+        }
+        l
     }
 }
 
@@ -84,6 +93,7 @@ impl Target for FakeTarget {
         tokens: &[u32],
         segs: &[Segment],
         states: &mut [&mut Vec<u32>],
+        all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         for s in segs {
             let st = states.get(s.cache).ok_or_else(|| ForwardError::Batch(format!("no stream {}", s.cache)))?;
@@ -96,11 +106,26 @@ impl Target for FakeTarget {
         }
         Ok(segs
             .iter()
-            .map(|s| {
+            .zip(all_rows.iter().chain(std::iter::repeat(&false)))
+            .map(|(s, &all)| {
                 let st = &mut states[s.cache];
-                st.extend_from_slice(&tokens[s.first_row..s.first_row + s.rows]);
-                self.logits(st)
+                let mut out = Vec::new();
+                for (i, &t) in tokens[s.first_row..s.first_row + s.rows].iter().enumerate() {
+                    st.push(t);
+                    if all || i + 1 == s.rows {
+                        out.extend(self.logits(st));
+                    }
+                }
+                out
             })
             .collect())
+    }
+
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        if pos > s.len() {
+            return Err(ForwardError::Batch(format!("cannot keep {pos} of {} positions", s.len())));
+        }
+        s.truncate(pos);
+        Ok(())
     }
 }

@@ -21,6 +21,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report each token's log-probability and this many top alternatives (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Verify drafted tokens (context copies) in windows; false runs the plain serial reference. The reply
+    /// is the same tokens either way.
+    pub draft: bool,
 }
 
 impl Request {
@@ -33,6 +36,7 @@ impl Request {
             stop_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            draft: true,
         }
     }
 }
@@ -116,6 +120,10 @@ pub struct Stats {
     pub ttft: Duration,
     /// Time from the first token to the last.
     pub decode: Duration,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
 }
 
 /// What the engine tells a request's owner, in order: `Prefilled`, `Token`s, then one `Finished`.

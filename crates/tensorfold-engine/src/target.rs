@@ -23,14 +23,19 @@ pub trait Target: Send + 'static {
     fn state_bytes(&self, s: &Self::State) -> usize;
     /// Bytes a stream of `tokens` positions needs at most (memory admission).
     fn stream_bytes(&self, tokens: usize) -> usize;
-    /// One forward over every row of the round; `segs[i].cache` indexes `states`. Returns the logits of
-    /// each segment's last row, `[segs.len()][vocab]`, in segment order. An error leaves states unchanged.
+    /// One forward over every row of the round; `segs[i].cache` indexes `states`. Returns, in segment
+    /// order, the logits of each segment's last row (`[vocab]`), or of every row when `all_rows[i]`
+    /// (`[rows * vocab]`, a verify window). An error leaves states unchanged.
     fn forward(
         &self,
         tokens: &[u32],
         segs: &[Segment],
         states: &mut [&mut Self::State],
+        all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError>;
+    /// Rolls a state back to `pos` positions (at least its last call's first row): the kept path of a
+    /// verify window.
+    fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;
 }
 
 /// A loaded LFM2 model with its end-of-sequence ids.
@@ -77,8 +82,31 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         tokens: &[u32],
         segs: &[Segment],
         states: &mut [&mut StreamState<B>],
+        all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let out = self.model.forward(tokens, segs, states, LogitRows::Last)?;
-        Ok(out.logits.chunks(self.model.cfg.vocab).map(<[f32]>::to_vec).collect())
+        let v = self.model.cfg.vocab;
+        let all = |i: usize| all_rows.get(i).copied().unwrap_or(false);
+        let rows: Vec<usize> = segs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                if all(i) { s.first_row..s.first_row + s.rows } else { s.first_row + s.rows - 1..s.first_row + s.rows }
+            })
+            .collect();
+        let out = self.model.forward(tokens, segs, states, LogitRows::Rows(rows))?;
+        let mut at = 0;
+        Ok(segs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = if all(i) { s.rows } else { 1 };
+                at += n;
+                out.logits[(at - n) * v..at * v].to_vec()
+            })
+            .collect())
+    }
+
+    fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
+        self.model.keep(s, pos)
     }
 }

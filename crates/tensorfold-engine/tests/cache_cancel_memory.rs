@@ -379,8 +379,9 @@ impl Target for Poisoned {
         tokens: &[u32],
         segs: &[Segment],
         states: &mut [&mut Vec<u32>],
+        all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut out = self.inner.forward(tokens, segs, states)?;
+        let mut out = self.inner.forward(tokens, segs, states, all_rows)?;
         for (s, logits) in segs.iter().zip(&mut out) {
             let h = &states[s.cache];
             if h.starts_with(&self.poison) && h.len() >= self.poison.len() + self.after {
@@ -388,6 +389,9 @@ impl Target for Poisoned {
             }
         }
         Ok(out)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
     }
 }
 

@@ -108,6 +108,9 @@ pub trait Backend: Send + Sync {
     fn kv_bytes(&self, kv: &Self::Kv) -> usize;
     /// A zeroed conv state for `channels` channels and a kernel of `taps` taps.
     fn new_conv(&self, channels: usize, taps: usize) -> Self::Conv;
+    /// Rolls a conv state back to just after the first `rows` rows of its last call (rejected drafts):
+    /// conv states cannot be truncated like KV rows.
+    fn conv_keep(&self, c: &mut Self::Conv, rows: usize) -> Result<(), KernelError>;
 
     /// `out[r] = table[ids[r]]` widened to f32. Errors on an id past the table.
     fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;

@@ -41,6 +41,8 @@ pub struct StreamState<B: Backend> {
     pub layers: Vec<LayerState<B>>,
     /// Positions consumed (equals the KV rows of every attention layer).
     pub pos: usize,
+    /// Position of the last call's first row: [`Model::keep`] can roll back to any position from here.
+    pub last_start: usize,
 }
 
 impl<B: Backend> Clone for LayerState<B> {
@@ -54,17 +56,19 @@ impl<B: Backend> Clone for LayerState<B> {
 
 impl<B: Backend> Clone for StreamState<B> {
     fn clone(&self) -> Self {
-        Self { layers: self.layers.clone(), pos: self.pos }
+        Self { layers: self.layers.clone(), pos: self.pos, last_start: self.last_start }
     }
 }
 
 /// Which rows of a call get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogitRows {
     /// Every row (verify windows, `tensorfold exact`).
     All,
     /// The last row of each segment (prefill chunks, decode).
     Last,
+    /// These call rows, in this order (verify windows beside prompt chunks).
+    Rows(Vec<usize>),
 }
 
 /// Logits and greedy picks of the rows that asked for them.
@@ -100,7 +104,30 @@ impl<B: Backend> Model<B> {
                 Mixer::Conv => LayerState::Conv(self.backend.new_conv(c.hidden, c.conv_taps)),
             })
             .collect();
-        StreamState { layers, pos: 0 }
+        StreamState { layers, pos: 0, last_start: 0 }
+    }
+
+    /// Rolls a stream back to `pos` positions, anywhere from its last call's first row to its current
+    /// position (a verify window whose later rows were rejected): KV rows are truncated and conv states
+    /// restored to the row at `pos`, never left at the window's end.
+    pub fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
+        if pos < s.last_start || pos > s.pos {
+            return Err(ForwardError::Batch(format!(
+                "cannot keep {pos} positions: the last call covered {}..{}",
+                s.last_start, s.pos
+            )));
+        }
+        if pos == s.pos {
+            return Ok(());
+        }
+        for l in &mut s.layers {
+            match l {
+                LayerState::Kv(k) => self.backend.kv_truncate(k, pos),
+                LayerState::Conv(c) => self.backend.conv_keep(c, pos - s.last_start)?,
+            }
+        }
+        s.pos = pos;
+        Ok(())
     }
 
     /// Bytes a stream's state holds now (KV rows and conv states).
@@ -159,7 +186,7 @@ impl<B: Backend> Model<B> {
         states: &mut [&mut StreamState<B>],
         which: LogitRows,
     ) -> Result<ForwardOut, ForwardError> {
-        self.check(tokens, segs, states)?;
+        self.check(tokens, segs, states, &which)?;
         let c = &self.cfg;
         let (b, w) = (&self.backend, &self.weights);
         let rows = tokens.len();
@@ -201,6 +228,7 @@ impl<B: Backend> Model<B> {
             b.add(&mut x, &mixed);
         }
         for s in segs {
+            states[s.cache].last_start = s.start_pos;
             states[s.cache].pos += s.rows;
         }
         Ok(self.head(&x, segs, which))
@@ -232,10 +260,12 @@ impl<B: Backend> Model<B> {
 
     /// Final norm, head and greedy pick of the rows that want logits.
     fn head(&self, x: &B::Buf, segs: &[Segment], which: LogitRows) -> ForwardOut {
+        let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
         let (b, c, w) = (&self.backend, &self.cfg, &self.weights);
         let rows: Vec<usize> = match which {
-            LogitRows::All => (0..segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0)).collect(),
+            LogitRows::All => (0..n_rows).collect(),
             LogitRows::Last => segs.iter().map(|s| s.first_row + s.rows - 1).collect(),
+            LogitRows::Rows(r) => r,
         };
         let picked = b.gather_rows(x, c.hidden, &rows);
         let mut normed = b.zeros(rows.len() * c.hidden);
@@ -247,7 +277,13 @@ impl<B: Backend> Model<B> {
     }
 
     /// Validates a call before it touches any state.
-    fn check(&self, tokens: &[u32], segs: &[Segment], states: &[&mut StreamState<B>]) -> Result<(), ForwardError> {
+    fn check(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &[&mut StreamState<B>],
+        which: &LogitRows,
+    ) -> Result<(), ForwardError> {
         if tokens.is_empty() || segs.is_empty() {
             return Err(ForwardError::Batch("no rows".into()));
         }
@@ -276,6 +312,11 @@ impl<B: Backend> Model<B> {
         }
         if covered != tokens.len() {
             return Err(ForwardError::Batch(format!("segments cover {covered} of {} rows", tokens.len())));
+        }
+        if let LogitRows::Rows(r) = which
+            && let Some(bad) = r.iter().find(|&&i| i >= covered)
+        {
+            return Err(ForwardError::Batch(format!("logits asked for row {bad} of {covered}")));
         }
         Ok(())
     }

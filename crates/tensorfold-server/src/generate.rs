@@ -46,6 +46,10 @@ pub struct Outcome {
     pub cached_tokens: usize,
     /// The seed every draw was keyed by.
     pub seed: u64,
+    /// Draft tokens verified for this reply.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
     /// An engine fault after the reply started (the stream failed; others go on).
     pub error: Option<String>,
 }
@@ -108,6 +112,7 @@ pub async fn start(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Ru
         stop_ids: Vec::new(),
         ignore_eos: params.ignore_eos,
         logprobs: params.logprobs,
+        draft: params.draft,
     };
     let (tx, rx) = unbounded_channel();
     let engine = ready.engine.clone();
@@ -136,6 +141,8 @@ impl Running {
             prompt_tokens: self.prompt_tokens,
             cached_tokens: 0,
             seed: self.seed,
+            drafted: 0,
+            accepted: 0,
             error: None,
         };
         let (mut pending, mut lps) = (Vec::new(), Vec::new());
@@ -174,7 +181,8 @@ impl Running {
                         return Some(out);
                     }
                 }
-                Event::Finished { reason, error, .. } => {
+                Event::Finished { reason, error, stats } => {
+                    (out.drafted, out.accepted) = (stats.drafted, stats.accepted);
                     self.guard.done = true;
                     let tail = detok.take().map(|d| d.finish()).unwrap_or_default();
                     let (mut text, stopped) = stops.push(&tail);

@@ -184,7 +184,7 @@ fn usage(o: &Outcome) -> Value {
 }
 
 fn engine_block(o: &Outcome) -> Value {
-    json!({"token_sha256": token_sha256(&o.tokens), "drafted": 0, "accepted": 0, "seed": o.seed})
+    json!({"token_sha256": token_sha256(&o.tokens), "drafted": o.drafted, "accepted": o.accepted, "seed": o.seed})
 }
 
 /// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
@@ -298,6 +298,8 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         metrics::counter!("tensorfold_prompt_cache_hits_total").absolute(m.cache.hits);
         metrics::counter!("tensorfold_prompt_cache_reused_tokens_total").absolute(m.cache.reused_tokens);
         metrics::counter!("tensorfold_rounds_total").absolute(m.rounds);
+        metrics::counter!("tensorfold_drafted_tokens_total").absolute(m.drafted_tokens);
+        metrics::counter!("tensorfold_accepted_tokens_total").absolute(m.accepted_tokens);
     }
     ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render()).into_response()
 }

@@ -46,6 +46,15 @@ pub struct Args {
     /// Prompt chunk in tokens (prompt-cache states are kept at its multiples).
     #[arg(long, default_value_t = 256, env = "TENSORFOLD_PREFILL_CHUNK")]
     prefill_chunk: usize,
+    /// Context copies: a suffix of at least this many tokens must recur for its continuation to be drafted.
+    #[arg(long, default_value_t = 8, env = "TENSORFOLD_COPY_MIN")]
+    copy_min: usize,
+    /// Most drafted tokens verified in one window.
+    #[arg(long, default_value_t = 8, env = "TENSORFOLD_MAX_DRAFT")]
+    max_draft: usize,
+    /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
+    #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
+    no_drafts: bool,
     /// Model name for /v1/models and the `model` field (default: the directory name).
     #[arg(long, env = "TENSORFOLD_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
@@ -93,6 +102,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         memory_bytes: gib(a.memory_gib),
         prompt_cache_bytes: gib(a.prompt_cache_gib),
         shared_rounds: true,
+        copy_min: a.copy_min,
+        max_draft: if a.no_drafts { 0 } else { a.max_draft },
     };
     let src = default_model::source(a.model.clone());
     let (context, max_tokens) = (a.context, a.max_tokens);

@@ -237,9 +237,13 @@ impl<T: Target> Target for Recording<T> {
         tokens: &[u32],
         segs: &[Segment],
         states: &mut [&mut T::State],
+        all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         std::thread::sleep(self.delay);
         self.calls.lock().expect("not poisoned").push(segs.iter().map(|s| (s.start_pos, s.rows)).collect());
-        self.inner.forward(tokens, segs, states)
+        self.inner.forward(tokens, segs, states, all_rows)
+    }
+    fn keep(&self, s: &mut T::State, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
     }
 }

@@ -388,12 +388,14 @@ impl Kernel for ShortConv {
         &[
             Fault { name: "reads-first-stream", what: "every stream reads the first stream's conv state" },
             Fault { name: "state-not-advanced", what: "the conv state is left where it was after the call" },
+            Fault { name: "keep-at-window-end", what: "a rolled-back window leaves the state at the window's end" },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let (width, taps) = (if scale == Scale::Served { 2048 } else { 24 }, 3);
         let hist = taps - 1;
-        let base: Vec<CpuConv> = (0..4).map(|_| CpuConv { width, taps, state: uniform(rng, hist * width) }).collect();
+        let base: Vec<CpuConv> =
+            (0..4).map(|_| CpuConv { state: uniform(rng, hist * width), ..CpuConv::new(width, taps) }).collect();
         let (w, b) = (uniform(rng, width * taps), uniform(rng, width));
         let bcx = uniform(rng, 33 * 3 * width);
         let bx = |r: usize, c: usize| bcx[r * 3 * width + c] as f64 * bcx[r * 3 * width + 2 * width + c] as f64;
@@ -468,15 +470,31 @@ impl Kernel for ShortConv {
             }
         }
         gates.push(invariance_gate("widths over 4 streams", inv));
-        let mut wrong = [CpuConv { width, taps: taps + 1, state: vec![0.0; taps * width] }];
+        let mut wrong = [CpuConv::new(width, taps + 1)];
         let mut refs: Vec<&mut CpuConv> = wrong.iter_mut().collect();
         let seg = [Segment { first_row: 0, rows: 1, start_pos: 0, cache: 0 }];
         let refused =
             conv::short_conv(&bcx[..3 * width], width, &w, Some(&b), &seg, &mut refs, &mut vec![0f32; width]).is_err();
+        // Rollback: a 5-row window kept to 2 rows leaves the state a 2-row call leaves.
+        let seg5 = [Segment { first_row: 0, rows: 5, start_pos: 0, cache: 0 }];
+        let seg2 = [Segment { first_row: 0, rows: 2, start_pos: 0, cache: 0 }];
+        let (mut w5, mut w2) = ([base[0].clone()], [base[0].clone()]);
+        let mut sink = vec![0f32; 5 * width];
+        conv::short_conv(&bcx[..15 * width], width, &w, Some(&b), &seg5, &mut [&mut w5[0]], &mut sink).expect("valid");
+        conv::short_conv(&bcx[..6 * width], width, &w, Some(&b), &seg2, &mut [&mut w2[0]], &mut sink[..2 * width])
+            .expect("valid");
+        let kept = match fault {
+            Some("keep-at-window-end") => Ok(()),
+            _ => w5[0].keep(2),
+        };
+        let rolled = kept.is_ok() && bit_diffs(&w5[0].state, &w2[0].state) == 0;
         gates.push(Gate::new(
             "edges",
-            refused && advanced,
-            format!("mismatched state refused: {refused}; state holds the last {hist} rows of B*x: {advanced}"),
+            refused && advanced && rolled,
+            format!(
+                "mismatched state refused: {refused}; state holds the last {hist} rows of B*x: {advanced}; \
+                 a 5-row window kept to 2 rows equals a 2-row call: {rolled}"
+            ),
         ));
         gates
     }

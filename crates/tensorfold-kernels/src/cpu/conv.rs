@@ -4,6 +4,9 @@ use super::attention::check_caches;
 use super::ops::check_len;
 use crate::backend::{KernelError, Segment};
 
+/// Longest segment whose `B * x` rows are kept so the state can be rolled back (verify windows).
+pub const KEEP_ROWS: usize = 64;
+
 /// One conv layer's state of one stream: the last `taps - 1` values of `B * x`, oldest first,
 /// `[taps - 1, width]`. Zeros before the first row (the reference's causal zero padding).
 #[derive(Clone, Debug)]
@@ -14,12 +17,30 @@ pub struct CpuConv {
     pub taps: usize,
     /// `[taps - 1, width]`, oldest row first.
     pub state: Vec<f32>,
+    /// The last call's window (`taps - 1` state rows then its rows of `B * x`), kept for calls of at most
+    /// [`KEEP_ROWS`] rows so [`CpuConv::keep`] can restore the state at any of its rows; empty otherwise.
+    pub window: Vec<f32>,
 }
 
 impl CpuConv {
     /// A zeroed state.
     pub fn new(width: usize, taps: usize) -> Self {
-        Self { width, taps, state: vec![0.0; taps.saturating_sub(1) * width] }
+        Self { width, taps, state: vec![0.0; taps.saturating_sub(1) * width], window: Vec::new() }
+    }
+
+    /// Rolls the state back to just after the first `rows` rows of the last call (a verify window whose
+    /// later rows were rejected). Errors when that call kept no window or had fewer rows.
+    pub fn keep(&mut self, rows: usize) -> Result<(), KernelError> {
+        let hist = self.taps - 1;
+        let have = (self.window.len() / self.width.max(1)).saturating_sub(hist);
+        if self.window.is_empty() || rows > have {
+            return Err(KernelError::Segments(format!(
+                "conv state cannot roll back to row {rows} of a kept window of {have} rows"
+            )));
+        }
+        self.state.copy_from_slice(&self.window[rows * self.width..(rows + hist) * self.width]);
+        self.window.truncate((hist + rows) * self.width);
+        Ok(())
     }
 }
 
@@ -80,6 +101,7 @@ pub fn short_conv(
         }
         let n = bx.len();
         st.state.copy_from_slice(&bx[n - hist * width..]);
+        st.window = if s.rows <= KEEP_ROWS { bx } else { Vec::new() };
     }
     Ok(())
 }

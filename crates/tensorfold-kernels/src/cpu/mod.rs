@@ -68,6 +68,10 @@ impl Backend for CpuBackend {
         CpuConv::new(channels, taps)
     }
 
+    fn conv_keep(&self, c: &mut CpuConv, rows: usize) -> Result<(), KernelError> {
+        c.keep(rows)
+    }
+
     fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
         ops::embed(table, ids, out)
     }
