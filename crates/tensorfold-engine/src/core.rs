@@ -12,6 +12,10 @@ use std::collections::VecDeque;
 use std::time::Instant;
 use tensorfold_kernels::Segment;
 
+/// Most drafts a window may carry: windows must stay within what a backend can roll back (the CPU conv
+/// kernel keeps the rows of calls of at most 64 rows).
+pub const MAX_DRAFT: usize = 32;
+
 /// Lane-core settings.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -32,7 +36,7 @@ pub struct EngineConfig {
     /// Context copies: the shortest suffix of a stream's context that must recur for its continuation to be
     /// drafted (0 turns copies off).
     pub copy_min: usize,
-    /// Most drafts in a verify window (0 turns drafting off).
+    /// Most drafts in a verify window (0 turns drafting off; at most [`MAX_DRAFT`]).
     pub max_draft: usize,
 }
 
@@ -147,7 +151,12 @@ impl<T: Target> Core<T> {
     pub fn new(target: T, cfg: EngineConfig, clock: Box<dyn Clock>) -> Self {
         let eos = target.eos_ids();
         let cache = PromptCache::new(cfg.prompt_cache_bytes);
-        let cfg = EngineConfig { parallel: cfg.parallel.max(1), round_rows: cfg.round_rows.max(1), ..cfg };
+        let cfg = EngineConfig {
+            parallel: cfg.parallel.max(1),
+            round_rows: cfg.round_rows.max(1),
+            max_draft: cfg.max_draft.min(MAX_DRAFT),
+            ..cfg
+        };
         Self {
             target,
             cfg,
