@@ -215,7 +215,9 @@ impl<T: Target> Core<T> {
             let fits = (0..=tokens).rev().find(|&t| self.target.stream_bytes(t) <= self.cfg.memory_bytes).unwrap_or(0);
             return Err(SubmitError::NeverFits { needed: bytes, tokens, budget: self.cfg.memory_bytes, fits });
         }
-        if self.queue.len() >= self.cfg.queue_capacity {
+        // A request that a free lane takes at the next round does not wait in the queue.
+        let free_lanes = self.cfg.parallel.saturating_sub(self.lanes.len());
+        if self.queue.len() + 1 > free_lanes + self.cfg.queue_capacity {
             return Err(SubmitError::QueueFull { capacity: self.cfg.queue_capacity });
         }
         let id = self.next_id;

@@ -268,15 +268,36 @@ fn a_request_that_fits_alone_but_not_beside_a_running_one_waits_and_then_runs() 
 
 #[test]
 fn a_full_queue_refuses_the_next_request_and_takes_one_again_once_it_drains() {
-    let mut c = core(FakeTarget::new(), EngineConfig { queue_capacity: 2, ..cfg() });
+    // One free lane takes one request at the next round; two more may wait; a fourth is refused.
+    let mut c = core(FakeTarget::new(), EngineConfig { parallel: 1, queue_capacity: 2, ..cfg() });
+    let r = Request { ignore_eos: true, ..Request::greedy(vec![1, 2, 3], 4) };
+    let mut keep = Vec::new();
+    let mut submit = |c: &mut Core<FakeTarget>| {
+        let (tx, rx) = channel();
+        keep.push(rx);
+        c.submit(r.clone(), tx)
+    };
+    for _ in 0..3 {
+        assert!(submit(&mut c).is_ok());
+    }
+    assert_eq!(submit(&mut c), Err(SubmitError::QueueFull { capacity: 2 }));
+    assert_eq!(c.metrics().waiting, 3);
+    assert!(c.step());
+    assert_eq!((c.metrics().running, c.metrics().waiting), (1, 2));
+    assert_eq!(submit(&mut c), Err(SubmitError::QueueFull { capacity: 2 }), "the lane is busy");
+    while c.metrics().running == 1 && c.metrics().waiting == 2 {
+        assert!(c.step());
+    }
+    assert!(submit(&mut c).is_ok(), "a finished stream made room");
+}
+
+#[test]
+fn a_queue_capacity_of_zero_still_serves_requests_that_a_free_lane_takes() {
+    let mut c = core(FakeTarget::new(), EngineConfig { parallel: 2, queue_capacity: 0, ..cfg() });
     let r = Request::greedy(vec![1, 2, 3], 4);
     assert!(c.submit(r.clone(), channel().0).is_ok());
     assert!(c.submit(r.clone(), channel().0).is_ok());
-    assert_eq!(c.submit(r.clone(), channel().0), Err(SubmitError::QueueFull { capacity: 2 }));
-    assert_eq!(c.metrics().waiting, 2);
-    assert!(c.step());
-    assert_eq!(c.metrics().waiting, 0);
-    assert!(c.submit(r, channel().0).is_ok());
+    assert_eq!(c.submit(r, channel().0), Err(SubmitError::QueueFull { capacity: 0 }));
 }
 
 /// A greedy reply of 20 tokens (no EOS) and the first token at index >= 3 not seen before it.

@@ -104,6 +104,21 @@ pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
             "`repetition_penalty` is not supported; send 1 or omit it",
         ));
     }
+    if get(o, "tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
+    }
+    if let Some(rf) = get(o, "response_format").filter(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
+        return Err(ApiError::invalid(
+            "response_format",
+            format!("`response_format` {rf} is not supported; only text"),
+        ));
+    }
+    if boolean(o, "echo", false)? {
+        return Err(ApiError::invalid("echo", "`echo` is not supported"));
+    }
+    if int(o, "best_of")?.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid("best_of", "`best_of` is not supported; only 1"));
+    }
     if get(o, "logit_bias").and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
     }

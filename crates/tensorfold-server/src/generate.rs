@@ -178,6 +178,7 @@ impl Running {
                     }
                     if stopped {
                         out.finish_reason = "stop";
+                        self.finish_early(&mut out).await;
                         return Some(out);
                     }
                 }
@@ -208,6 +209,18 @@ impl Running {
         }
         out.error = Some("the engine stopped".into());
         Some(out)
+    }
+
+    /// Cancels the engine stream after a stop string and reads its final counters (drafted, accepted).
+    async fn finish_early(&mut self, out: &mut Outcome) {
+        self.guard.engine.cancel(self.guard.id);
+        while let Some(ev) = self.rx.recv().await {
+            if let Event::Finished { stats, .. } = ev {
+                (out.drafted, out.accepted) = (stats.drafted, stats.accepted);
+                break;
+            }
+        }
+        self.guard.done = true;
     }
 
     fn entry(&self, lp: &TokenLogprobs) -> LogprobEntry {

@@ -66,15 +66,21 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics_route))
         .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
-        let given =
-            req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, k)| k.trim());
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
             let msg =
                 if given.is_none() { "missing API key: send Authorization: Bearer KEY" } else { "invalid API key" };
             return error::ApiError::status(axum::http::StatusCode::UNAUTHORIZED, "authentication_error", msg)
@@ -82,6 +88,11 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// Compares keys without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// An empty state (nothing loaded yet).
@@ -113,10 +124,20 @@ pub async fn serve<K: Send + 'static>(
         axum::serve(listener, app).with_graceful_shutdown(async move { stop2.notified().await }).await
     });
     let t = std::time::Instant::now();
-    let (ready, keep) = tokio::task::spawn_blocking(load).await.map_err(|e| e.to_string())??;
+    // Signals are handled from the start: one during loading stops the server without waiting for the model.
+    let mut signal = tokio::spawn(shutdown_signal());
+    let loading = tokio::task::spawn_blocking(load);
+    let (ready, keep) = tokio::select! {
+        loaded = loading => loaded.map_err(|e| e.to_string())??,
+        _ = &mut signal => {
+            tracing::info!("signal during loading: stopping");
+            stop.notify_one();
+            return Ok(());
+        }
+    };
     let _ = state.ready.set(ready);
     tracing::info!("model ready in {:.1} s", t.elapsed().as_secs_f64());
-    shutdown_signal().await;
+    let _ = signal.await;
     tracing::info!("shutting down: no new connections; in-flight requests have {:?}", opts.grace);
     stop.notify_one();
     if tokio::time::timeout(opts.grace, server).await.is_err() {

@@ -77,8 +77,9 @@ async fn respond(s: AppState, b: Result<Bytes, BytesRejection>, chat: bool) -> R
             }
         }
     };
-    metrics::counter!("tensorfold_prompt_tokens_total").increment(ids.len() as u64);
+    let prompt_tokens = ids.len() as u64;
     let running = start(&r, ids, params.clone()).await?;
+    metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
     let shape = Shape {
         chat,
         model: s.model_name.clone(),
@@ -307,6 +308,11 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
 /// Any other route.
 pub async fn not_found() -> ApiError {
     ApiError::status(StatusCode::NOT_FOUND, "not_found_error", "no such route")
+}
+
+/// A known route with the wrong method (e.g. `GET /v1/completions`).
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "this route does not take that method")
 }
 
 fn now() -> u64 {

@@ -126,6 +126,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: max_tokens }, engine))
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(tensorfold_server::serve(opts, load)).map_err(anyhow::Error::msg)?;
+    let served = rt.block_on(tensorfold_server::serve(opts, load));
+    // A signal during loading must not wait for the load to finish.
+    rt.shutdown_background();
+    served.map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,294 @@
+//! Harness for the HTTP tests: the server in-process on `127.0.0.1:0` over the `lfm2-moe-f32` fixture,
+//! spoken to through a real loopback socket with reqwest (JSON replies, SSE streams read to `[DONE]`).
+#![allow(dead_code)]
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
+use tensorfold_kernels::CpuBackend;
+use tensorfold_model::Source;
+use tensorfold_server::state::{AppState, Ready};
+use tensorfold_server::{ServeOptions, new_state, router};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The model every test serves.
+pub fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32")
+}
+
+/// The name the test server serves (and `/v1/models` lists).
+pub const MODEL: &str = "lfm2-moe-f32";
+
+/// How a test server is set up.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// Engine settings.
+    pub engine: EngineConfig,
+    /// Context limit in tokens (the fixture's 128000 cut down so `context_length_exceeded` is cheap to hit).
+    pub context: usize,
+    /// `max_tokens` of a request that gives none.
+    pub default_max_tokens: usize,
+    /// Bearer key required on API routes.
+    pub api_key: Option<String>,
+    /// Load the model and set `ready` (false: the state stays "loading").
+    pub ready: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            engine: EngineConfig {
+                parallel: 8,
+                queue_capacity: 64,
+                round_rows: 64,
+                prefill_chunk: 16,
+                memory_bytes: 1 << 30,
+                prompt_cache_bytes: 64 << 20,
+                ..EngineConfig::default()
+            },
+            context: 256,
+            default_max_tokens: 16,
+            api_key: None,
+            ready: true,
+        }
+    }
+}
+
+/// Opens the fixture and starts an engine over it (as `tensorfold serve` does).
+pub fn load(setup: &Setup) -> (Ready, Engine) {
+    let mut loaded = tensorfold_model::open(&Source::Dir(fixture()), CpuBackend).expect("the fixture opens");
+    loaded.model.cfg.max_positions = setup.context;
+    let text = loaded.text.map(Arc::new);
+    let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, setup.engine.clone());
+    let ready =
+        Ready { engine: engine.handle(), text, context: setup.context, default_max_tokens: setup.default_max_tokens };
+    (ready, engine)
+}
+
+/// A server on a loopback port, stopped (and its engine joined) when dropped.
+pub struct Server {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The shared state (tests set `ready` late, or read the engine's metrics).
+    pub state: AppState,
+    /// A client with no proxy.
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+    engine: Option<Engine>,
+}
+
+/// Starts a server.
+pub async fn start(setup: Setup) -> Server {
+    let opts = ServeOptions {
+        addr: "127.0.0.1:0".parse().expect("an address"),
+        model_name: MODEL.into(),
+        api_key: setup.api_key.clone(),
+        grace: std::time::Duration::from_secs(1),
+    };
+    let state = new_state(&opts);
+    let engine = if setup.ready {
+        let (ready, engine) = load(&setup);
+        assert!(state.ready.set(ready).is_ok(), "a fresh state is not ready yet");
+        Some(engine)
+    } else {
+        None
+    };
+    let listener = tokio::net::TcpListener::bind(opts.addr).await.expect("binding loopback");
+    let base = format!("http://{}", listener.local_addr().expect("a bound address"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let app = router(state.clone());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the server runs");
+    });
+    let client = reqwest::Client::builder().no_proxy().build().expect("a client");
+    Server { base, state, client, stop: Some(stop), task: Some(task), engine }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        drop(self.engine.take());
+    }
+}
+
+/// A JSON reply: status and body (`Value::Null` when the body is not JSON).
+#[derive(Clone, Debug)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Parsed body.
+    pub json: Value,
+    /// Raw body.
+    pub text: String,
+}
+
+impl Reply {
+    /// `error.type`.
+    pub fn error_type(&self) -> &str {
+        self.json["error"]["type"].as_str().unwrap_or("<none>")
+    }
+}
+
+/// One SSE reply read to its end.
+#[derive(Clone, Debug)]
+pub struct Streamed {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// `content-type`.
+    pub content_type: String,
+    /// Every `data:` payload but `[DONE]`, parsed.
+    pub chunks: Vec<Value>,
+    /// Whether the last event was `data: [DONE]`.
+    pub done: bool,
+}
+
+impl Streamed {
+    /// Each chunk's text (`choices[0].text` or `choices[0].delta.content`), chunks without a choice skipped.
+    pub fn pieces(&self) -> Vec<String> {
+        self.chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|ch| ch["text"].as_str().or_else(|| ch["delta"]["content"].as_str()).unwrap_or("").to_string())
+            .collect()
+    }
+
+    /// The whole streamed text.
+    pub fn text(&self) -> String {
+        self.pieces().concat()
+    }
+
+    /// The chunk that carries `finish_reason`.
+    pub fn finish_chunk(&self) -> &Value {
+        let mut it =
+            self.chunks.iter().filter(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null()));
+        let c = it.next().expect("a chunk with finish_reason");
+        assert!(it.next().is_none(), "exactly one chunk carries finish_reason");
+        c
+    }
+
+    /// `finish_reason`.
+    pub fn finish_reason(&self) -> String {
+        self.finish_chunk()["choices"][0]["finish_reason"].as_str().expect("a string").to_string()
+    }
+
+    /// `tensorfold.token_sha256` of the finish chunk.
+    pub fn token_sha256(&self) -> String {
+        self.finish_chunk()["tensorfold"]["token_sha256"].as_str().expect("the tensorfold block").to_string()
+    }
+
+    /// Completions logprobs, every chunk's lists joined: (tokens, token_logprobs, top_logprobs, text_offset).
+    pub fn completion_logprobs(&self) -> Value {
+        let mut joined = serde_json::json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+        for c in &self.chunks {
+            let lp = &c["choices"][0]["logprobs"];
+            if lp.is_null() {
+                continue;
+            }
+            for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                let part = lp[k].as_array().expect("a list").clone();
+                joined[k].as_array_mut().expect("a list").extend(part);
+            }
+        }
+        joined
+    }
+
+    /// Chat logprobs, every chunk's `content` entries joined.
+    pub fn chat_logprobs(&self) -> Value {
+        let mut all = Vec::new();
+        for c in &self.chunks {
+            if let Some(content) = c["choices"].get(0).and_then(|ch| ch["logprobs"]["content"].as_array()) {
+                all.extend(content.iter().cloned());
+            }
+        }
+        serde_json::json!({"content": all})
+    }
+}
+
+impl Server {
+    /// `base + path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// POSTs a JSON body.
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.post_raw(path, body.to_string().into_bytes(), None).await
+    }
+
+    /// POSTs raw bytes, with a bearer key if given.
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>, key: Option<&str>) -> Reply {
+        let mut req = self.client.post(self.url(path)).header("content-type", "application/json").body(body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        reply(req.send().await.expect("the request is answered")).await
+    }
+
+    /// GETs a path.
+    pub async fn get(&self, path: &str) -> Reply {
+        reply(self.client.get(self.url(path)).send().await.expect("the request is answered")).await
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let r = self.get("/metrics").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        r.text
+    }
+
+    /// POSTs a JSON body and reads the SSE reply to its end.
+    pub async fn stream(&self, path: &str, body: &Value) -> Streamed {
+        let resp = self.client.post(self.url(path)).json(body).send().await.expect("the request is answered");
+        let status = resp.status();
+        let content_type =
+            resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let text = resp.text().await.expect("a body");
+        parse_sse(status, content_type, &text)
+    }
+}
+
+async fn reply(resp: reqwest::Response) -> Reply {
+    let status = resp.status();
+    let text = resp.text().await.expect("a body");
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Reply { status, json, text }
+}
+
+/// Splits an SSE body into its `data:` payloads; asserts every one but `[DONE]` is JSON.
+pub fn parse_sse(status: StatusCode, content_type: String, text: &str) -> Streamed {
+    let mut chunks = Vec::new();
+    let mut done = false;
+    for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+        let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        if data.is_empty() {
+            continue; // a keep-alive comment
+        }
+        let data = data.join("\n");
+        assert!(!done, "nothing follows [DONE]: {data}");
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        chunks.push(serde_json::from_str(&data).unwrap_or_else(|e| panic!("a JSON chunk ({e}): {data}")));
+    }
+    Streamed { status, content_type, chunks, done }
+}
+
+/// The value of an unlabelled Prometheus sample `name` (None if absent).
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -1,0 +1,205 @@
+# The official `openai` Python client against a running `tensorfold serve` (see docs/api.md).
+"""Checks a running `tensorfold serve` with the official `openai` Python client: completions and chat, streamed
+and not, usage, finish reasons, logprobs and the errors a bad request raises. Prints `N passed, M failed` and exits
+non-zero on any failure.
+
+    python3 tools/api-tests/openai_client.py --base-url http://127.0.0.1:8080/v1 [--api-key KEY] [--model NAME]
+"""
+
+import argparse
+import sys
+import traceback
+
+try:
+    import openai
+except ImportError:
+    sys.exit("the openai package is missing: pip install -r tools/api-tests/requirements.txt")
+
+FINISH = {"stop", "length"}
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def streamed_completion(client, model, **kw):
+    """Streams a completion; returns (text, finish_reason, usage, chunks)."""
+    text, finish, usage, chunks = "", None, None, 0
+    for chunk in client.completions.create(model=model, stream=True, stream_options={"include_usage": True}, **kw):
+        chunks += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.text
+            finish = c.finish_reason or finish
+    return text, finish, usage, chunks
+
+
+def streamed_chat(client, model, **kw):
+    """Streams a chat reply; returns (text, finish_reason, usage, chunks, logprob entries)."""
+    text, finish, usage, chunks, lps = "", None, None, 0, []
+    for chunk in client.chat.completions.create(
+        model=model, stream=True, stream_options={"include_usage": True}, **kw
+    ):
+        chunks += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+            if c.logprobs is not None and c.logprobs.content:
+                lps.extend(c.logprobs.content)
+    return text, finish, usage, chunks, lps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base-url", required=True, help="the server's /v1 URL")
+    ap.add_argument("--api-key", default="none", help="bearer key (any value when the server has none)")
+    ap.add_argument("--model", default=None, help="model name (default: the first /v1/models entry)")
+    args = ap.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
+    state = {}
+    print(f"openai {openai.__version__} against {args.base_url}")
+
+    def t_models():
+        ids = [m.id for m in client.models.list().data]
+        check(ids, "no model listed")
+        state["model"] = args.model or ids[0]
+        check(state["model"] in ids, f"{state['model']} not in {ids}")
+
+    def t_completion():
+        r = client.completions.create(
+            model=state["model"], prompt="def main():", max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+        )
+        c = r.choices[0]
+        check(r.object == "text_completion", r.object)
+        check(isinstance(c.text, str) and c.text, f"empty text {c.text!r}")
+        check(c.finish_reason == "length", c.finish_reason)
+        check(r.usage.completion_tokens == 16, r.usage)
+        check(r.usage.total_tokens == r.usage.prompt_tokens + 16, r.usage)
+        state["completion"] = c.text
+
+    def t_completion_stream():
+        text, finish, usage, chunks = streamed_completion(
+            client, state["model"], prompt="def main():", max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+        )
+        check(text == state["completion"], f"streamed {text!r} != plain {state['completion']!r}")
+        check(finish == "length", finish)
+        check(usage is not None and usage.completion_tokens == 16, usage)
+        check(chunks > 2, f"{chunks} chunks")
+
+    def t_completion_logprobs():
+        r = client.completions.create(model=state["model"], prompt="Hello", max_tokens=5, temperature=0, logprobs=2)
+        lp = r.choices[0].logprobs
+        n = r.usage.completion_tokens
+        check(len(lp.tokens) == n and len(lp.token_logprobs) == n and len(lp.top_logprobs) == n, lp)
+        check(all(x <= 0 for x in lp.token_logprobs), lp.token_logprobs)
+        check(r.choices[0].finish_reason in FINISH, r.choices[0].finish_reason)
+
+    def t_chat():
+        r = client.chat.completions.create(
+            model=state["model"],
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}],
+            max_tokens=12,
+            temperature=0,
+        )
+        c = r.choices[0]
+        check(r.object == "chat.completion", r.object)
+        check(c.message.role == "assistant", c.message.role)
+        check(isinstance(c.message.content, str), c.message)
+        check(c.finish_reason in FINISH, c.finish_reason)
+        check(0 < r.usage.completion_tokens <= 12, r.usage)
+        check(r.usage.prompt_tokens > 0, r.usage)
+        state["chat"] = (c.message.content, c.finish_reason, r.usage.completion_tokens)
+
+    def t_chat_stream():
+        text, finish, usage, chunks, _ = streamed_chat(
+            client,
+            state["model"],
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}],
+            max_tokens=12,
+            temperature=0,
+        )
+        want_text, want_finish, want_tokens = state["chat"]
+        check(text == want_text, f"streamed {text!r} != plain {want_text!r}")
+        check(finish == want_finish, f"{finish} != {want_finish}")
+        check(usage is not None and usage.completion_tokens == want_tokens, usage)
+        check(chunks >= 2, f"{chunks} chunks")
+
+    def t_chat_seeded_logprobs():
+        kw = dict(
+            model=state["model"],
+            messages=[{"role": "user", "content": "Pick a number."}],
+            max_tokens=10,
+            temperature=0.8,
+            seed=7,
+            logprobs=True,
+            top_logprobs=2,
+            extra_body={"top_k": 40, "min_p": 0.05, "ignore_eos": True},
+        )
+        r = client.chat.completions.create(**kw)
+        plain = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in r.choices[0].logprobs.content]
+        check(len(plain) == 10, plain)
+        check(all(len(top) == 2 for _, _, top in plain), plain)
+        text, finish, _, _, lps = streamed_chat(client, **kw)
+        streamed = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in lps]
+        check(text == r.choices[0].message.content, f"{text!r} != {r.choices[0].message.content!r}")
+        check(streamed == plain, "streamed logprobs differ from plain")
+        check(finish == "length", finish)
+
+    def t_bad_request():
+        try:
+            client.completions.create(model=state["model"], prompt="Hello", max_tokens=4, temperature=3)
+        except openai.BadRequestError as e:
+            check(e.status_code == 400, e.status_code)
+            check(e.body["type"] == "invalid_request_error" and e.body["param"] == "temperature", e.body)
+            return
+        raise AssertionError("temperature=3 did not raise BadRequestError")
+
+    def t_context_exceeded():
+        try:
+            client.chat.completions.create(
+                model=state["model"], messages=[{"role": "user", "content": "Hi"}], max_tokens=10**9
+            )
+        except openai.BadRequestError as e:
+            check(e.body["code"] == "context_length_exceeded", e.body)
+            return
+        raise AssertionError("max_tokens past the context did not raise BadRequestError")
+
+    def t_unknown_model():
+        try:
+            client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "Hi"}])
+        except openai.NotFoundError as e:
+            check(e.body["code"] == "model_not_found", e.body)
+            return
+        raise AssertionError("an unknown model did not raise NotFoundError")
+
+    tests = [
+        t_models,
+        t_completion,
+        t_completion_stream,
+        t_completion_logprobs,
+        t_chat,
+        t_chat_stream,
+        t_chat_seeded_logprobs,
+        t_bad_request,
+        t_context_exceeded,
+        t_unknown_model,
+    ]
+    passed = failed = 0
+    for t in tests:
+        try:
+            t()
+            passed += 1
+            print(f"ok    {t.__name__[2:]}")
+        except Exception:
+            failed += 1
+            print(f"FAIL  {t.__name__[2:]}\n{traceback.format_exc()}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
