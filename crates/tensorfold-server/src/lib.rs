@@ -118,6 +118,10 @@ pub async fn serve<K: Send + 'static>(
     let listener = tokio::net::TcpListener::bind(opts.addr).await.map_err(|e| format!("binding {}: {e}", opts.addr))?;
     tracing::info!("listening on http://{}", listener.local_addr().map_err(|e| e.to_string())?);
     let app = router(state.clone());
+    // Without TCP_NODELAY, SSE chunks on a reused connection wait for Nagle's timer and arrive in bursts.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let stop = Arc::new(tokio::sync::Notify::new());
     let stop2 = stop.clone();
     let server = tokio::spawn(async move {

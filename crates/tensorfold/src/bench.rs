@@ -4,6 +4,7 @@
 //! `tensorfold bench engine` (in `bench_engine.rs`): shared-round throughput, replies checked against solo.
 
 use crate::bench_engine;
+use crate::bench_serve;
 use crate::default_model;
 use anyhow::{Context, bail};
 use std::process::ExitCode;
@@ -38,6 +39,8 @@ pub enum What {
     /// Shared-round throughput of the threaded engine at several concurrency levels, every concurrent reply
     /// checked equal to its solo run.
     Engine(bench_engine::Args),
+    /// Client benchmark of any OpenAI-compatible server: concurrent streams, TTFT, ITL, tok/s, hash checks.
+    Serve(bench_serve::Args),
 }
 
 /// Runs a benchmark.
@@ -47,6 +50,7 @@ pub fn run(w: What) -> anyhow::Result<ExitCode> {
             (model, prompt_lens, decode, prompt_ids, chunk)
         }
         What::Engine(a) => return bench_engine::run(a),
+        What::Serve(a) => return bench_serve::run(a),
     };
     let src = default_model::source(model);
     let loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;

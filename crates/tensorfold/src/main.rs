@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_engine;
+mod bench_serve;
 mod contract_cmd;
 mod default_model;
 mod exact;
