@@ -39,6 +39,9 @@ pub struct Args {
     /// One forward over all streams' rows a round (true) or one forward per stream (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     shared_rounds: bool,
+    /// Most context-copy drafts a verify window carries (0: plain decode rounds).
+    #[arg(long, default_value_t = 0)]
+    max_draft: usize,
 }
 
 /// One concurrent reply and how it arrived.
@@ -75,15 +78,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         parallel: a.parallel.unwrap_or(max_level).max(1),
         queue_capacity: max_level.max(64),
         shared_rounds: a.shared_rounds,
+        max_draft: a.max_draft,
         ..EngineConfig::default()
     };
     println!(
-        "model: {}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  tokens: {}  reps: {}",
+        "model: {}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  max_draft: {}  tokens: {}  reps: {}",
         src.describe(),
         tensorfold_kernels::cpu::threads(),
         tensorfold_kernels::simd::level(),
         cfg.parallel,
         cfg.shared_rounds,
+        cfg.max_draft,
         a.tokens,
         a.reps
     );
