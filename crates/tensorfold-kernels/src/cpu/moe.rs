@@ -1,9 +1,10 @@
 //! CPU LFM2-MoE block: sigmoid routing with expert bias, experts grouped so each reads its weights once
 //! per call, and a per-row combine in rank order (so a row's bits do not depend on the other rows).
 
-use super::ops::{linear, silu_mul};
+use super::ops::{linear, linear_serial, silu_mul, silu_mul_serial};
 use crate::backend::{Ffn, MoeParams};
 use crate::bytes::MatView;
+use rayon::prelude::*;
 
 /// Routing of one row: `(expert, weight)` in rank order (highest `score + bias` first, ties to the lower
 /// expert id). Follows transformers `Lfm2MoeSparseMoeBlock.route_tokens_to_experts`: weights are the
@@ -25,7 +26,7 @@ pub fn route_row(logits: &[f32], bias: Option<&[f32]>, p: MoeParams) -> Vec<(usi
         .collect()
 }
 
-/// SwiGLU FFN of `rows` rows: `w2(silu(w1 x) * w3 x)`.
+/// SwiGLU FFN of `rows` rows: `w2(silu(w1 x) * w3 x)`, each linear split across threads.
 pub fn swiglu(x: &[f32], rows: usize, f: &Ffn<MatView>, out: &mut [f32]) {
     let inter = f.w1.rows;
     let mut g = vec![0f32; rows * inter];
@@ -34,6 +35,17 @@ pub fn swiglu(x: &[f32], rows: usize, f: &Ffn<MatView>, out: &mut [f32]) {
     linear(x, rows, &f.w3, None, &mut u);
     silu_mul(&mut g, &u);
     linear(&g, rows, &f.w2, None, out);
+}
+
+/// [`swiglu`] on the calling thread (the MoE block parallelizes over experts instead). Same bits.
+fn swiglu_serial(x: &[f32], rows: usize, f: &Ffn<MatView>, out: &mut [f32]) {
+    let inter = f.w1.rows;
+    let mut g = vec![0f32; rows * inter];
+    let mut u = vec![0f32; rows * inter];
+    linear_serial(x, rows, &f.w1, None, &mut g);
+    linear_serial(x, rows, &f.w3, None, &mut u);
+    silu_mul_serial(&mut g, &u);
+    linear_serial(&g, rows, &f.w2, None, out);
 }
 
 /// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`.
@@ -59,15 +71,25 @@ pub fn moe(
         }
     }
     let k = p.top_k;
+    // One task per active expert (each reads its weights once for all its rows): far fewer thread
+    // dispatches than splitting each small expert matrix across threads.
+    let results: Vec<(usize, Vec<f32>)> = by_expert
+        .par_iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(e, members)| {
+            let mut xe = Vec::with_capacity(members.len() * h);
+            for &(r, _) in members {
+                xe.extend_from_slice(&x[r * h..(r + 1) * h]);
+            }
+            let mut ye = vec![0f32; members.len() * h];
+            swiglu_serial(&xe, members.len(), &experts[e], &mut ye);
+            (e, ye)
+        })
+        .collect();
     let mut slots = vec![0f32; rows * k * h];
-    for (e, members) in by_expert.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
-        let mut xe = Vec::with_capacity(members.len() * h);
-        for &(r, _) in members {
-            xe.extend_from_slice(&x[r * h..(r + 1) * h]);
-        }
-        let mut ye = vec![0f32; members.len() * h];
-        swiglu(&xe, members.len(), &experts[e], &mut ye);
-        for (i, &(r, rank)) in members.iter().enumerate() {
+    for (e, ye) in &results {
+        for (i, &(r, rank)) in by_expert[*e].iter().enumerate() {
             slots[(r * k + rank) * h..(r * k + rank + 1) * h].copy_from_slice(&ye[i * h..(i + 1) * h]);
         }
     }

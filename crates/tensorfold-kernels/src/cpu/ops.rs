@@ -39,7 +39,8 @@ pub fn wrow(w: &MatView, j: usize) -> WRow<'_> {
     }
 }
 
-/// `out[r, j] = dot(x[r], w[j]) (+ bias[j])` for `x` `[rows, w.cols]`, `out` `[rows, w.rows]`, on `level`.
+/// `out[r, j] = dot(x[r], w[j]) (+ bias[j])` for `x` `[rows, w.cols]`, `out` `[rows, w.rows]`, on `level`,
+/// split across threads by output column.
 pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option<&[f32]>, out: &mut [f32]) {
     let (n, k) = (w.rows, w.cols);
     assert_eq!(x.len(), rows * k, "linear: x is not [rows, cols]");
@@ -53,21 +54,50 @@ pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option
     let ptr = SendPtr(out.as_mut_ptr());
     (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
         let j0 = task * cols_per_task;
-        let j1 = (j0 + cols_per_task).min(n);
-        let mut tmp = vec![0f32; ROW_BLOCK.min(rows)];
-        for r0 in (0..rows).step_by(ROW_BLOCK) {
-            let r1 = (r0 + ROW_BLOCK).min(rows);
-            for j in j0..j1 {
-                let t = &mut tmp[..r1 - r0];
-                simd::dot_tile(level, &xs[r0..r1], wrow(w, j), t);
-                let b = bias.map_or(0.0, |b| b[j]);
-                for (i, v) in t.iter().enumerate() {
-                    // SAFETY: (r0 + i, j) is inside out, and column j belongs to this task only.
-                    unsafe { *ptr.at((r0 + i) * n + j) = if bias.is_some() { v + b } else { *v } };
-                }
+        // SAFETY: tasks own disjoint column ranges of `out`.
+        unsafe { linear_cols(level, &xs, w, bias, j0..(j0 + cols_per_task).min(n), ptr) };
+    });
+}
+
+/// [`linear_on`] on the calling thread only (for callers that parallelize over something else, such as
+/// the experts of a MoE layer). Same bits: a column's result does not depend on the split.
+pub fn linear_serial(x: &[f32], rows: usize, w: &MatView, bias: Option<&[f32]>, out: &mut [f32]) {
+    assert_eq!(x.len(), rows * w.cols, "linear: x is not [rows, cols]");
+    assert_eq!(out.len(), rows * w.rows, "linear: out is not [rows, n]");
+    let xs: Vec<&[f32]> = x.chunks_exact(w.cols.max(1)).collect();
+    // SAFETY: one caller writes every column of its own `out`.
+    unsafe { linear_cols(simd::level(), &xs, w, bias, 0..w.rows, SendPtr(out.as_mut_ptr())) };
+}
+
+/// Columns `cols` of the linear, row blocks of [`ROW_BLOCK`] kept hot while the weight rows stream by.
+///
+/// # Safety
+/// `out` must point at `[xs.len(), w.rows]` f32, and no other thread may write columns `cols`.
+unsafe fn linear_cols(
+    level: Level,
+    xs: &[&[f32]],
+    w: &MatView,
+    bias: Option<&[f32]>,
+    cols: std::ops::Range<usize>,
+    out: SendPtr,
+) {
+    let (rows, n) = (xs.len(), w.rows);
+    let mut tmp = vec![0f32; ROW_BLOCK.min(rows)];
+    for r0 in (0..rows).step_by(ROW_BLOCK) {
+        let r1 = (r0 + ROW_BLOCK).min(rows);
+        for j in cols.clone() {
+            let t = &mut tmp[..r1 - r0];
+            simd::dot_tile(level, &xs[r0..r1], wrow(w, j), t);
+            for (i, v) in t.iter().enumerate() {
+                let v = match bias {
+                    Some(b) => v + b[j],
+                    None => *v,
+                };
+                // SAFETY: (r0 + i, j) is inside out, and column j belongs to this caller only.
+                unsafe { *out.at((r0 + i) * n + j) = v };
             }
         }
-    });
+    }
 }
 
 /// [`linear_on`] at the detected SIMD level.
@@ -157,13 +187,16 @@ pub fn row_positions(segs: &[Segment], rows: usize) -> Result<Vec<usize>, Kernel
     Ok(pos)
 }
 
-/// `silu(g) * u` elementwise into `g`; silu(v) = v / (1 + exp(-v)).
+/// `silu(g) * u` elementwise into `g`, split across threads; silu(v) = v / (1 + exp(-v)).
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
-    g.par_chunks_mut(4096).zip(u.par_chunks(4096)).for_each(|(g, u)| {
-        for (a, &b) in g.iter_mut().zip(u) {
-            *a = *a / (1.0 + (-*a).exp()) * b;
-        }
-    });
+    g.par_chunks_mut(4096).zip(u.par_chunks(4096)).for_each(|(g, u)| silu_mul_serial(g, u));
+}
+
+/// [`silu_mul`] on the calling thread (same arithmetic per element).
+pub fn silu_mul_serial(g: &mut [f32], u: &[f32]) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
+    }
 }
 
 /// Greedy pick of one row: the first largest logit; a NaN or infinite logit flags the row.
