@@ -7,6 +7,9 @@ cd "$(dirname "$0")/../.."
 model=$1; gguf=$2; llama=$3; tokens=${4:-64}; rounds=${5:-2}
 out=${OUT:-/tmp/serve-receipt}; mkdir -p "$out"
 cargo build --release -p tensorfold >/dev/null
+# The server must detokenize every id the model can emit: pad the tokenizer to the model's vocabulary.
+python3 tools/peers/pad_tokenizer.py "$model" "$out/model"
+model=$out/model
 bin=./target/release/tensorfold
 echo "commit $(git rev-parse --short HEAD)  machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 wait_health() { for _ in $(seq 1 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; return 1; }
