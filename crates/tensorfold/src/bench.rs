@@ -1,7 +1,6 @@
-//! `tensorfold bench forward`: prefill and decode speed, peak memory, and the decode floor (weight bytes
-//! read per step over measured memory-copy bandwidth). Exactness first: the decoded tokens must equal the
-//! greedy picks of one whole prefill over the same sequence before any speed is printed.
-//! `tensorfold bench engine` (in `bench_engine.rs`): shared-round throughput, replies checked against solo.
+//! `tensorfold bench`: `forward` here (prefill and decode speed, peak memory, the decode floor; exactness
+//! first: the decoded tokens must equal the greedy picks of one whole prefill before any speed is printed),
+//! `engine` and `serve` in their own files.
 
 use crate::bench_engine;
 use crate::bench_serve;
@@ -14,6 +13,23 @@ use tensorfold_engine::solo::prefill;
 use tensorfold_kernels::{Backend, CpuBackend, Segment};
 use tensorfold_model::weights::{FfnWeights, MixerWeights};
 use tensorfold_model::{LogitRows, Model};
+
+/// The measurement grid shared by `bench engine` and `bench serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Grid {
+    /// Numbers of concurrent streams.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    pub levels: Vec<usize>,
+    /// Tokens generated per request (max_tokens; EOS ignored).
+    #[arg(long, default_value_t = 256)]
+    pub tokens: usize,
+    /// Repetitions per level and temperature (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Sampling temperatures (0 = greedy; sampled requests carry a fixed seed per stream).
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub temperatures: Vec<f32>,
+}
 
 /// Benchmarks.
 #[derive(clap::Subcommand)]

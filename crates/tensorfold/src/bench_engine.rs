@@ -21,18 +21,9 @@ pub struct Args {
     /// Model directory (default: the embedded default).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Numbers of concurrent requests.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
-    levels: Vec<usize>,
-    /// Tokens generated per request (EOS ignored).
-    #[arg(long, default_value_t = 256)]
-    tokens: usize,
-    /// Repetitions per level and temperature (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    reps: usize,
-    /// Sampling temperatures (0 = greedy; others sample with a per-request seed).
-    #[arg(long, value_delimiter = ',', default_value = "0,1")]
-    temperatures: Vec<f32>,
+    /// Concurrency levels, tokens, repetitions and temperatures.
+    #[command(flatten)]
+    grid: crate::bench::Grid,
     /// Lanes (default: the largest level).
     #[arg(long)]
     parallel: Option<usize>,
@@ -66,14 +57,17 @@ fn collect(rx: Receiver<Event>) -> anyhow::Result<Reply> {
 
 /// Runs the benchmark.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(!a.levels.is_empty() && a.levels.iter().all(|&l| l > 0), "--levels needs numbers above 0");
-    anyhow::ensure!(a.reps > 0 && a.tokens > 0, "--reps and --tokens must be at least 1");
+    anyhow::ensure!(
+        !a.grid.levels.is_empty() && a.grid.levels.iter().all(|&l| l > 0),
+        "--levels needs numbers above 0"
+    );
+    anyhow::ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
     let src = default_model::source(a.model);
     let open = || tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()));
     let solo_model = open()?.model;
     let loaded = open()?;
     let (vocab, context) = (solo_model.cfg.vocab as u64, solo_model.cfg.max_positions);
-    let max_level = a.levels.iter().copied().max().unwrap_or(1);
+    let max_level = a.grid.levels.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
         parallel: a.parallel.unwrap_or(max_level).max(1),
         queue_capacity: max_level.max(64),
@@ -89,19 +83,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         cfg.parallel,
         cfg.shared_rounds,
         cfg.max_draft,
-        a.tokens,
-        a.reps
+        a.grid.tokens,
+        a.grid.reps
     );
     let chunk = cfg.prefill_chunk;
     let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
     println!("level  temp  aggregate tok/s  per-stream tok/s  TTFT ms  equal");
     let (mut equal_all, mut total_all) = (0, 0);
-    for &level in &a.levels {
-        for (ti, &temp) in a.temperatures.iter().enumerate() {
+    for &level in &a.grid.levels {
+        for (ti, &temp) in a.grid.temperatures.iter().enumerate() {
             let (mut aggregate, mut per_stream, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
             let (mut equal, mut total) = (0, 0);
-            for rep in 0..a.reps {
+            for rep in 0..a.grid.reps {
                 let key = splitmix((level as u64) << 40 ^ (ti as u64) << 20 ^ rep as u64);
                 let reqs: Vec<Request> = (0..level as u64)
                     .map(|i| {
@@ -109,7 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                         let len = 32 + (seed % 33) as usize;
                         let prompt = (0..len as u64).map(|j| (10 + splitmix(seed ^ j) % (vocab - 10)) as u32).collect();
                         let params = SamplingParams { temperature: temp, seed, ..SamplingParams::greedy() };
-                        Request { params, ignore_eos: true, ..Request::greedy(prompt, a.tokens) }
+                        Request { params, ignore_eos: true, ..Request::greedy(prompt, a.grid.tokens) }
                     })
                     .collect();
                 let t0 = Instant::now();

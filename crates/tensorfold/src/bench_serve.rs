@@ -24,18 +24,9 @@ pub struct Args {
     /// Model name to send (default: the first id of GET /v1/models, or none).
     #[arg(long)]
     model: Option<String>,
-    /// Numbers of concurrent streams.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
-    levels: Vec<usize>,
-    /// max_tokens of every request (EOS ignored).
-    #[arg(long, default_value_t = 256)]
-    tokens: usize,
-    /// Repetitions per level and temperature (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    reps: usize,
-    /// Sampling temperatures (sampled cells send a fixed seed per stream).
-    #[arg(long, value_delimiter = ',', default_value = "0,1")]
-    temperatures: Vec<f32>,
+    /// Concurrency levels, tokens, repetitions and temperatures.
+    #[command(flatten)]
+    grid: crate::bench::Grid,
     /// Prompts, one a line (default: a built-in list of 16).
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -369,9 +360,9 @@ fn outcome_json(job: &Job, o: &Outcome) -> Value {
 
 /// Runs the benchmark.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    ensure!(!a.levels.is_empty() && a.levels.iter().all(|&l| l > 0), "--levels needs numbers above 0");
-    ensure!(a.reps > 0 && a.tokens > 0, "--reps and --tokens must be at least 1");
-    ensure!(!a.temperatures.is_empty(), "--temperatures needs at least one value");
+    ensure!(!a.grid.levels.is_empty() && a.grid.levels.iter().all(|&l| l > 0), "--levels needs numbers above 0");
+    ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
+    ensure!(!a.grid.temperatures.is_empty(), "--temperatures needs at least one value");
     let prompts: Vec<String> = match &a.prompts {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading {}", f.display()))?
@@ -389,18 +380,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .timeout_connect(Some(Duration::from_secs(10)))
         .timeout_global(Some(Duration::from_secs(a.timeout.max(1))))
         .build();
-    let (agent, api_key, tokens) = (ureq::Agent::new_with_config(config), a.api_key.clone(), a.tokens);
+    let (agent, api_key, tokens) = (ureq::Agent::new_with_config(config), a.api_key.clone(), a.grid.tokens);
     let mut client = Client { agent, base, model: None, api_key, tokens, prompts };
     client.model = a.model.clone().or_else(|| client.first_model());
     let (base, model, n) = (&client.base, client.model.as_deref().unwrap_or("(none sent)"), client.prompts.len());
-    println!("server: {base}  model: {model}  tokens: {}  reps: {}  prompts: {n}", a.tokens, a.reps);
+    println!("server: {base}  model: {model}  tokens: {}  reps: {}  prompts: {n}", a.grid.tokens, a.grid.reps);
     println!("level  temp  aggregate tok/s  per-stream tok/s  TTFT ms  ITL p50 ms  ITL p99 ms  tok/stream  errors");
     let (mut errors, mut short) = (0usize, 0usize);
     let mut cells = Vec::new();
     // Every concurrent reply, for the checks after the runs.
     let mut sent: Vec<(Job, Outcome, String)> = Vec::new();
-    for &level in &a.levels {
-        for &temp in &a.temperatures {
+    for &level in &a.grid.levels {
+        for &temp in &a.grid.temperatures {
             let jobs: Vec<Job> = (0..level)
                 .map(|i| Job {
                     prompt: i % client.prompts.len(),
@@ -410,7 +401,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 })
                 .collect();
             let (mut figures, mut reps_json, mut cell_errors) = (Vec::new(), Vec::new(), 0);
-            for rep in 0..a.reps {
+            for rep in 0..a.grid.reps {
                 let outs = concurrent(&client, &jobs);
                 let ok: Vec<&Reply> = outs.iter().filter_map(|o| o.as_ref().ok()).collect();
                 let wall = match (ok.iter().map(|r| r.span.0).min(), ok.iter().map(|r| r.span.1).max()) {
@@ -425,7 +416,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                             cell_errors += 1;
                             eprintln!("error: level {level} rep {rep} stream {i} ({}): {e}", jobs[i]);
                         }
-                        Ok(r) if r.tokens() != a.tokens as u64 || r.finish_reason.as_deref() != Some("length") => {
+                        Ok(r) if r.tokens() != a.grid.tokens as u64 || r.finish_reason.as_deref() != Some("length") => {
                             short += 1;
                             let (n, f) = (r.tokens(), &r.finish_reason);
                             eprintln!("note: level {level} rep {rep} stream {i}: {n} tokens, finish_reason {f:?}");
@@ -487,7 +478,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if short > 0 {
-        println!("note: {short} replies were not {} tokens with finish_reason length (see stderr)", a.tokens);
+        println!("note: {short} replies were not {} tokens with finish_reason length (see stderr)", a.grid.tokens);
     }
     if errors > 0 {
         println!("errors: {errors} requests failed (see stderr)");
@@ -495,8 +486,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!("hash checks: {} equal, {} unequal, {} unavailable", checks.equal, checks.unequal, checks.unavailable);
     if let Some(path) = &a.json {
         let report = json!({
-            "url": client.base, "model": client.model, "tokens": a.tokens, "reps": a.reps, "levels": a.levels,
-            "temperatures": a.temperatures, "prompts": client.prompts, "cells": cells,
+            "url": client.base, "model": client.model, "tokens": a.grid.tokens, "reps": a.grid.reps, "levels": a.grid.levels,
+            "temperatures": a.grid.temperatures, "prompts": client.prompts, "cells": cells,
             "alone": alone.iter().map(|(j, o)| outcome_json(j, o)).collect::<Vec<_>>(),
             "serial": serial.iter().map(|(j, o)| outcome_json(j, o)).collect::<Vec<_>>(), "errors": errors, "short_replies": short,
             "checks": {"equal": checks.equal, "unequal": checks.unequal, "unavailable": checks.unavailable},
