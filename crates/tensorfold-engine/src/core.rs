@@ -13,8 +13,9 @@ use std::time::Instant;
 use tensorfold_kernels::Segment;
 
 /// Most drafts a window may carry: windows must stay within what a backend can roll back (the CPU conv
-/// kernel keeps the rows of calls of at most 64 rows).
+/// kernel keeps the rows of calls of at most `KEEP_ROWS`).
 pub const MAX_DRAFT: usize = 32;
+const _: () = assert!(MAX_DRAFT < tensorfold_kernels::cpu::conv::KEEP_ROWS);
 
 /// Lane-core settings.
 #[derive(Clone, Debug)]
@@ -205,8 +206,11 @@ impl<T: Target> Core<T> {
         if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(SubmitError::TokenOutOfRange { id, vocab });
         }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::ZeroMaxTokens);
+        }
         let (prompt, context) = (req.prompt.len(), self.target.context());
-        if prompt + req.max_tokens > context {
+        if prompt.checked_add(req.max_tokens).is_none_or(|t| t > context) {
             return Err(SubmitError::ContextExceeded { prompt, max_tokens: req.max_tokens, context });
         }
         let tokens = prompt + req.max_tokens;
@@ -254,10 +258,11 @@ impl<T: Target> Core<T> {
             }
             let w = self.queue.pop_front().expect("front exists");
             let now = self.clock.now();
-            let (state, cached) = match self.cache.lookup(&w.req.prompt) {
+            let (mut state, cached) = match self.cache.lookup(&w.req.prompt) {
                 Some((s, n)) => (s, n),
                 None => (self.target.new_state(), 0),
             };
+            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens);
             self.reserved += w.bytes;
             self.counters.prompt_tokens += w.req.prompt.len() as u64;
             let stats = Stats {
@@ -384,16 +389,18 @@ impl<T: Target> Core<T> {
 
     /// After a prompt chunk: prompt-cache snapshots, and the first token once the prompt is in.
     fn after_prompt_rows(&mut self, i: usize, logits: &[f32]) {
-        let s = &mut self.lanes[i];
-        let pos = self.target.pos(&s.state);
-        let prompt_len = s.req.prompt.len();
-        if pos.is_multiple_of(self.cfg.prefill_chunk.max(1)) || pos == prompt_len {
-            let bytes = self.target.state_bytes(&s.state);
-            self.cache.insert(&s.req.prompt[..pos], &s.state, bytes);
+        let pos = self.target.pos(&self.lanes[i].state);
+        let prompt_len = self.lanes[i].req.prompt.len();
+        let s = &self.lanes[i];
+        if self.keeps_state_at(pos, prompt_len) && !self.cache.contains(&s.req.prompt[..pos]) {
+            let snap = self.target.snapshot(&s.state);
+            let bytes = self.target.state_bytes(&snap);
+            self.cache.insert(&s.req.prompt[..pos], snap, bytes);
         }
         if pos < prompt_len {
             return;
         }
+        let s = &mut self.lanes[i];
         let cached_tokens = s.stats.cached_tokens;
         s.sink.send(Event::Prefilled { cached_tokens });
         match draw(&s.req.params, pos as u64, logits) {
@@ -403,6 +410,17 @@ impl<T: Target> Core<T> {
             }
             Err(e) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
         }
+    }
+
+    /// Planned prompt-cache points: the prompt's end, the last chunk boundary before it, and boundaries at
+    /// power-of-two multiples of the chunk (so copying snapshots costs O(prompt), not O(prompt^2 / chunk)).
+    fn keeps_state_at(&self, pos: usize, prompt_len: usize) -> bool {
+        if self.cfg.prompt_cache_bytes == 0 {
+            return false;
+        }
+        let chunk = self.cfg.prefill_chunk.max(1);
+        pos == prompt_len
+            || (pos.is_multiple_of(chunk) && ((pos / chunk).is_power_of_two() || pos + chunk >= prompt_len))
     }
 
     /// Verifies a decode window (the pending token, then drafts): each row is drawn with the keyed sampler

@@ -4,6 +4,7 @@
 use crate::core::{Clock, Core, EngineConfig, Metrics, SystemClock};
 use crate::request::{Event, Request, RequestId, Sink, SubmitError};
 use crate::target::Target;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -19,6 +20,7 @@ enum Command {
 pub struct EngineHandle {
     tx: Sender<Command>,
     metrics: Arc<Mutex<Metrics>>,
+    alive: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -39,6 +41,11 @@ impl EngineHandle {
     /// Cancels a request (waiting or running) at the next round; unknown ids are ignored.
     pub fn cancel(&self, id: RequestId) {
         let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// False once the engine thread has ended (shut down, or a panic): `/health` then answers 503.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
     }
 
     /// Metrics as of the last round.
@@ -64,11 +71,16 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Mutex::new(Metrics::default()));
         let m = metrics.clone();
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
         let thread = std::thread::Builder::new()
             .name("tensorfold-engine".into())
-            .spawn(move || run(Core::new(target, cfg, clock), rx, m))
+            .spawn(move || {
+                let _flag = flag;
+                run(Core::new(target, cfg, clock), rx, m)
+            })
             .expect("spawning the engine thread");
-        Self { handle: EngineHandle { tx, metrics }, thread: Some(thread) }
+        Self { handle: EngineHandle { tx, metrics, alive }, thread: Some(thread) }
     }
 
     /// A handle for submitting and cancelling.
@@ -82,6 +94,18 @@ impl Drop for Engine {
         let _ = self.handle.tx.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// Clears the alive flag when the engine thread ends, however it ends (a panic unwinds through it).
+struct AliveFlag(Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            eprintln!("error: the engine thread panicked; the server can no longer generate");
         }
     }
 }

@@ -66,9 +66,14 @@ impl<S: Clone> PromptCache<S> {
         Some((best.state.clone(), best.tokens.len()))
     }
 
-    /// Keeps `state` as the state after `tokens`, evicting least-recently-used entries to stay in budget.
-    /// A state larger than the budget, or one already kept, is not stored.
-    pub fn insert(&mut self, tokens: &[u32], state: &S, bytes: usize) {
+    /// True when a state after exactly `tokens` is kept.
+    pub fn contains(&self, tokens: &[u32]) -> bool {
+        self.entries.iter().any(|e| e.tokens == tokens)
+    }
+
+    /// Keeps `state` (of `bytes`) as the state after `tokens`, evicting least-recently-used entries to stay
+    /// in budget. A state larger than the budget, or one already kept, is not stored.
+    pub fn insert(&mut self, tokens: &[u32], state: S, bytes: usize) {
         if bytes > self.budget || self.entries.iter().any(|e| e.tokens == tokens) {
             return;
         }
@@ -80,7 +85,7 @@ impl<S: Clone> PromptCache<S> {
         }
         self.tick += 1;
         self.used += bytes;
-        self.entries.push(Entry { tokens: tokens.to_vec(), state: state.clone(), bytes, last_used: self.tick });
+        self.entries.push(Entry { tokens: tokens.to_vec(), state, bytes, last_used: self.tick });
     }
 }
 
@@ -91,9 +96,9 @@ mod tests {
     #[test]
     fn the_longest_prefix_that_leaves_a_row_wins() {
         let mut c = PromptCache::new(1000);
-        c.insert(&[1, 2], &"ab", 10);
-        c.insert(&[1, 2, 3, 4], &"abcd", 10);
-        c.insert(&[1, 2, 3, 4, 5], &"abcde", 10);
+        c.insert(&[1, 2], "ab", 10);
+        c.insert(&[1, 2, 3, 4], "abcd", 10);
+        c.insert(&[1, 2, 3, 4, 5], "abcde", 10);
         assert_eq!(c.lookup(&[1, 2, 3, 4, 5]), Some(("abcd", 4)));
         assert_eq!(c.lookup(&[1, 2, 9]), Some(("ab", 2)));
         assert_eq!(c.lookup(&[7]), None);
@@ -103,10 +108,10 @@ mod tests {
     #[test]
     fn eviction_drops_the_least_recently_used_within_the_budget() {
         let mut c = PromptCache::new(25);
-        c.insert(&[1], &1, 10);
-        c.insert(&[2], &2, 10);
+        c.insert(&[1], 1, 10);
+        c.insert(&[2], 2, 10);
         assert!(c.lookup(&[1, 5]).is_some());
-        c.insert(&[3], &3, 10);
+        c.insert(&[3], 3, 10);
         assert_eq!(c.len(), 2);
         assert!(c.lookup(&[2, 5]).is_none(), "entry [2] was least recently used");
         assert!(c.lookup(&[1, 5]).is_some());
@@ -116,7 +121,7 @@ mod tests {
     #[test]
     fn a_zero_budget_keeps_nothing() {
         let mut c = PromptCache::new(0);
-        c.insert(&[1], &1, 1);
+        c.insert(&[1], 1, 1);
         assert!(c.is_empty());
         assert!(c.lookup(&[1, 2]).is_none());
     }

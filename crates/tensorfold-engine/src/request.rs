@@ -155,6 +155,9 @@ pub enum SubmitError {
     /// The prompt has no tokens.
     #[error("the prompt has zero tokens")]
     EmptyPrompt,
+    /// `max_tokens` is 0: nothing to generate.
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
     /// A prompt id outside the vocabulary.
     #[error("prompt token id {id} is outside the vocabulary of {vocab}")]
     TokenOutOfRange { id: u32, vocab: usize },

@@ -34,8 +34,14 @@ pub trait Target: Send + 'static {
         all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError>;
     /// Rolls a state back to `pos` positions (at least its last call's first row): the kept path of a
-    /// verify window.
+    /// verify window. Refuses a position outside the last call.
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;
+    /// Reserves room for `tokens` positions, so the stream holds what memory admission counted.
+    fn reserve(&self, _s: &mut Self::State, _tokens: usize) {}
+    /// A copy of a state to keep in the prompt cache (no rollback window; exact capacity).
+    fn snapshot(&self, s: &Self::State) -> Self::State {
+        s.clone()
+    }
 }
 
 /// A loaded LFM2 model with its end-of-sequence ids.
@@ -85,6 +91,9 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let v = self.model.cfg.vocab;
+        if segs.iter().any(|s| s.rows == 0) {
+            return Err(ForwardError::Batch("a segment has no rows".into()));
+        }
         let all = |i: usize| all_rows.get(i).copied().unwrap_or(false);
         let rows: Vec<usize> = segs
             .iter()
@@ -108,5 +117,13 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
 
     fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
         self.model.keep(s, pos)
+    }
+
+    fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
+        self.model.reserve(s, tokens)
+    }
+
+    fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+        self.model.snapshot(s)
     }
 }

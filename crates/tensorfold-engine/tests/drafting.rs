@@ -136,3 +136,39 @@ fn the_guard_stops_drafting_where_copies_keep_failing() {
     let drafted: usize = stats.iter().map(|s| s.drafted).sum();
     assert!(drafted < generated, "paused drafting: {drafted} drafts for {generated} tokens");
 }
+
+#[test]
+fn a_resumed_drafting_stream_equals_a_fresh_plain_one_and_stays_within_its_reserved_memory() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
+    let load = || {
+        let l = tensorfold_model::open(&Source::Dir(dir.clone()), CpuBackend).expect("fixture opens");
+        ModelTarget { model: l.model, eos: l.eos_ids }
+    };
+    let first = requests(90).remove(0);
+    let second = Request { prompt: [first.prompt.clone(), vec![30, 31, 32]].concat(), ..first.clone() };
+    let mut core = Core::new(load(), cfg(2), Box::new(FixedClock(Instant::now())));
+    for r in [&first, &second] {
+        let (tx, rx) = channel();
+        core.submit(r.clone(), tx).expect("admitted");
+        while core.step() {
+            let m = core.metrics();
+            assert!(m.state_bytes <= m.reserved_bytes, "{} bytes held, {} reserved", m.state_bytes, m.reserved_bytes);
+        }
+        let ev: Vec<Event> = rx.try_iter().collect();
+        if std::ptr::eq(r, &second) {
+            assert!(matches!(ev[0], Event::Prefilled { cached_tokens } if cached_tokens == first.prompt.len()));
+            let resumed: Vec<u32> =
+                ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
+            let plain = Request { draft: false, ..second.clone() };
+            let (fresh, _) = run(load(), EngineConfig { prompt_cache_bytes: 0, ..cfg(2) }, &[plain]);
+            assert_eq!(resumed, fresh[0]);
+        }
+    }
+}
+
+#[test]
+fn zero_max_tokens_is_refused_by_name() {
+    let mut core = Core::new(FakeTarget::new(), cfg(2), Box::new(FixedClock(Instant::now())));
+    let r = Request::greedy(vec![1, 2], 0);
+    assert_eq!(core.submit(r, channel().0), Err(tensorfold_engine::SubmitError::ZeroMaxTokens));
+}

@@ -102,6 +102,9 @@ pub trait Backend: Send + Sync {
     fn new_kv(&self, width: usize) -> Self::Kv;
     /// Key rows held.
     fn kv_len(&self, kv: &Self::Kv) -> usize;
+    /// Reserves room for `tokens` key rows in all, so appends never reallocate (memory admission counts
+    /// exactly this).
+    fn kv_reserve(&self, kv: &mut Self::Kv, tokens: usize);
     /// Drops key rows past `len` (rolls back a rejected window).
     fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
     /// Bytes the cache holds.
@@ -111,6 +114,10 @@ pub trait Backend: Send + Sync {
     /// Rolls a conv state back to just after the first `rows` rows of its last call (rejected drafts):
     /// conv states cannot be truncated like KV rows.
     fn conv_keep(&self, c: &mut Self::Conv, rows: usize) -> Result<(), KernelError>;
+    /// Bytes a conv state holds (state and any kept window).
+    fn conv_bytes(&self, c: &Self::Conv) -> usize;
+    /// Frees a conv state's kept window (it can then no longer roll back).
+    fn conv_drop_window(&self, c: &mut Self::Conv);
 
     /// `out[r] = table[ids[r]]` widened to f32. Errors on an id past the table.
     fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;

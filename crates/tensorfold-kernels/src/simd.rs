@@ -105,7 +105,8 @@ pub fn fold(l: &[f32; LANES]) -> f32 {
 /// `out[r] = dot(xs[r], w)` for every row of the tile, in the canonical order, on `level`.
 /// Every `xs[r]` must have `w.len()` elements; `out.len() == xs.len()`.
 pub fn dot_tile(level: Level, xs: &[&[f32]], w: WRow, out: &mut [f32]) {
-    debug_assert!(xs.iter().all(|x| x.len() == w.len()) && out.len() == xs.len());
+    // The SIMD paths load by `w.len()`: a shorter row would be read past its end.
+    assert!(xs.iter().all(|x| x.len() == w.len()) && out.len() == xs.len(), "dot_tile: row lengths differ");
     #[cfg(target_arch = "x86_64")]
     if level != Level::Portable {
         let mut r = 0;

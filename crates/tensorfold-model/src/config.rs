@@ -161,6 +161,13 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         Family::Lfm2 => dense_width(o)?,
         Family::Lfm2Moe => usize_field(o, "intermediate_size")?,
     };
+    positive("intermediate_size", dense_inter)?;
+    let norm_eps = opt_f64(o, "norm_eps")?.unwrap_or(1e-5);
+    if !(norm_eps.is_finite() && norm_eps > 0.0) {
+        return Err(invalid("norm_eps", norm_eps, "must be finite and positive"));
+    }
+    let max_positions = opt_usize(o, "max_position_embeddings")?.unwrap_or(128_000);
+    positive("max_position_embeddings", max_positions)?;
     Ok(ModelConfig {
         family,
         vocab,
@@ -169,7 +176,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         heads,
         kv_heads,
         head_dim,
-        norm_eps: opt_f64(o, "norm_eps")?.unwrap_or(1e-5) as f32,
+        norm_eps: norm_eps as f32,
         rope_theta: rope_theta(o)?,
         conv_taps,
         conv_bias: opt_bool(o, "conv_bias")?.unwrap_or(false),
@@ -179,7 +186,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
             Some(t) => t,
             None => opt_bool(o, "tie_word_embeddings")?.unwrap_or(true),
         },
-        max_positions: opt_usize(o, "max_position_embeddings")?.unwrap_or(128_000),
+        max_positions,
         moe,
         eos_ids: id_list(o, "eos_token_id")?,
         bos_id: id_list(o, "bos_token_id")?.first().copied(),
@@ -261,10 +268,12 @@ fn moe_config(o: &Map<String, Value>, n_layers: usize) -> Result<MoeConfig, Conf
     if !scale.is_finite() {
         return Err(invalid("routed_scaling_factor", scale, "must be finite"));
     }
+    let inter = usize_field(o, "moe_intermediate_size")?;
+    positive("moe_intermediate_size", inter)?;
     Ok(MoeConfig {
         experts,
         top_k,
-        inter: usize_field(o, "moe_intermediate_size")?,
+        inter,
         dense_layers,
         norm_topk_prob: opt_bool(o, "norm_topk_prob")?.unwrap_or(true),
         routed_scaling_factor: scale as f32,

@@ -130,16 +130,36 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// Bytes a stream's state holds now (KV rows and conv states).
+    /// Bytes a stream's state holds now (KV rows and conv states, with a verify window's kept rows).
     pub fn state_bytes(&self, s: &StreamState<B>) -> usize {
-        let conv = self.cfg.conv_taps.saturating_sub(1) * self.cfg.hidden * 4;
         s.layers
             .iter()
             .map(|l| match l {
                 LayerState::Kv(k) => self.backend.kv_bytes(k),
-                LayerState::Conv(_) => conv,
+                LayerState::Conv(c) => self.backend.conv_bytes(c),
             })
             .sum()
+    }
+
+    /// Reserves KV room for `tokens` positions, so the stream never reallocates (memory admission).
+    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
+        for l in &mut s.layers {
+            if let LayerState::Kv(k) = l {
+                self.backend.kv_reserve(k, tokens);
+            }
+        }
+    }
+
+    /// A copy to keep (prompt cache): the same position, without the last call's rollback window.
+    pub fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+        let mut c = s.clone();
+        for l in &mut c.layers {
+            if let LayerState::Conv(conv) = l {
+                self.backend.conv_drop_window(conv);
+            }
+        }
+        c.last_start = c.pos;
+        c
     }
 
     /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv
@@ -150,7 +170,9 @@ impl<B: Backend> Model<B> {
         let conv = c.layers.len() - attn;
         let kv = attn * 2 * c.kv_heads * c.head_dim * 4 * tokens;
         let scratch = 4 * (8 * c.hidden + c.vocab + c.moe.as_ref().map_or(c.dense_inter, |m| m.inter * m.top_k) * 3);
-        kv + conv * c.conv_taps.saturating_sub(1) * c.hidden * 4 + scratch
+        // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
+        let window = (c.conv_taps.saturating_sub(1) * 2 + 64) * c.hidden * 4;
+        kv + conv * window + scratch
     }
 
     /// Bytes of weights on the device.
@@ -304,6 +326,13 @@ impl<B: Backend> Model<B> {
             }
             if st.pos != s.start_pos {
                 return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: st.pos });
+            }
+            // Every attention layer must hold exactly `pos` key rows, so no layer can refuse mid-forward.
+            if let Some(held) = st.layers.iter().find_map(|l| match l {
+                LayerState::Kv(k) => Some(self.backend.kv_len(k)).filter(|&n| n != st.pos),
+                LayerState::Conv(_) => None,
+            }) {
+                return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: held });
             }
             if s.start_pos + s.rows > self.cfg.max_positions {
                 return Err(ForwardError::ContextFull { pos: s.start_pos + s.rows, max: self.cfg.max_positions });

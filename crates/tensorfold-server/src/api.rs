@@ -190,6 +190,9 @@ fn stops(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     if list.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
+    if list.iter().any(|s| s.len() > 1024) {
+        return Err(ApiError::invalid("stop", "stop strings must be at most 1,024 bytes"));
+    }
     Ok(list)
 }
 

@@ -74,6 +74,7 @@ impl From<tensorfold_engine::SubmitError> for ApiError {
                 ApiError::invalid("max_tokens", e.to_string()).with_code("context_length_exceeded")
             }
             S::EmptyPrompt => ApiError::invalid("prompt", e.to_string()),
+            S::ZeroMaxTokens => ApiError::invalid("max_tokens", e.to_string()),
             S::TokenOutOfRange { .. } => ApiError::invalid("prompt", e.to_string()),
             S::NeverFits { .. } => ApiError::invalid("max_tokens", e.to_string()).with_code("insufficient_memory"),
             S::Sampling(_) => ApiError::bad_request(e.to_string()),

@@ -163,6 +163,8 @@ impl Running {
                     out.tokens.push(t);
                     let piece = match detok.as_mut().map(|d| d.push(t)) {
                         Some(Ok(p)) => p,
+                        // A vocabulary padded past the tokenizer: the id has no text (as vLLM renders it).
+                        Some(Err(tensorfold_model::text::TextError::UnknownToken(_))) => String::new(),
                         Some(Err(e)) => {
                             out.error = Some(format!("token {t} cannot be detokenized: {e}"));
                             return Some(out);

@@ -281,6 +281,9 @@ pub async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejecti
 /// `GET /health`: 200 once the model is loaded, 503 before.
 pub async fn health(State(s): State<AppState>) -> Response {
     match s.ready.get() {
+        Some(r) if !r.engine.is_alive() => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "engine stopped"}))).into_response()
+        }
         Some(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
         None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
     }

@@ -60,6 +60,12 @@ impl Backend for CpuBackend {
         kv.v.truncate(len * kv.width);
     }
 
+    fn kv_reserve(&self, kv: &mut CpuKv, tokens: usize) {
+        let more = tokens.saturating_sub(kv.len()) * kv.width;
+        kv.k.reserve_exact(more);
+        kv.v.reserve_exact(more);
+    }
+
     fn kv_bytes(&self, kv: &CpuKv) -> usize {
         (kv.k.capacity() + kv.v.capacity()) * 4
     }
@@ -70,6 +76,14 @@ impl Backend for CpuBackend {
 
     fn conv_keep(&self, c: &mut CpuConv, rows: usize) -> Result<(), KernelError> {
         c.keep(rows)
+    }
+
+    fn conv_bytes(&self, c: &CpuConv) -> usize {
+        (c.state.capacity() + c.window.capacity()) * 4
+    }
+
+    fn conv_drop_window(&self, c: &mut CpuConv) {
+        c.window = Vec::new();
     }
 
     fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
