@@ -144,10 +144,16 @@ pub async fn serve<K: Send + 'static>(
     let _ = signal.await;
     tracing::info!("shutting down: no new connections; in-flight requests have {:?}", opts.grace);
     stop.notify_one();
-    if tokio::time::timeout(opts.grace, server).await.is_err() {
+    let mut server = server;
+    if tokio::time::timeout(opts.grace, &mut server).await.is_err() {
         tracing::warn!("grace period over: cancelling the requests still running");
+        // Stopping the engine ends every stream; their handlers answer 503 before the process exits.
+        drop(keep);
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        return Ok(());
     }
     drop(keep);
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -98,7 +98,9 @@ async fn respond(s: AppState, b: Result<Bytes, BytesRejection>, chat: bool) -> R
         .await
         .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
     if let Some(e) = &out.error {
-        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()));
+        let status =
+            if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
+        return Err(ApiError::status(status, "server_error", e.clone()));
     }
     metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();

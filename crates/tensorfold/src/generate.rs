@@ -83,6 +83,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         };
         need_text()?.encode_prompt(&p)?
     };
+    if a.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -125,10 +128,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     eprintln!(
-        "prompt tokens: {}  generated tokens: {}  finish: {:?}\nprefill: {:.1} tok/s  decode: {:.1} tok/s\nseed: {}  token_sha256: {}",
+        "prompt tokens: {}  generated tokens: {}  finish: {}\nprefill: {:.1} tok/s  decode: {:.1} tok/s\nseed: {}  token_sha256: {}",
         stats.prompt_tokens,
         stats.generated,
-        stats.finish,
+        format!("{:?}", stats.finish).to_lowercase(),
         rate(stats.prompt_tokens, stats.prefill.as_secs_f64()),
         rate(stats.generated.saturating_sub(1), stats.decode.as_secs_f64()),
         params.seed,

@@ -55,7 +55,8 @@ pub struct Args {
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
     #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
     no_drafts: bool,
-    /// Model name for /v1/models and the `model` field (default: the directory name).
+    /// Model name for /v1/models and the `model` field (default: the directory name, or
+    /// `tensorfold-default` for the embedded model).
     #[arg(long, env = "TENSORFOLD_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
     /// Require `Authorization: Bearer KEY` on API routes.
@@ -75,17 +76,39 @@ pub struct Args {
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     check_device(a.device)?;
-    if a.parallel == 0 || a.round_rows == 0 || a.prefill_chunk == 0 {
-        bail!("--parallel, --round-rows and --prefill-chunk must be at least 1");
+    for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
+    {
+        if v == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    if a.context == Some(0) {
+        bail!("--context must be at least 1");
+    }
+    if a.memory_gib <= 0.0 {
+        bail!("--memory-gib must be positive: every request would be refused");
+    }
+    if let Some(d) = a.model.as_ref().filter(|d| !d.is_dir()) {
+        bail!("model directory {} does not exist or is not a directory", d.display());
     }
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => {
             let s = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            Some(s.lines().next().unwrap_or_default().trim().to_string()).filter(|k| !k.is_empty())
+            let key = s.lines().next().unwrap_or_default().trim().to_string();
+            if key.is_empty() {
+                bail!(
+                    "--api-key-file {}: the first line is empty (refusing to serve without the key it meant)",
+                    f.display()
+                );
+            }
+            Some(key)
         }
         (None, None) => None,
     };
+    if api_key.as_deref().is_some_and(|k| k.trim().is_empty() || k.contains(char::is_whitespace)) {
+        bail!("--api-key must be a non-empty key without spaces");
+    }
     let name = a.served_model_name.clone().unwrap_or_else(|| match &a.model {
         Some(d) => d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned()),
         None => "tensorfold-default".into(),
@@ -108,13 +131,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let src = default_model::source(a.model.clone());
     let (context, max_tokens) = (a.context, a.max_tokens);
     let load = move || -> Result<(Ready, Engine), String> {
-        eprintln!("loading {} ...", src.describe());
+        tracing::info!("loading {} ...", src.describe());
         let mut loaded =
             tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
         let max = loaded.model.cfg.max_positions;
+        if context.is_some_and(|c| c > max) {
+            tracing::warn!(
+                "--context {} exceeds the model's max_position_embeddings; using {max}",
+                context.unwrap_or(0)
+            );
+        }
         loaded.model.cfg.max_positions = context.unwrap_or(max).min(max);
         let ctx = loaded.model.cfg.max_positions;
-        eprintln!(
+        tracing::info!(
             "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes",
             loaded.model.cfg.family.as_str(),
             loaded.model.cfg.layers.len(),

@@ -54,7 +54,7 @@ fn generate_on_the_embedded_default_makes_exactly_four_tokens() {
         tensorfold(&["generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--temperature", "0", "--ignore-eos"]);
     ok(&o);
     let err = stderr(&o);
-    assert!(err.contains("prompt tokens: 3  generated tokens: 4  finish: Length"), "{err}");
+    assert!(err.contains("prompt tokens: 3  generated tokens: 4  finish: length"), "{err}");
     assert!(err.contains("token_sha256: "), "{err}");
 }
 
