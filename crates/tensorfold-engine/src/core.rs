@@ -6,8 +6,9 @@
 use crate::drafts::{Guard, context_copy};
 use crate::prompt_cache::{CacheCounters, PromptCache};
 use crate::request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
-use crate::sampler::draw;
+use crate::sampler::{SamplingParams, draw};
 use crate::target::Target;
+use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::time::Instant;
 use tensorfold_kernels::Segment;
@@ -349,12 +350,26 @@ impl<T: Target> Core<T> {
                 return true;
             }
         };
-        for ((id, (_, rows)), logits) in ids.into_iter().zip(&plan).zip(logits) {
+        // The keyed draws of every window are independent of each other: run them across threads.
+        let v = self.target.vocab();
+        let jobs: Vec<Option<(SamplingParams, usize)>> = plan
+            .iter()
+            .map(|(lane, rows)| {
+                let s = &self.lanes[*lane];
+                s.pending.map(|_| (s.req.params, self.target.pos(&s.state) - rows.len()))
+            })
+            .collect();
+        let draws: Vec<Option<Result<Vec<u32>, String>>> = jobs
+            .par_iter()
+            .zip(plan.par_iter())
+            .zip(logits.par_iter())
+            .map(|((job, (_, rows)), lg)| job.map(|(params, p0)| window_draws(&params, p0, rows, lg, v)))
+            .collect();
+        for (((id, (_, rows)), logits), draws) in ids.into_iter().zip(&plan).zip(logits).zip(draws) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
-            if self.lanes[i].pending.is_some() {
-                self.verify(i, rows, &logits);
-            } else {
-                self.after_prompt_rows(i, &logits);
+            match draws {
+                Some(d) => self.verify(i, rows, &logits, d),
+                None => self.after_prompt_rows(i, &logits),
             }
         }
         true
@@ -423,26 +438,17 @@ impl<T: Target> Core<T> {
             || (pos.is_multiple_of(chunk) && ((pos / chunk).is_power_of_two() || pos + chunk >= prompt_len))
     }
 
-    /// Verifies a decode window (the pending token, then drafts): each row is drawn with the keyed sampler
-    /// at its position; a draft is kept iff it equals the draw at the row before it; the kept drafts and
-    /// the draw after the last kept row are committed, and the state rolls back to the kept path.
-    fn verify(&mut self, i: usize, rows: &[u32], logits: &[f32]) {
+    /// Applies a verified decode window (the pending token, then drafts; `draws` from [`window_draws`]): a
+    /// draft was kept iff it equals the draw at the row before it; the kept drafts and the draw after the
+    /// last kept row are committed, and the state rolls back to the kept path.
+    fn verify(&mut self, i: usize, rows: &[u32], logits: &[f32], draws: Result<Vec<u32>, String>) {
         let v = self.target.vocab();
         let n = rows.len() - 1;
         let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
-        let mut toks = Vec::with_capacity(rows.len());
-        for r in 0..=n {
-            let row = &logits[r * v..(r + 1) * v];
-            match draw(&self.lanes[i].req.params, (p0 + 1 + r) as u64, row) {
-                Ok(t) => toks.push(t),
-                Err(e) => {
-                    return self.finish(i, FinishReason::Error, Some(format!("draw at position {}: {e}", p0 + 1 + r)));
-                }
-            }
-            if r == n || toks[r] != rows[r + 1] {
-                break;
-            }
-        }
+        let toks = match draws {
+            Ok(t) => t,
+            Err(e) => return self.finish(i, FinishReason::Error, Some(e)),
+        };
         let accepted = toks.len() - 1;
         if n > 0 {
             let s = &mut self.lanes[i];
@@ -508,4 +514,28 @@ impl<T: Target> Core<T> {
         stats.decode = s.first_token.map_or_else(Default::default, |t| now - t);
         s.sink.send(Event::Finished { reason, error, stats });
     }
+}
+
+/// The draws of a decode window (`rows` = the pending token, then drafts; `logits` one row each, `v` wide)
+/// whose first row sits at position `p0`: row `r` is drawn for position `p0 + 1 + r`, and the walk stops at
+/// the first draw that differs from the next draft (the draw after the last kept draft).
+fn window_draws(
+    params: &SamplingParams,
+    p0: usize,
+    rows: &[u32],
+    logits: &[f32],
+    v: usize,
+) -> Result<Vec<u32>, String> {
+    let n = rows.len() - 1;
+    let mut toks = Vec::with_capacity(rows.len());
+    for r in 0..=n {
+        let at = p0 + 1 + r;
+        let t =
+            draw(params, at as u64, &logits[r * v..(r + 1) * v]).map_err(|e| format!("draw at position {at}: {e}"))?;
+        toks.push(t);
+        if r == n || t != rows[r + 1] {
+            break;
+        }
+    }
+    Ok(toks)
 }

@@ -200,18 +200,22 @@ fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoRespo
         }
         let want_lp = running.wants_logprobs();
         let mut offset = 0;
-        let out = running
-            .drive(|p: Piece| {
-                let lp = want_lp.then(|| shape.logprobs(&p.logprobs, offset));
-                offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-                let choice = if shape.chat {
-                    json!({"index": 0, "delta": {"content": p.text}, "logprobs": lp, "finish_reason": null})
-                } else {
-                    json!({"index": 0, "text": p.text, "logprobs": lp, "finish_reason": null})
-                };
-                send(shape.chunk(choice))
-            })
-            .await;
+        let driving = running.drive(|p: Piece| {
+            let lp = want_lp.then(|| shape.logprobs(&p.logprobs, offset));
+            offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
+            let choice = if shape.chat {
+                json!({"index": 0, "delta": {"content": p.text}, "logprobs": lp, "finish_reason": null})
+            } else {
+                json!({"index": 0, "text": p.text, "logprobs": lp, "finish_reason": null})
+            };
+            send(shape.chunk(choice))
+        });
+        // A client that leaves while nothing is being sent (a long prefill, text held back) is noticed at once:
+        // dropping the reply cancels its engine stream.
+        let out = tokio::select! {
+            out = driving => out,
+            _ = tx.closed() => None,
+        };
         let Some(out) = out else { return };
         if let Some(e) = &out.error {
             let err = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone());
