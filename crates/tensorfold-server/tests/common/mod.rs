@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
@@ -291,4 +291,48 @@ pub fn parse_sse(status: StatusCode, content_type: String, text: &str) -> Stream
 /// The value of an unlabelled Prometheus sample `name` (None if absent).
 pub fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+pub const COMPLETIONS: &str = "/v1/completions";
+pub const CHAT: &str = "/v1/chat/completions";
+
+/// `base` with `patch`'s fields set (a null value removes the field).
+pub fn with(base: &Value, patch: Value) -> Value {
+    let mut v = base.clone();
+    for (k, x) in patch.as_object().expect("a patch object") {
+        if x.is_null() {
+            v.as_object_mut().expect("an object").remove(k);
+        } else {
+            v[k] = x.clone();
+        }
+    }
+    v
+}
+
+pub fn completion(prompt: &str, max_tokens: usize) -> Value {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})
+}
+
+pub fn chat(user: &str, max_tokens: usize) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": user}], "max_tokens": max_tokens,
+           "temperature": 0, "ignore_eos": true})
+}
+
+/// The reply's text (completions or chat).
+pub fn text_of(v: &Value) -> String {
+    let c = &v["choices"][0];
+    c["text"].as_str().or_else(|| c["message"]["content"].as_str()).expect("a text").to_string()
+}
+
+pub fn sha_of(v: &Value) -> String {
+    v["tensorfold"]["token_sha256"].as_str().expect("the tensorfold block").to_string()
+}
+
+/// The reply's error object has exactly the OpenAI keys.
+pub fn assert_error_object(r: &Reply, what: &str) {
+    let e = r.json["error"].as_object().unwrap_or_else(|| panic!("{what}: no error object in {}", r.text));
+    let mut keys: Vec<&str> = e.keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["code", "message", "param", "type"], "{what}: {}", r.text);
+    assert!(!e["message"].as_str().unwrap_or_default().is_empty(), "{what}: an empty message");
 }
