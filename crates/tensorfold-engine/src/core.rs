@@ -337,19 +337,9 @@ impl<T: Target> Core<T> {
             return false;
         }
         self.counters.rounds += 1;
+        let results = self.run_forward(&plan);
+        let (plan, logits) = self.drop_failed(plan, results);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
-        let logits = match self.run_forward(&plan) {
-            Ok(l) => l,
-            Err(e) => {
-                // An engine fault: the round's streams fail; every other stream and the queue go on.
-                for id in ids {
-                    if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
-                        self.finish(i, FinishReason::Error, Some(e.clone()));
-                    }
-                }
-                return true;
-            }
-        };
         // The keyed draws of every window are independent of each other: run them across threads.
         let v = self.target.vocab();
         let jobs: Vec<Option<(SamplingParams, usize)>> = plan
@@ -375,9 +365,61 @@ impl<T: Target> Core<T> {
         true
     }
 
-    /// One forward over every planned row (or one per stream when shared rounds are off). Windows with
-    /// drafts get logits for every row.
-    fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
+    /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
+    /// pointed at their lanes again (finishing reorders lanes), with their logits.
+    fn drop_failed(
+        &mut self,
+        plan: Vec<(usize, Vec<u32>)>,
+        results: Vec<Result<Vec<f32>, String>>,
+    ) -> (Vec<(usize, Vec<u32>)>, Vec<Vec<f32>>) {
+        let entries: Vec<(RequestId, Vec<u32>, Result<Vec<f32>, String>)> =
+            plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
+        let (mut ran, mut logits) = (Vec::new(), Vec::new());
+        let mut ok_ids = Vec::new();
+        for (id, rows, r) in entries {
+            match r {
+                Ok(l) => {
+                    ok_ids.push(id);
+                    ran.push(rows);
+                    logits.push(l);
+                }
+                Err(e) => {
+                    if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
+                        self.finish(i, FinishReason::Error, Some(e));
+                    }
+                }
+            }
+        }
+        let plan = ok_ids
+            .iter()
+            .zip(ran)
+            .map(|(id, rows)| (self.lanes.iter().position(|s| s.id == *id).expect("still running"), rows))
+            .collect();
+        (plan, logits)
+    }
+
+    /// One forward over every planned row (or one per stream when shared rounds are off): each entry's
+    /// logits, or its error. Windows with drafts get logits for every row.
+    fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Vec<Result<Vec<f32>, String>> {
+        if !self.cfg.shared_rounds {
+            return plan
+                .iter()
+                .map(|entry| self.forward_rows(std::slice::from_ref(entry)).map(|mut l| l.remove(0)))
+                .collect();
+        }
+        match self.forward_rows(plan) {
+            Ok(l) => l.into_iter().map(Ok).collect(),
+            // An engine fault (calls are validated before they touch state): run each stream alone, so only a
+            // stream that fails alone fails.
+            Err(_) => plan
+                .iter()
+                .map(|entry| self.forward_rows(std::slice::from_ref(entry)).map(|mut l| l.remove(0)))
+                .collect(),
+        }
+    }
+
+    /// One target forward over the rows of `plan`.
+    fn forward_rows(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
         let mut all_rows = Vec::new();
@@ -390,16 +432,7 @@ impl<T: Target> Core<T> {
         let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
         let mut states: Vec<&mut T::State> =
             plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
-        if self.cfg.shared_rounds {
-            return self.target.forward(&tokens, &segs, &mut states, &all_rows).map_err(|e| e.to_string());
-        }
-        let mut out = Vec::with_capacity(segs.len());
-        for ((seg, st), all) in segs.iter().zip(states.iter_mut()).zip(&all_rows) {
-            let one = Segment { first_row: 0, cache: 0, ..*seg };
-            let rows = &tokens[seg.first_row..seg.first_row + seg.rows];
-            out.extend(self.target.forward(rows, &[one], &mut [&mut **st], &[*all]).map_err(|e| e.to_string())?);
-        }
-        Ok(out)
+        self.target.forward(&tokens, &segs, &mut states, &all_rows).map_err(|e| e.to_string())
     }
 
     /// After a prompt chunk: prompt-cache snapshots, and the first token once the prompt is in.
