@@ -18,6 +18,9 @@ use tensorfold_kernels::Segment;
 pub const MAX_DRAFT: usize = 32;
 const _: () = assert!(MAX_DRAFT < tensorfold_kernels::cpu::conv::KEEP_ROWS);
 
+/// A round's rows: `(lane, tokens)` per stream.
+type Plan = Vec<(usize, Vec<u32>)>;
+
 /// Lane-core settings.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -367,12 +370,8 @@ impl<T: Target> Core<T> {
 
     /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
     /// pointed at their lanes again (finishing reorders lanes), with their logits.
-    fn drop_failed(
-        &mut self,
-        plan: Vec<(usize, Vec<u32>)>,
-        results: Vec<Result<Vec<f32>, String>>,
-    ) -> (Vec<(usize, Vec<u32>)>, Vec<Vec<f32>>) {
-        let entries: Vec<(RequestId, Vec<u32>, Result<Vec<f32>, String>)> =
+    fn drop_failed(&mut self, plan: Plan, results: Vec<Result<Vec<f32>, String>>) -> (Plan, Vec<Vec<f32>>) {
+        let entries: Vec<_> =
             plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
         let (mut ran, mut logits) = (Vec::new(), Vec::new());
         let mut ok_ids = Vec::new();
