@@ -50,6 +50,14 @@ fn text_err(e: TextError) -> ApiError {
     }
 }
 
+/// Runs tokenizer work on the blocking pool.
+async fn blocking(f: impl FnOnce() -> Result<Vec<u32>, TextError> + Send + 'static) -> Result<Vec<u32>, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
+        .map_err(text_err)
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Response {
     respond(s, b, false).await.unwrap_or_else(IntoResponse::into_response)
@@ -65,15 +73,18 @@ async fn respond(s: AppState, b: Result<Bytes, BytesRejection>, chat: bool) -> R
     let o = api::object(&body(b)?)?;
     let params = api::params(&o, chat)?;
     check_model(&s, &params)?;
+    // Templating and tokenizing a long prompt take milliseconds: keep them off the async workers.
+    let text = r.text.clone();
+    let need_text = || text.clone().ok_or_else(|| text_err(TextError::NoTokenizer));
     let ids = if chat {
-        let msgs = api::messages(&o)?;
-        let text = r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?;
-        text.encode_chat(&msgs, true).map_err(text_err)?
+        let (msgs, text) = (api::messages(&o)?, need_text()?);
+        blocking(move || text.encode_chat(&msgs, true)).await?
     } else {
         match api::prompt(&o)? {
             Prompt::Ids(ids) => ids,
             Prompt::Text(t) => {
-                r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?.encode_prompt(&t).map_err(text_err)?
+                let text = need_text()?;
+                blocking(move || text.encode_prompt(&t)).await?
             }
         }
     };
