@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Seen, Watch, core, ids, reference, run_scheduled, submit};
+use common::{Fault, Poisoned, Seen, Watch, core, ids, reference, run_scheduled, submit};
 use std::path::Path;
 use std::sync::mpsc::channel;
 use tensorfold_engine::core::{Core, EngineConfig};
@@ -14,8 +14,8 @@ use tensorfold_engine::prompt_cache::CacheCounters;
 use tensorfold_engine::sampler::{SampleError, SamplingParams};
 use tensorfold_engine::solo::{SoloConfig, generate};
 use tensorfold_engine::{FinishReason, ModelTarget, Request, SubmitError, Target};
-use tensorfold_kernels::{CpuBackend, Segment};
-use tensorfold_model::{ForwardError, Source, open};
+use tensorfold_kernels::CpuBackend;
+use tensorfold_model::{Source, open};
 
 fn cfg() -> EngineConfig {
     EngineConfig { round_rows: 64, prefill_chunk: 5, ..EngineConfig::default() }
@@ -363,66 +363,14 @@ fn bad_requests_are_refused_by_name_and_queue_nothing() {
     assert_eq!(c.submit(Request::greedy(vec![1], 4), channel().0), Ok(1), "refusals used no id");
 }
 
-/// The fake target, except that a stream whose history starts with `poison` gets NaN logits once it has
-/// `after` tokens past it.
-struct Poisoned {
-    inner: FakeTarget,
-    poison: Vec<u32>,
-    after: usize,
-}
-
-impl Target for Poisoned {
-    type State = Vec<u32>;
-
-    fn vocab(&self) -> usize {
-        self.inner.vocab()
-    }
-    fn context(&self) -> usize {
-        self.inner.context()
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.inner.eos_ids()
-    }
-    fn new_state(&self) -> Vec<u32> {
-        Vec::new()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        s.len()
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.inner.stream_bytes(tokens)
-    }
-    fn forward(
-        &self,
-        tokens: &[u32],
-        segs: &[Segment],
-        states: &mut [&mut Vec<u32>],
-        all_rows: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut out = self.inner.forward(tokens, segs, states, all_rows)?;
-        for (s, logits) in segs.iter().zip(&mut out) {
-            let h = &states[s.cache];
-            if h.starts_with(&self.poison) && h.len() >= self.poison.len() + self.after {
-                logits.iter_mut().for_each(|v| *v = f32::NAN);
-            }
-        }
-        Ok(out)
-    }
-    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
-        self.inner.keep(s, pos)
-    }
-}
-
 #[test]
 fn a_stream_whose_logits_turn_non_finite_fails_alone_and_frees_its_lane() {
     let inner = FakeTarget::new();
     let reqs: Vec<(usize, Request)> =
         (0..6).map(|i| (i % 2, req(ids(80 + i as u64, 4 + 11 * i, 0, 64), 15, sampled(i as u64)))).collect();
     let poison = reqs[2].1.prompt.clone();
-    let mut c = core(Poisoned { inner: inner.clone(), poison: poison.clone(), after: 3 }, cfg());
+    let mut c =
+        core(Poisoned { inner: inner.clone(), poison: poison.clone(), after: 3, fault: Fault::NanLogits }, cfg());
     let seen = run_scheduled(&mut c, &reqs, |_| {});
     for (k, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
         let want = reference(&inner, r).0;

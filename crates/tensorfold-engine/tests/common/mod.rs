@@ -247,3 +247,78 @@ impl<T: Target> Target for Recording<T> {
         self.inner.keep(s, pos)
     }
 }
+
+/// How a [`Poisoned`] target misbehaves for the poisoned stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Its rows' logits turn NaN (a draw error for that stream).
+    NanLogits,
+    /// Any call holding its rows fails as a whole before touching state (an engine fault).
+    RefuseCall,
+}
+
+/// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
+/// past it meets `fault`.
+pub struct Poisoned {
+    /// The target that does the work.
+    pub inner: FakeTarget,
+    /// The poisoned stream's prompt.
+    pub poison: Vec<u32>,
+    /// Tokens past the prompt before the fault.
+    pub after: usize,
+    /// What goes wrong.
+    pub fault: Fault,
+}
+
+impl Poisoned {
+    fn hit(&self, h: &[u32]) -> bool {
+        h.starts_with(&self.poison) && h.len() >= self.poison.len() + self.after
+    }
+}
+
+impl Target for Poisoned {
+    type State = Vec<u32>;
+
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn context(&self) -> usize {
+        self.inner.context()
+    }
+    fn eos_ids(&self) -> Vec<u32> {
+        self.inner.eos_ids()
+    }
+    fn new_state(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        s.len()
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        self.inner.stream_bytes(tokens)
+    }
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Vec<u32>],
+        all_rows: &[bool],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        if self.fault == Fault::RefuseCall && segs.iter().any(|s| self.hit(states[s.cache])) {
+            return Err(ForwardError::Batch("planted fault".into()));
+        }
+        let mut out = self.inner.forward(tokens, segs, states, all_rows)?;
+        for (s, logits) in segs.iter().zip(&mut out) {
+            if self.hit(states[s.cache]) {
+                logits.iter_mut().for_each(|v| *v = f32::NAN);
+            }
+        }
+        Ok(out)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+}
