@@ -43,6 +43,19 @@ pub struct EngineConfig {
     pub copy_min: usize,
     /// Most drafts in a verify window (0 turns drafting off; at most [`MAX_DRAFT`]).
     pub max_draft: usize,
+    /// A verify fault planted on purpose, so tests can show their checks catch it (always `None` in use).
+    #[doc(hidden)]
+    pub planted: Option<PlantedFault>,
+}
+
+/// Verify faults the drafting tests plant to prove they turn red.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlantedFault {
+    /// The token after the last kept draft is drawn from the row before it.
+    BonusFromWrongRow,
+    /// Each draft is compared with the draw keyed one position later.
+    DrawAtWrongPosition,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +70,7 @@ impl Default for EngineConfig {
             shared_rounds: true,
             copy_min: 8,
             max_draft: 8,
+            planted: None,
         }
     }
 }
@@ -102,6 +116,8 @@ pub struct Metrics {
     pub drafted_tokens: u64,
     /// Draft tokens accepted.
     pub accepted_tokens: u64,
+    /// Verify windows that carried drafts.
+    pub draft_windows: u64,
     /// Prompt-cache counters.
     pub cache: CacheCounters,
     /// Bytes the running streams' states hold.
@@ -130,6 +146,8 @@ struct Stream<S> {
     /// Prompt and committed tokens (what context copies search).
     history: Vec<u32>,
     guard: Guard,
+    /// This round's drafter block (drafts for the positions after the pending token).
+    block: Vec<u32>,
     generated: usize,
     bytes: usize,
     stats: Stats,
@@ -284,6 +302,7 @@ impl<T: Target> Core<T> {
                 pending: None,
                 history,
                 guard: Guard::default(),
+                block: Vec::new(),
                 generated: 0,
                 bytes: w.bytes,
                 stats,
@@ -312,7 +331,12 @@ impl<T: Target> Core<T> {
             }
             let pos = self.target.pos(&s.state);
             let room = (s.req.max_tokens - s.generated).saturating_sub(1).min(context.saturating_sub(pos + 1));
-            let drafts = context_copy(&s.history, self.cfg.copy_min, self.cfg.max_draft.min(room).min(budget));
+            let max = self.cfg.max_draft.min(room).min(budget);
+            let mut drafts = context_copy(&s.history, self.cfg.copy_min, max);
+            if drafts.is_empty() {
+                drafts = std::mem::take(&mut s.block);
+                drafts.truncate(max);
+            }
             budget -= drafts.len();
             rows.extend(drafts);
         }
@@ -332,9 +356,56 @@ impl<T: Target> Core<T> {
         plan
     }
 
+    /// Whether lane `i` drafts this round at all (a request that allows it, drafting on, guard open).
+    fn may_draft(&self, i: usize) -> bool {
+        let s = &self.lanes[i];
+        s.pending.is_some() && s.req.draft && self.cfg.max_draft > 0 && !s.guard.paused()
+    }
+
+    /// One drafter block pass over every stream that drafts this round and has no context copy (one batched
+    /// call; on an error each stream is retried alone, so only a stream that fails alone fails).
+    fn draft_blocks(&mut self) {
+        for s in &mut self.lanes {
+            s.block.clear();
+        }
+        let want: Vec<usize> = (0..self.lanes.len())
+            .filter(|&i| self.may_draft(i))
+            .filter(|&i| context_copy(&self.lanes[i].history, self.cfg.copy_min, 1).is_empty())
+            .collect();
+        if want.is_empty() {
+            return;
+        }
+        let run = |lanes: &[Stream<T::State>], ids: &[usize]| {
+            let states: Vec<&T::State> = ids.iter().map(|&i| &lanes[i].state).collect();
+            let anchors: Vec<u32> = ids.iter().map(|&i| lanes[i].pending.expect("drafting lanes decode")).collect();
+            self.target.draft(&states, &anchors)
+        };
+        let results: Vec<Result<Vec<u32>, String>> = match run(&self.lanes, &want) {
+            None => return,
+            Some(Ok(blocks)) => blocks.into_iter().map(Ok).collect(),
+            Some(Err(_)) => want
+                .iter()
+                .map(|&i| match run(&self.lanes, &[i]) {
+                    Some(Ok(mut b)) => Ok(b.remove(0)),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Ok(Vec::new()),
+                })
+                .collect(),
+        };
+        let ids: Vec<RequestId> = want.iter().map(|&i| self.lanes[i].id).collect();
+        for (id, r) in ids.into_iter().zip(results) {
+            let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
+            match r {
+                Ok(b) => self.lanes[i].block = b,
+                Err(e) => self.finish(i, FinishReason::Error, Some(e)),
+            }
+        }
+    }
+
     /// Runs one round. Returns false when there was nothing to run.
     pub fn step(&mut self) -> bool {
         self.admit();
+        self.draft_blocks();
         let plan = self.plan();
         if plan.is_empty() {
             return false;
@@ -356,7 +427,9 @@ impl<T: Target> Core<T> {
             .par_iter()
             .zip(plan.par_iter())
             .zip(logits.par_iter())
-            .map(|((job, (_, rows)), lg)| job.map(|(params, p0)| window_draws(&params, p0, rows, lg, v)))
+            .map(|((job, (_, rows)), lg)| {
+                job.map(|(params, p0)| window_draws(&params, p0, rows, lg, v, self.cfg.planted))
+            })
             .collect();
         for (((id, (_, rows)), logits), draws) in ids.into_iter().zip(&plan).zip(logits).zip(draws) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
@@ -490,6 +563,14 @@ impl<T: Target> Core<T> {
             s.guard.record(accepted);
             s.stats.drafted += n;
             s.stats.accepted += accepted;
+            s.stats.windows += 1;
+            if s.stats.drafted_at.len() < n {
+                s.stats.drafted_at.resize(n, 0);
+                s.stats.accepted_at.resize(n, 0);
+            }
+            s.stats.drafted_at[..n].iter_mut().for_each(|c| *c += 1);
+            s.stats.accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
+            self.counters.draft_windows += 1;
             self.counters.drafted_tokens += n as u64;
             self.counters.accepted_tokens += accepted as u64;
         }
@@ -557,17 +638,23 @@ fn window_draws(
     rows: &[u32],
     logits: &[f32],
     v: usize,
+    planted: Option<PlantedFault>,
 ) -> Result<Vec<u32>, String> {
     let n = rows.len() - 1;
     let mut toks = Vec::with_capacity(rows.len());
     for r in 0..=n {
         let at = p0 + 1 + r;
+        let key = if planted == Some(PlantedFault::DrawAtWrongPosition) && r < n { at + 1 } else { at };
         let t =
-            draw(params, at as u64, &logits[r * v..(r + 1) * v]).map_err(|e| format!("draw at position {at}: {e}"))?;
+            draw(params, key as u64, &logits[r * v..(r + 1) * v]).map_err(|e| format!("draw at position {at}: {e}"))?;
         toks.push(t);
         if r == n || t != rows[r + 1] {
             break;
         }
+    }
+    let k = toks.len() - 1;
+    if planted == Some(PlantedFault::BonusFromWrongRow) && k > 0 {
+        toks[k] = draw(params, (p0 + 1 + k) as u64, &logits[(k - 1) * v..k * v]).map_err(|e| e.to_string())?;
     }
     Ok(toks)
 }

@@ -124,6 +124,20 @@ pub struct Stats {
     pub drafted: usize,
     /// Draft tokens accepted.
     pub accepted: usize,
+    /// Verify windows that carried at least one draft.
+    pub windows: usize,
+    /// `accepted_at[k]`: windows whose draft k (0-based) was accepted (acceptance per position).
+    pub accepted_at: Vec<usize>,
+    /// `drafted_at[k]`: windows that carried a draft k.
+    pub drafted_at: Vec<usize>,
+}
+
+impl Stats {
+    /// Mean accepted length: committed tokens per verify window with drafts (accepted drafts plus the
+    /// target's own token), or 0 without such windows.
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.windows == 0 { 0.0 } else { (self.accepted + self.windows) as f64 / self.windows as f64 }
+    }
 }
 
 /// What the engine tells a request's owner, in order: `Prefilled`, `Token`s, then one `Finished`.

@@ -42,6 +42,11 @@ pub trait Target: Send + 'static {
     fn snapshot(&self, s: &Self::State) -> Self::State {
         s.clone()
     }
+    /// Drafts a block for each stream whose pending token is `anchors[i]` (the block drafter); `None` when
+    /// the target has no drafter. `blocks[i][k]` proposes the token after position `pos + k`.
+    fn draft(&self, _states: &[&Self::State], _anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+        None
+    }
 }
 
 /// A loaded LFM2 model with its end-of-sequence ids.
@@ -117,6 +122,11 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
 
     fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
         self.model.keep(s, pos)
+    }
+
+    fn draft(&self, states: &[&StreamState<B>], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+        self.model.drafter.as_ref()?;
+        Some(self.model.draft(states, anchors, false).map(|b| b.into_iter().map(|d| d.tokens).collect()))
     }
 
     fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {

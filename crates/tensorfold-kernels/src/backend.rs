@@ -35,13 +35,16 @@ pub struct Segment {
     pub cache: usize,
 }
 
-/// Rotary embedding settings (Llama "half-split" form, as transformers' `rotate_half`).
+/// Rotary embedding settings: pair `i` of a head rotates by `pos * theta^(-2i/head_dim)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
     /// `rope_theta` (config `rope_theta` or `rope_parameters.rope_theta`).
     pub theta: f64,
     /// Rotated dimensions per head (the whole head).
     pub head_dim: usize,
+    /// Pairs are `(2i, 2i+1)` (GPT-J "interleaved", DSpark drafters with `rope_is_neox_style: false`)
+    /// instead of `(i, i + head_dim/2)` (NeoX / transformers' `rotate_half`, the LFM2 target).
+    pub interleaved: bool,
 }
 
 /// MoE routing settings (transformers `Lfm2MoeSparseMoeBlock`).
@@ -153,6 +156,30 @@ pub trait Backend: Send + Sync {
         kv_heads: usize,
         segs: &[Segment],
         caches: &mut [&mut Self::Kv],
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// Appends each segment's `k`, `v` rows `[rows, kv_heads*hd]` to its stream's cache, which must hold
+    /// exactly `start_pos` rows (the drafter's context K/V: no attention is computed).
+    fn kv_append(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        segs: &[Segment],
+        caches: &mut [&mut Self::Kv],
+    ) -> Result<(), KernelError>;
+    /// Non-causal GQA attention of a block (DSpark's block pass): every row of a segment attends to all
+    /// `start_pos` key rows of its stream's cache and to ALL of the segment's own `k`, `v` rows, scale
+    /// `1/sqrt(head_dim)`; nothing is appended. Shapes as [`Backend::attention`].
+    #[allow(clippy::too_many_arguments)]
+    fn block_attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &[&Self::Kv],
         out: &mut Self::Buf,
     ) -> Result<(), KernelError>;
     /// LFM2 short conv core over `bcx` `[rows, 3*width]` (B, C, x chunks): `C * conv(B * x)` with a

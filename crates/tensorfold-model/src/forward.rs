@@ -2,6 +2,7 @@
 //! stream's state (KV rows per attention layer, conv state per conv layer).
 
 use crate::config::{Mixer, ModelConfig};
+use crate::drafter::{DraftBlock, DraftState, Drafter};
 use crate::weights::{FfnWeights, MixerWeights, Weights};
 use tensorfold_kernels::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 
@@ -24,6 +25,12 @@ pub enum ForwardError {
     /// The call has no rows, or its segments do not cover them.
     #[error("invalid batch: {0}")]
     Batch(String),
+    /// The drafter scored a non-finite value or picked past the vocabulary: refused, never a silent draft.
+    #[error("DraftNonfinite: the drafter's score for block row {row} of stream {stream} is not finite")]
+    DraftNonfinite { stream: usize, row: usize },
+    /// Drafts were asked of a model without a drafter.
+    #[error("no drafter is attached")]
+    NoDrafter,
 }
 
 /// One layer's state of one stream.
@@ -43,6 +50,8 @@ pub struct StreamState<B: Backend> {
     pub pos: usize,
     /// Position of the last call's first row: [`Model::keep`] can roll back to any position from here.
     pub last_start: usize,
+    /// The drafter's context (with a drafter attached): K/V of every consumed position.
+    pub draft: Option<DraftState<B>>,
 }
 
 impl<B: Backend> Clone for LayerState<B> {
@@ -56,7 +65,7 @@ impl<B: Backend> Clone for LayerState<B> {
 
 impl<B: Backend> Clone for StreamState<B> {
     fn clone(&self) -> Self {
-        Self { layers: self.layers.clone(), pos: self.pos, last_start: self.last_start }
+        Self { layers: self.layers.clone(), pos: self.pos, last_start: self.last_start, draft: self.draft.clone() }
     }
 }
 
@@ -90,6 +99,9 @@ pub struct Model<B: Backend> {
     pub weights: Weights<B>,
     /// The backend.
     pub backend: B,
+    /// The DSpark drafter, when one is attached: every forward then copies its tap layers' rows and the
+    /// drafter absorbs them.
+    pub drafter: Option<Drafter<B>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -104,7 +116,8 @@ impl<B: Backend> Model<B> {
                 Mixer::Conv => LayerState::Conv(self.backend.new_conv(c.hidden, c.conv_taps)),
             })
             .collect();
-        StreamState { layers, pos: 0, last_start: 0 }
+        let draft = self.drafter.as_ref().map(|d| d.new_state(&self.backend));
+        StreamState { layers, pos: 0, last_start: 0, draft }
     }
 
     /// Rolls a stream back to `pos` positions, anywhere from its last call's first row to its current
@@ -126,19 +139,24 @@ impl<B: Backend> Model<B> {
                 LayerState::Conv(c) => self.backend.conv_keep(c, pos - s.last_start)?,
             }
         }
+        if let (Some(d), Some(ds)) = (&self.drafter, &mut s.draft) {
+            d.truncate(&self.backend, ds, pos);
+        }
         s.pos = pos;
         Ok(())
     }
 
     /// Bytes a stream's state holds now (KV rows and conv states, with a verify window's kept rows).
     pub fn state_bytes(&self, s: &StreamState<B>) -> usize {
+        let draft = s.draft.as_ref().map_or(0, |d| d.kv.iter().map(|k| self.backend.kv_bytes(k)).sum());
         s.layers
             .iter()
             .map(|l| match l {
                 LayerState::Kv(k) => self.backend.kv_bytes(k),
                 LayerState::Conv(c) => self.backend.conv_bytes(c),
             })
-            .sum()
+            .sum::<usize>()
+            + draft
     }
 
     /// Reserves KV room for `tokens` positions, so the stream never reallocates (memory admission).
@@ -147,6 +165,9 @@ impl<B: Backend> Model<B> {
             if let LayerState::Kv(k) = l {
                 self.backend.kv_reserve(k, tokens);
             }
+        }
+        for k in s.draft.iter_mut().flat_map(|d| d.kv.iter_mut()) {
+            self.backend.kv_reserve(k, tokens);
         }
     }
 
@@ -172,7 +193,8 @@ impl<B: Backend> Model<B> {
         let scratch = 4 * (8 * c.hidden + c.vocab + c.moe.as_ref().map_or(c.dense_inter, |m| m.inter * m.top_k) * 3);
         // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
         let window = (c.conv_taps.saturating_sub(1) * 2 + 64) * c.hidden * 4;
-        kv + conv * window + scratch
+        let draft = self.drafter.as_ref().map_or(0, |d| d.context_bytes(tokens));
+        kv + conv * window + scratch + draft
     }
 
     /// Bytes of weights on the device.
@@ -196,7 +218,7 @@ impl<B: Backend> Model<B> {
                 }
             };
         }
-        n
+        n + self.drafter.as_ref().map_or(0, |d| d.weight_bytes(b))
     }
 
     /// Runs every layer once over all rows of `tokens`; `segs[i].cache` indexes `states`. On success each
@@ -217,6 +239,8 @@ impl<B: Backend> Model<B> {
         b.embed(&w.embed, tokens, &mut x)?;
         let mut normed = b.zeros(rows * h);
         let mut mixed = b.zeros(rows * h);
+        let all: Vec<usize> = (0..rows).collect();
+        let mut taps: Vec<(usize, B::Buf)> = Vec::new();
         for (i, layer) in w.layers.iter().enumerate() {
             b.rmsnorm(&x, &layer.operator_norm, c.norm_eps, h, &mut normed);
             match &layer.mixer {
@@ -248,12 +272,47 @@ impl<B: Backend> Model<B> {
                 }
             }
             b.add(&mut x, &mixed);
+            // Taps: copy this layer's output rows only when a drafter reads them.
+            if let Some(d) = &self.drafter {
+                for (j, _) in d.cfg.taps.iter().enumerate().filter(|(_, l)| **l == i) {
+                    taps.push((j, b.gather_rows(&x, h, &all)));
+                }
+            }
+        }
+        if let Some(d) = &self.drafter {
+            taps.sort_by_key(|t| t.0);
+            let taps: Vec<B::Buf> = taps.into_iter().map(|t| t.1).collect();
+            let mut ds: Vec<&mut DraftState<B>> =
+                states.iter_mut().map(|s| s.draft.as_mut().expect("a drafter implies drafter states")).collect();
+            d.absorb(b, &taps, rows, segs, &mut ds)?;
         }
         for s in segs {
             states[s.cache].last_start = s.start_pos;
             states[s.cache].pos += s.rows;
         }
         Ok(self.head(&x, segs, which))
+    }
+
+    /// The drafter's block pass for several streams: `anchors[i]` is stream i's pending token, at the
+    /// stream's position. Errors: [`ForwardError::NoDrafter`], a non-finite score, or a position mismatch.
+    pub fn draft(
+        &self,
+        states: &[&StreamState<B>],
+        anchors: &[u32],
+        want_scores: bool,
+    ) -> Result<Vec<DraftBlock>, ForwardError> {
+        let d = self.drafter.as_ref().ok_or(ForwardError::NoDrafter)?;
+        if let Some(&id) = anchors.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(ForwardError::TokenOutOfRange { id, vocab: self.cfg.vocab });
+        }
+        if anchors.len() != states.len() || anchors.is_empty() {
+            return Err(ForwardError::Batch("one anchor a stream".into()));
+        }
+        let ds: Vec<&DraftState<B>> =
+            states.iter().map(|s| s.draft.as_ref().ok_or(ForwardError::NoDrafter)).collect::<Result<_, _>>()?;
+        let at: Vec<(u32, usize)> = anchors.iter().zip(states).map(|(&t, s)| (t, s.pos)).collect();
+        let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
+        d.block(&self.backend, &self.weights.embed, head, &at, &ds, want_scores)
     }
 
     fn attention(
@@ -267,7 +326,7 @@ impl<B: Backend> Model<B> {
         let (b, c) = (&self.backend, &self.cfg);
         let rows = segs.iter().map(|s| s.rows).sum::<usize>();
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let rope = RopeParams { theta: c.rope_theta, head_dim: c.head_dim };
+        let rope = RopeParams { theta: c.rope_theta, head_dim: c.head_dim, interleaved: false };
         let (mut q, mut k, mut v) = (b.zeros(rows * qd), b.zeros(rows * kd), b.zeros(rows * kd));
         b.linear(normed, rows, &aw.q, None, &mut q);
         b.linear(normed, rows, &aw.k, None, &mut k);
@@ -333,6 +392,12 @@ impl<B: Backend> Model<B> {
                 LayerState::Conv(_) => None,
             }) {
                 return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: held });
+            }
+            if let Some(d) = &self.drafter {
+                let held = st.draft.as_ref().and_then(|ds| ds.kv.first()).map(|k| self.backend.kv_len(k));
+                if d.cfg.layers > 0 && held != Some(st.pos) {
+                    return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: held.unwrap_or(0) });
+                }
             }
             if s.start_pos + s.rows > self.cfg.max_positions {
                 return Err(ForwardError::ContextFull { pos: s.start_pos + s.rows, max: self.cfg.max_positions });

@@ -1,6 +1,7 @@
 //! TensorFold model side: checkpoints, config admission, text, and the LFM2 / LFM2-MoE forward.
 pub mod checkpoint;
 pub mod config;
+pub mod drafter;
 pub mod exact;
 pub mod forward;
 pub mod load;

@@ -99,7 +99,7 @@ pub fn open<B: Backend>(src: &Source, backend: B) -> Result<Loaded<B>, OpenError
             eos_ids.push(*id);
         }
     }
-    Ok(Loaded { model: Model { cfg, weights, backend }, text, eos_ids, source: src.describe() })
+    Ok(Loaded { model: Model { cfg, weights, backend, drafter: None }, text, eos_ids, source: src.describe() })
 }
 
 fn open_text(src: &Source) -> Result<Option<Text>, OpenError> {

@@ -96,14 +96,27 @@ pub struct Weights<B: Backend> {
 }
 
 /// Tracks which tensors were used, so leftovers are refused.
-struct Binder<'a, B: Backend> {
-    table: &'a TensorTable,
-    used: BTreeSet<String>,
-    backend: &'a B,
+pub(crate) struct Binder<'a, B: Backend> {
+    pub(crate) table: &'a TensorTable,
+    pub(crate) used: BTreeSet<String>,
+    pub(crate) backend: &'a B,
 }
 
-impl<B: Backend> Binder<'_, B> {
-    fn entry(&mut self, name: &str, want: &[usize]) -> Result<&TensorEntry, WeightError> {
+impl<'a, B: Backend> Binder<'a, B> {
+    /// A binder over `table` with nothing used yet.
+    pub(crate) fn new(table: &'a TensorTable, backend: &'a B) -> Self {
+        Self { table, used: BTreeSet::new(), backend }
+    }
+
+    /// Refuses the first tensor no binding used.
+    pub(crate) fn finish(&self) -> Result<(), WeightError> {
+        match self.table.tensors.keys().find(|k| !self.used.contains(*k)) {
+            Some(extra) => Err(WeightError::Unexpected(extra.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn entry(&mut self, name: &str, want: &[usize]) -> Result<&TensorEntry, WeightError> {
         let e = self.table.tensors.get(name).ok_or_else(|| WeightError::Missing(name.to_string()))?;
         if e.shape != want {
             return Err(WeightError::Shape { name: name.to_string(), got: e.shape.clone(), want: want.to_vec() });
@@ -112,7 +125,7 @@ impl<B: Backend> Binder<'_, B> {
         Ok(e)
     }
 
-    fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Mat, WeightError> {
+    pub(crate) fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Mat, WeightError> {
         let e = self.entry(name, &[rows, cols])?.clone();
         let view = to_mat(&e, rows, cols);
         self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
@@ -133,12 +146,12 @@ impl<B: Backend> Binder<'_, B> {
         self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
     }
 
-    fn vec(&mut self, name: &str, shape: &[usize]) -> Result<B::Buf, WeightError> {
+    pub(crate) fn vec(&mut self, name: &str, shape: &[usize]) -> Result<B::Buf, WeightError> {
         let values = to_f32(self.entry(name, shape)?);
         Ok(self.backend.upload(&values))
     }
 
-    fn opt_vec(&mut self, on: bool, name: &str, len: usize) -> Result<Option<B::Buf>, WeightError> {
+    pub(crate) fn opt_vec(&mut self, on: bool, name: &str, len: usize) -> Result<Option<B::Buf>, WeightError> {
         if on { self.vec(name, &[len]).map(Some) } else { Ok(None) }
     }
 }
@@ -158,7 +171,7 @@ pub fn to_f32(e: &TensorEntry) -> Vec<f32> {
 }
 
 /// A matrix view of a tensor: bf16 and f32 stay zero-copy; f16 is widened to f32 (exact).
-fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
+pub(crate) fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
     let (dtype, bytes) = match e.dtype {
         StoredDtype::Bf16 => (Dtype::Bf16, e.bytes.clone()),
         StoredDtype::F32 => (Dtype::F32, e.bytes.clone()),
@@ -169,15 +182,13 @@ fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
 
 /// Binds and uploads every tensor; refuses missing, misshapen and unexpected tensors by name.
 pub fn bind<B: Backend>(cfg: &ModelConfig, table: &TensorTable, backend: &B) -> Result<Weights<B>, WeightError> {
-    let mut b = Binder { table, used: BTreeSet::new(), backend };
+    let mut b = Binder::new(table, backend);
     let (h, v) = (cfg.hidden, cfg.vocab);
     let embed = b.mat("model.embed_tokens.weight", v, h)?;
     let head = if cfg.tied { None } else { Some(b.mat("lm_head.weight", v, h)?) };
     let final_norm = b.vec("model.embedding_norm.weight", &[h])?;
     let layers = (0..cfg.layers.len()).map(|i| bind_layer(cfg, &mut b, i)).collect::<Result<Vec<_>, _>>()?;
-    if let Some(extra) = table.tensors.keys().find(|k| !b.used.contains(*k)) {
-        return Err(WeightError::Unexpected(extra.clone()));
-    }
+    b.finish()?;
     Ok(Weights { embed, head, final_norm, layers })
 }
 

@@ -73,6 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         queue_capacity: max_level.max(64),
         shared_rounds: a.shared_rounds,
         max_draft: a.max_draft,
+        planted: None,
         ..EngineConfig::default()
     };
     println!(

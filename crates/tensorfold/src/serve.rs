@@ -127,6 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         shared_rounds: true,
         copy_min: a.copy_min,
         max_draft: if a.no_drafts { 0 } else { a.max_draft },
+        planted: None,
     };
     let src = default_model::source(a.model.clone());
     let (context, max_tokens) = (a.context, a.max_tokens);

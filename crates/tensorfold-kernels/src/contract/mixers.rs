@@ -34,7 +34,7 @@ impl Kernel for QkRope {
         Claim::Bound("4e-6 of the row's largest output (f32 per-head RMSNorm, then one f32 rotation)")
     }
     fn reference(&self) -> &'static str {
-        "float64 per-head RMSNorm then half-split rotation by the f32 angle inv_freq * pos (as transformers computes it)"
+        "float64 per-head RMSNorm then rotation of half-split (NeoX, the LFM2 target) or interleaved (GPT-J, DSpark drafters) pairs by the f32 angle inv_freq * pos (as transformers computes it)"
     }
     fn shapes(&self, scale: Scale) -> Vec<String> {
         match scale {
@@ -44,7 +44,7 @@ impl Kernel for QkRope {
     }
     fn faults(&self) -> &'static [Fault] {
         &[
-            Fault { name: "interleaved-pairs", what: "rotates pairs (2i, 2i+1) instead of (i, i + hd/2)" },
+            Fault { name: "wrong-pairs", what: "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back" },
             Fault { name: "position-off-by-one", what: "rotates by position + 1" },
         ]
     }
@@ -52,8 +52,9 @@ impl Kernel for QkRope {
         let heads_set: &[(usize, usize)] = if scale == Scale::Served { &[(32, 64), (8, 64)] } else { &[(4, 16)] };
         let eps = 1e-5f32;
         let mut gates = Vec::new();
-        for &(heads, hd) in heads_set {
-            let rope = RopeParams { theta: 1e6, head_dim: hd };
+        for (&(heads, hd), interleaved) in heads_set.iter().flat_map(|h| [(h, false), (h, true)]) {
+            let rope = RopeParams { theta: 1e6, head_dim: hd, interleaved };
+            let pair = |i: usize| if interleaved { (2 * i, 2 * i + 1) } else { (i, i + hd / 2) };
             let norm: Vec<f32> = uniform(rng, hd).iter().map(|v| 1.0 + 0.2 * v).collect();
             let pos: Vec<usize> = (0..33)
                 .map(|i| {
@@ -80,19 +81,9 @@ impl Kernel for QkRope {
                             segs.iter().map(|s| Segment { start_pos: s.start_pos + 1, ..*s }).collect();
                         CpuBackend.qk_norm_rope(&mut v, heads, &norm, eps, rope, &segs).expect("valid segments");
                     }
-                    Some("interleaved-pairs") => {
-                        for (row, &p) in v.chunks_mut(heads * hd).zip(pos) {
-                            for h in row.chunks_mut(hd) {
-                                let mut n = vec![0f32; hd];
-                                ops::rmsnorm_row(h, &norm, eps, &mut n);
-                                for i in 0..hd / 2 {
-                                    let a = ops::rope_inv_freq(1e6, hd, i) * p as f32;
-                                    let (c, s) = ((a as f64).cos() as f32, (a as f64).sin() as f32);
-                                    h[2 * i] = n[2 * i] * c - n[2 * i + 1] * s;
-                                    h[2 * i + 1] = n[2 * i + 1] * c + n[2 * i] * s;
-                                }
-                            }
-                        }
+                    Some("wrong-pairs") => {
+                        let other = RopeParams { interleaved: !rope.interleaved, ..rope };
+                        CpuBackend.qk_norm_rope(&mut v, heads, &norm, eps, other, &segs).expect("valid segments");
                     }
                     _ => CpuBackend.qk_norm_rope(&mut v, heads, &norm, eps, rope, &segs).expect("valid segments"),
                 }
@@ -109,13 +100,15 @@ impl Kernel for QkRope {
                     let mut want = vec![0f64; hd];
                     for i in 0..hd / 2 {
                         let a = (ops::rope_inv_freq(1e6, hd, i) * p as f32) as f64;
-                        want[i] = n[i] * a.cos() - n[i + hd / 2] * a.sin();
-                        want[i + hd / 2] = n[i + hd / 2] * a.cos() + n[i] * a.sin();
+                        let (ia, ib) = pair(i);
+                        want[ia] = n[ia] * a.cos() - n[ib] * a.sin();
+                        want[ib] = n[ib] * a.cos() + n[ia] * a.sin();
                     }
                     err = err.max(max_err(&out[(r * heads + h) * hd..(r * heads + h + 1) * hd], &want, max_abs(&want)));
                 }
             }
-            gates.push(reference_gate(&format!("{heads}x{hd}"), err, 4e-6));
+            let style = if interleaved { "interleaved" } else { "half-split" };
+            gates.push(reference_gate(&format!("{heads}x{hd} {style}"), err, 4e-6));
             let w = heads * hd;
             let inv: usize = WIDTHS
                 .iter()
@@ -131,7 +124,7 @@ impl Kernel for QkRope {
                         .sum::<usize>()
                 })
                 .sum();
-            gates.push(invariance_gate(&format!("{heads}x{hd}"), inv));
+            gates.push(invariance_gate(&format!("{heads}x{hd} {style}"), inv));
             let mut at0 = x[..heads * hd].to_vec();
             call(&mut at0, &[0]);
             let mut normed = vec![0f32; hd];

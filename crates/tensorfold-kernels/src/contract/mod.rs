@@ -6,6 +6,7 @@
 
 mod cases;
 mod dense;
+mod drafter;
 mod mixers;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -93,6 +94,7 @@ pub fn registry() -> Vec<Box<dyn Kernel>> {
     let mut v: Vec<Box<dyn Kernel>> = Vec::new();
     v.extend(dense::kernels());
     v.extend(mixers::kernels());
+    v.extend(drafter::kernels());
     v
 }
 

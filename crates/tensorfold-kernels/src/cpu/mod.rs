@@ -135,6 +135,30 @@ impl Backend for CpuBackend {
         attention::attention(q, k, v, heads, kv_heads, segs, caches, out)
     }
 
+    fn kv_append(
+        &self,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        segs: &[Segment],
+        caches: &mut [&mut CpuKv],
+    ) -> Result<(), KernelError> {
+        attention::kv_append(k, v, segs, caches)
+    }
+
+    fn block_attention(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &[&CpuKv],
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        attention::block_attention(q, k, v, heads, kv_heads, segs, caches, out)
+    }
+
     fn short_conv(
         &self,
         bcx: &Vec<f32>,

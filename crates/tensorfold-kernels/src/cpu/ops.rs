@@ -143,7 +143,8 @@ pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
     1.0 / ((theta as f32) as f64).powf(e as f64) as f32
 }
 
-/// Per-head RMSNorm then half-split RoPE of one row `x` `[heads * head_dim]` at `pos`.
+/// Per-head RMSNorm then RoPE (half-split or interleaved pairs) of one row `x` `[heads * head_dim]` at
+/// `pos`.
 pub fn qk_norm_rope_row(x: &mut [f32], norm: &[f32], eps: f32, rope: RopeParams, pos: usize) {
     let hd = rope.head_dim;
     let half = hd / 2;
@@ -156,9 +157,10 @@ pub fn qk_norm_rope_row(x: &mut [f32], norm: &[f32], eps: f32, rope: RopeParams,
     for head in x.chunks_exact_mut(hd) {
         rmsnorm_row(head, norm, eps, &mut normed);
         for (i, &(c, s)) in cs.iter().enumerate() {
-            let (a, b) = (normed[i], normed[i + half]);
-            head[i] = a * c - b * s;
-            head[i + half] = b * c + a * s;
+            let (ia, ib) = if rope.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (a, b) = (normed[ia], normed[ib]);
+            head[ia] = a * c - b * s;
+            head[ib] = b * c + a * s;
         }
     }
 }

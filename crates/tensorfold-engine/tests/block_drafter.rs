@@ -1,0 +1,274 @@
+//! Block drafts are lossless: with the DSpark drafter on the fixture model, and with scripted drafters on
+//! the fake target (an oracle that proposes the plain reply, one right for the first half of each block,
+//! one that proposes nothing on some rounds), a drafted reply equals its plain reply token for token,
+//! greedy and sampled, with streams joining and leaving mid-flight. Planted verify faults turn them red.
+
+use std::sync::mpsc::channel;
+use std::time::Instant;
+use tensorfold_engine::core::{Core, EngineConfig, FixedClock, PlantedFault};
+use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::sampler::{SamplingParams, draw};
+use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
+use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_model::drafter::open_drafter;
+use tensorfold_model::{ForwardError, Source};
+
+fn run<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
+    let mut core = Core::new(target, cfg, Box::new(FixedClock(Instant::now())));
+    let rx: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            core.submit(r.clone(), tx).expect("admitted");
+            rx
+        })
+        .collect();
+    while core.step() {}
+    rx.into_iter()
+        .map(|rx| {
+            let ev: Vec<Event> = rx.try_iter().collect();
+            let toks = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
+            let stats = ev
+                .iter()
+                .find_map(|e| if let Event::Finished { stats, .. } = e { Some(stats.clone()) } else { None })
+                .expect("finished");
+            (toks, stats)
+        })
+        .unzip()
+}
+
+/// Six requests, greedy and sampled, of different lengths (so streams leave at different rounds).
+fn requests(vocab: u32, seed0: u64) -> Vec<Request> {
+    (0..6u64)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..5 + i as u32).map(|k| 10 + (k * 7 + i as u32 * 13) % (vocab - 10)).collect();
+            let temperature = if i % 2 == 0 { 0.0 } else { 0.8 };
+            Request {
+                params: SamplingParams { temperature, seed: seed0 + i, ..SamplingParams::greedy() },
+                ignore_eos: true,
+                ..Request::greedy(prompt, 20 + 3 * i as usize)
+            }
+        })
+        .collect()
+}
+
+/// Copies off (so every draft is a block draft); 3 lanes for 6 requests, so streams join mid-flight.
+fn cfg() -> EngineConfig {
+    EngineConfig { parallel: 3, copy_min: 0, max_draft: 8, round_rows: 24, prefill_chunk: 4, ..EngineConfig::default() }
+}
+
+fn plain(reqs: &[Request]) -> Vec<Request> {
+    reqs.iter().map(|r| Request { draft: false, ..r.clone() }).collect()
+}
+
+fn fixture_target() -> ModelTarget<CpuBackend> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let mut l = tensorfold_model::open(&Source::Dir(root.join("lfm2-moe-f32")), CpuBackend).expect("target");
+    let d = open_drafter(&Source::Dir(root.join("dspark-tiny")), &l.model.cfg, &l.model.backend).expect("drafter");
+    l.model.drafter = Some(d);
+    ModelTarget { model: l.model, eos: l.eos_ids }
+}
+
+#[test]
+fn dspark_drafted_replies_equal_plain_replies_on_the_fixture_model() {
+    let reqs = requests(512, 7);
+    let (drafted, stats) = run(fixture_target(), cfg(), &reqs);
+    let (undrafted, _) = run(fixture_target(), cfg(), &plain(&reqs));
+    assert_eq!(drafted, undrafted);
+    let d: usize = stats.iter().map(|s| s.drafted).sum();
+    assert!(d > 50, "the drafter proposed blocks: {d} drafts");
+}
+
+/// How a scripted drafter proposes, knowing each request's plain reply.
+#[derive(Clone, Copy, PartialEq)]
+enum Script {
+    /// The plain reply's next 8 tokens: every draft accepted.
+    Oracle,
+    /// Right for the first 4 drafts of 8, then wrong.
+    HalfRight,
+    /// The oracle, but nothing at every third position.
+    Sometimes,
+}
+
+#[derive(Clone)]
+struct Scripted {
+    inner: FakeTarget,
+    /// (prompt, plain reply) of every request.
+    replies: Vec<(Vec<u32>, Vec<u32>)>,
+    script: Script,
+}
+
+impl Target for Scripted {
+    type State = Vec<u32>;
+    fn vocab(&self) -> usize {
+        self.inner.vocab
+    }
+    fn context(&self) -> usize {
+        self.inner.context
+    }
+    fn eos_ids(&self) -> Vec<u32> {
+        self.inner.eos.clone()
+    }
+    fn new_state(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        s.len()
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        self.inner.stream_bytes(tokens)
+    }
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Vec<u32>],
+        all_rows: &[bool],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.inner.forward(tokens, segs, states, all_rows)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+        let blocks = states
+            .iter()
+            .zip(anchors)
+            .map(|(s, &a)| {
+                let (p, reply) = self.replies.iter().find(|(p, _)| s.starts_with(p)).expect("a known request");
+                let done = s.len() + 1 - p.len(); // reply tokens committed, the anchor included
+                // Off the script (only under a planted fault): propose nothing.
+                if reply.get(done - 1) != Some(&a) || (self.script == Script::Sometimes && s.len() % 3 == 0) {
+                    return Vec::new();
+                }
+                let mut b: Vec<u32> = reply.iter().skip(done).take(8).copied().collect();
+                if self.script == Script::HalfRight {
+                    b.iter_mut().skip(4).for_each(|t| *t = (*t + 1) % self.inner.vocab as u32);
+                }
+                b
+            })
+            .collect();
+        Some(Ok(blocks))
+    }
+}
+
+/// The serial reference on the fake target.
+fn serial(t: &FakeTarget, r: &Request) -> Vec<u32> {
+    let mut h = r.prompt.clone();
+    let mut out = Vec::new();
+    while out.len() < r.max_tokens {
+        let tok = draw(&r.params, h.len() as u64, &t.logits(&h)).expect("finite");
+        out.push(tok);
+        h.push(tok);
+    }
+    out
+}
+
+fn scripted(script: Script, reqs: &[Request]) -> Scripted {
+    let inner = FakeTarget::new();
+    let replies = reqs.iter().map(|r| (r.prompt.clone(), serial(&inner, r))).collect();
+    Scripted { inner, replies, script }
+}
+
+#[test]
+fn scripted_drafters_are_lossless_and_the_oracle_is_always_accepted() {
+    let reqs = requests(64, 100);
+    for script in [Script::Oracle, Script::HalfRight, Script::Sometimes] {
+        let t = scripted(script, &reqs);
+        let (drafted, stats) = run(t.clone(), cfg(), &reqs);
+        let (undrafted, _) = run(t.clone(), cfg(), &plain(&reqs));
+        for (i, r) in reqs.iter().enumerate() {
+            assert_eq!(drafted[i], t.replies[i].1, "request {i}: drafted vs serial");
+            assert_eq!(undrafted[i], drafted[i], "request {i}: drafted vs plain");
+            let s = &stats[i];
+            match script {
+                Script::Oracle => assert_eq!(s.accepted, s.drafted, "request {i}: every oracle draft kept"),
+                Script::HalfRight => {
+                    assert!(s.accepted_at.iter().skip(4).all(|&n| n == 0), "request {i}: nothing past draft 4 kept")
+                }
+                Script::Sometimes => assert!(s.windows < r.max_tokens, "request {i}: some rounds drafted"),
+            }
+        }
+        if script == Script::Oracle {
+            let mean: f64 = stats.iter().map(Stats::mean_accepted_length).sum::<f64>() / stats.len() as f64;
+            assert!(mean > 4.0, "the oracle commits several tokens a window: {mean}");
+        }
+    }
+}
+
+#[test]
+fn planted_verify_faults_turn_the_oracle_check_red() {
+    let reqs = requests(64, 200);
+    let t = scripted(Script::HalfRight, &reqs);
+    for fault in [PlantedFault::BonusFromWrongRow, PlantedFault::DrawAtWrongPosition] {
+        let (drafted, _) = run(t.clone(), EngineConfig { planted: Some(fault), ..cfg() }, &reqs);
+        let wrong = (0..reqs.len()).filter(|&i| drafted[i] != t.replies[i].1).count();
+        assert!(wrong > 0, "{fault:?} must change some reply");
+    }
+}
+
+/// The fixture model with its drafter, whose `keep` leaves every conv state at the window's end.
+struct NoConvRollback(ModelTarget<CpuBackend>);
+
+impl Target for NoConvRollback {
+    type State = <ModelTarget<CpuBackend> as Target>::State;
+    fn vocab(&self) -> usize {
+        self.0.vocab()
+    }
+    fn context(&self) -> usize {
+        self.0.context()
+    }
+    fn eos_ids(&self) -> Vec<u32> {
+        self.0.eos_ids()
+    }
+    fn new_state(&self) -> Self::State {
+        self.0.new_state()
+    }
+    fn pos(&self, s: &Self::State) -> usize {
+        self.0.pos(s)
+    }
+    fn state_bytes(&self, s: &Self::State) -> usize {
+        self.0.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        self.0.stream_bytes(tokens)
+    }
+    fn forward(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Self::State],
+        all_rows: &[bool],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.0.forward(tokens, segs, states, all_rows)
+    }
+    fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError> {
+        let at_end = s.layers.clone();
+        self.0.keep(s, pos)?;
+        for (l, end) in s.layers.iter_mut().zip(at_end) {
+            if matches!(end, tensorfold_model::forward::LayerState::Conv(_)) {
+                *l = end;
+            }
+        }
+        Ok(())
+    }
+    fn draft(&self, states: &[&Self::State], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+        self.0.draft(states, anchors)
+    }
+}
+
+#[test]
+fn a_planted_missing_conv_rollback_turns_drafted_versus_plain_red() {
+    // Context copies on a repetitive prompt give accepted and rejected windows on the fixture model.
+    let reqs: Vec<Request> =
+        requests(512, 9).into_iter().map(|r| Request { prompt: r.prompt.repeat(3), ..r }).collect();
+    let copies = EngineConfig { copy_min: 2, ..cfg() };
+    let (undrafted, _) = run(fixture_target(), copies.clone(), &plain(&reqs));
+    let (drafted, _) = run(fixture_target(), copies.clone(), &reqs);
+    assert_eq!(drafted, undrafted, "the real rollback is lossless");
+    let (faulty, _) = run(NoConvRollback(fixture_target()), copies, &reqs);
+    assert_ne!(faulty, undrafted, "a conv state left at the window's end must change some reply");
+}

@@ -1,0 +1,260 @@
+//! The DSpark block drafter (docs/drafter.md): context K/V absorbed from the target's taps, a
+//! non-causal block pass of the anchor and mask tokens, the Markov chain and the confidence head.
+
+pub mod config;
+pub mod weights;
+
+use crate::checkpoint::{CheckpointError, Source, TensorTable};
+use crate::config::ModelConfig;
+use crate::forward::ForwardError;
+use crate::weights::WeightError;
+pub use config::{DrafterConfig, DrafterConfigError, MAX_BLOCK};
+use tensorfold_kernels::{Backend, KernelError, RopeParams, Segment};
+pub use weights::DrafterWeights;
+
+/// Why a drafter checkpoint could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DrafterError {
+    /// A file is missing, unreadable or corrupt.
+    #[error("drafter: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// `config.json` refused.
+    #[error(transparent)]
+    Config(#[from] DrafterConfigError),
+    /// A tensor does not fit the config.
+    #[error("drafter: {0}")]
+    Weights(#[from] WeightError),
+}
+
+/// A loaded drafter on a backend (its embedding and head are the target's).
+pub struct Drafter<B: Backend> {
+    /// Admitted config.
+    pub cfg: DrafterConfig,
+    /// Weights on the device.
+    pub weights: DrafterWeights<B>,
+}
+
+/// One stream's drafter context: per drafter layer, the K/V of every position the target consumed.
+pub struct DraftState<B: Backend> {
+    /// Context K/V per drafter layer (rows = the target's position).
+    pub kv: Vec<B::Kv>,
+}
+
+impl<B: Backend> Clone for DraftState<B> {
+    fn clone(&self) -> Self {
+        Self { kv: self.kv.clone() }
+    }
+}
+
+/// One stream's drafted block: `tokens[k]` proposes position `anchor_pos + k + 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraftBlock {
+    /// The Markov chain's greedy picks `[block]`.
+    pub tokens: Vec<u32>,
+    /// `P(draft k accepted | drafts before it accepted)` `[block]` from the confidence head; empty without one.
+    pub confidence: Vec<f32>,
+    /// Markov-corrected scores `[block, vocab]` when asked for (tests, references); empty otherwise.
+    pub scores: Vec<f32>,
+}
+
+/// Opens a drafter checkpoint directory against the target's config.
+pub fn open_drafter<B: Backend>(src: &Source, target: &ModelConfig, backend: &B) -> Result<Drafter<B>, DrafterError> {
+    let bytes = src
+        .read("config.json")?
+        .ok_or_else(|| CheckpointError::Missing { dir: src.describe(), file: "config.json".into() })?;
+    let cfg = DrafterConfig::parse(&bytes, target)?;
+    let table = TensorTable::open(src)?;
+    let weights = weights::bind(&cfg, &table, backend)?;
+    Ok(Drafter { cfg, weights })
+}
+
+impl<B: Backend> Drafter<B> {
+    fn rope(&self) -> RopeParams {
+        RopeParams { theta: self.cfg.rope_theta, head_dim: self.cfg.head_dim, interleaved: self.cfg.interleaved }
+    }
+
+    /// An empty context.
+    pub fn new_state(&self, b: &B) -> DraftState<B> {
+        DraftState { kv: (0..self.cfg.layers).map(|_| b.new_kv(self.cfg.kv_heads * self.cfg.head_dim)).collect() }
+    }
+
+    /// Bytes of K/V a context of `tokens` positions holds (f32 K and V rows of every layer).
+    pub fn context_bytes(&self, tokens: usize) -> usize {
+        self.cfg.layers * 2 * self.cfg.kv_heads * self.cfg.head_dim * 4 * tokens
+    }
+
+    /// Bytes of the drafter's weights on the device.
+    pub fn weight_bytes(&self, b: &B) -> usize {
+        let w = &self.weights;
+        let mut n = w.fc.iter().map(|m| b.mat_bytes(m)).sum::<usize>();
+        n += b.mat_bytes(&w.markov_w1) + b.mat_bytes(&w.markov_w2);
+        for l in &w.layers {
+            n +=
+                [&l.q, &l.k, &l.v, &l.o, &l.mlp.w1, &l.mlp.w2, &l.mlp.w3].iter().map(|m| b.mat_bytes(m)).sum::<usize>();
+        }
+        n
+    }
+
+    /// Absorbs the call's rows into each stream's context: `ctx = hidden_norm(fc(concat taps))`, then every
+    /// layer's `k_norm(k_proj(ctx))` with RoPE and `v_proj(ctx)` appended at the segments' positions.
+    /// `taps[j]` is `[rows, d]`, the output of target layer `cfg.taps[j]` for every row of the call.
+    pub fn absorb(
+        &self,
+        b: &B,
+        taps: &[B::Buf],
+        rows: usize,
+        segs: &[Segment],
+        states: &mut [&mut DraftState<B>],
+    ) -> Result<(), KernelError> {
+        let (c, w) = (&self.cfg, &self.weights);
+        let d = c.hidden;
+        let mut pre = b.zeros(rows * d);
+        let mut part = b.zeros(rows * d);
+        for (j, (tap, fc)) in taps.iter().zip(&w.fc).enumerate() {
+            // Tap 0 lands in `pre`; later taps are added in tap order (a fixed order: row-invariant).
+            b.linear(tap, rows, fc, None, if j == 0 { &mut pre } else { &mut part });
+            if j > 0 {
+                b.add(&mut pre, &part);
+            }
+        }
+        let mut ctx = b.zeros(rows * d);
+        b.rmsnorm(&pre, &w.hidden_norm, c.eps, d, &mut ctx);
+        let kd = c.kv_heads * c.head_dim;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (mut k, mut v) = (b.zeros(rows * kd), b.zeros(rows * kd));
+            b.linear(&ctx, rows, &lw.k, None, &mut k);
+            b.linear(&ctx, rows, &lw.v, None, &mut v);
+            b.qk_norm_rope(&mut k, c.kv_heads, &lw.k_norm, c.eps, self.rope(), segs)?;
+            let mut caches: Vec<&mut B::Kv> = states.iter_mut().map(|s| &mut s.kv[l]).collect();
+            b.kv_append(&k, &v, segs, &mut caches)?;
+        }
+        Ok(())
+    }
+
+    /// Drops context rows past `pos` (the target rolled back to `pos` positions).
+    pub fn truncate(&self, b: &B, s: &mut DraftState<B>, pos: usize) {
+        for kv in &mut s.kv {
+            b.kv_truncate(kv, pos);
+        }
+    }
+
+    /// The block pass for several streams at once: stream i's block is `[anchors[i].0, mask x (B-1)]` at
+    /// positions `anchors[i].1 ..`, which must equal its context length. `embed`/`head` are the target's
+    /// `[vocab, d]` tables. Returns one block per stream; a non-finite score is [`ForwardError::DraftNonfinite`].
+    pub fn block(
+        &self,
+        b: &B,
+        embed: &B::Mat,
+        head: &B::Mat,
+        anchors: &[(u32, usize)],
+        states: &[&DraftState<B>],
+        want_scores: bool,
+    ) -> Result<Vec<DraftBlock>, ForwardError> {
+        let (c, w) = (&self.cfg, &self.weights);
+        let (n, bs, d, v) = (anchors.len(), c.block, c.hidden, c.vocab);
+        let rows = n * bs;
+        let tokens: Vec<u32> = anchors
+            .iter()
+            .flat_map(|&(t, _)| std::iter::once(t).chain(std::iter::repeat_n(c.mask_id, bs - 1)))
+            .collect();
+        let segs: Vec<Segment> = anchors
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, pos))| Segment { first_row: i * bs, rows: bs, start_pos: pos, cache: i })
+            .collect();
+        let mut h = b.zeros(rows * d);
+        b.embed(embed, &tokens, &mut h)?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let caches: Vec<&B::Kv> = states.iter().map(|s| &s.kv[l]).collect();
+            self.layer(b, lw, &mut h, rows, &segs, &caches)?;
+        }
+        let mut y = b.zeros(rows * d);
+        b.rmsnorm(&h, &w.norm, c.eps, d, &mut y);
+        let mut logits = b.zeros(rows * v);
+        b.linear(&y, rows, head, None, &mut logits);
+        self.markov(b, &logits, &y, anchors, want_scores)
+    }
+
+    fn layer(
+        &self,
+        b: &B,
+        lw: &weights::DrafterLayer<B>,
+        h: &mut B::Buf,
+        rows: usize,
+        segs: &[Segment],
+        caches: &[&B::Kv],
+    ) -> Result<(), KernelError> {
+        let c = &self.cfg;
+        let (d, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let mut x = b.zeros(rows * d);
+        b.rmsnorm(h, &lw.in_norm, c.eps, d, &mut x);
+        let (mut q, mut k, mut v) = (b.zeros(rows * qd), b.zeros(rows * kd), b.zeros(rows * kd));
+        b.linear(&x, rows, &lw.q, None, &mut q);
+        b.linear(&x, rows, &lw.k, None, &mut k);
+        b.linear(&x, rows, &lw.v, None, &mut v);
+        b.qk_norm_rope(&mut q, c.heads, &lw.q_norm, c.eps, self.rope(), segs)?;
+        b.qk_norm_rope(&mut k, c.kv_heads, &lw.k_norm, c.eps, self.rope(), segs)?;
+        let mut a = b.zeros(rows * qd);
+        b.block_attention(&q, &k, &v, c.heads, c.kv_heads, segs, caches, &mut a)?;
+        let mut o = b.zeros(rows * d);
+        b.linear(&a, rows, &lw.o, None, &mut o);
+        b.add(h, &o);
+        b.rmsnorm(h, &lw.post_norm, c.eps, d, &mut x);
+        b.swiglu(&x, rows, &lw.mlp, &mut o);
+        b.add(h, &o);
+        Ok(())
+    }
+
+    /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`,
+    /// greedy pick (ties to the lowest id), and the confidence `sigmoid(w . [y_k ; W1[prev_k]] + b)`.
+    fn markov(
+        &self,
+        b: &B,
+        logits: &B::Buf,
+        y: &B::Buf,
+        anchors: &[(u32, usize)],
+        want_scores: bool,
+    ) -> Result<Vec<DraftBlock>, ForwardError> {
+        let (c, w) = (&self.cfg, &self.weights);
+        let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
+        let mut prev: Vec<u32> = anchors.iter().map(|a| a.0).collect();
+        let mut out: Vec<DraftBlock> =
+            (0..n).map(|_| DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }).collect();
+        for k in 0..bs {
+            let rows_k: Vec<usize> = (0..n).map(|i| i * bs + k).collect();
+            let mut s = b.gather_rows(logits, v, &rows_k);
+            let mut m1 = b.zeros(n * r);
+            b.embed(&w.markov_w1, &prev, &mut m1)?;
+            let mut m2 = b.zeros(n * v);
+            b.linear(&m1, n, &w.markov_w2, None, &mut m2);
+            b.add(&mut s, &m2);
+            let picks = b.greedy(&s, v);
+            if let Some(row) = picks.iter().position(|p| p.nonfinite || p.token as usize >= v) {
+                return Err(ForwardError::DraftNonfinite { stream: row, row: k });
+            }
+            let conf = match &w.confidence {
+                Some((wy, wm, bias)) => {
+                    let yk = b.gather_rows(y, d, &rows_k);
+                    let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
+                    b.linear(&yk, n, wy, None, &mut cy);
+                    b.linear(&m1, n, wm, None, &mut cm);
+                    let (cy, cm) = (b.read(&cy), b.read(&cm));
+                    cy.iter().zip(&cm).map(|(a, m)| 1.0 / (1.0 + (-(a + m + bias)).exp())).collect()
+                }
+                None => Vec::new(),
+            };
+            let scores = if want_scores { b.read(&s) } else { Vec::new() };
+            for (i, blk) in out.iter_mut().enumerate() {
+                blk.tokens.push(picks[i].token);
+                if let Some(&cv) = conf.get(i) {
+                    blk.confidence.push(cv);
+                }
+                if want_scores {
+                    blk.scores.extend_from_slice(&scores[i * v..(i + 1) * v]);
+                }
+            }
+            prev = picks.iter().map(|p| p.token).collect();
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,142 @@
+//! Binds a DSpark drafter checkpoint's tensors (released names, optional `model.` prefix) to the
+//! admitted drafter config: shapes checked, missing and unexpected tensors refused by name.
+
+use super::config::DrafterConfig;
+use crate::checkpoint::{StoredDtype, TensorTable};
+use crate::weights::{Binder, WeightError, to_f32, to_mat};
+use tensorfold_kernels::{Backend, MatView, backend::Ffn};
+
+/// One Qwen3-style drafter layer.
+pub struct DrafterLayer<B: Backend> {
+    /// `input_layernorm.weight` `[d]`.
+    pub in_norm: B::Buf,
+    /// `self_attn.q_proj.weight` `[heads*hd, d]`.
+    pub q: B::Mat,
+    /// `self_attn.k_proj.weight` `[kv_heads*hd, d]`.
+    pub k: B::Mat,
+    /// `self_attn.v_proj.weight` `[kv_heads*hd, d]`.
+    pub v: B::Mat,
+    /// `self_attn.o_proj.weight` `[d, heads*hd]`.
+    pub o: B::Mat,
+    /// `self_attn.q_norm.weight` `[hd]`.
+    pub q_norm: B::Buf,
+    /// `self_attn.k_norm.weight` `[hd]`.
+    pub k_norm: B::Buf,
+    /// `post_attention_layernorm.weight` `[d]`.
+    pub post_norm: B::Buf,
+    /// `mlp.{gate,up,down}_proj` as a SwiGLU (`w1` gate, `w3` up, `w2` down).
+    pub mlp: Ffn<B::Mat>,
+}
+
+/// Every drafter weight on the device. The embedding and output head are the target's.
+pub struct DrafterWeights<B: Backend> {
+    /// `fc.weight` `[d, m*d]` split by tap into m matrices `[d, d]` (column block j reads tap j).
+    pub fc: Vec<B::Mat>,
+    /// `hidden_norm.weight` `[d]`.
+    pub hidden_norm: B::Buf,
+    /// The layers.
+    pub layers: Vec<DrafterLayer<B>>,
+    /// `norm.weight` `[d]`: the final norm before the target's head.
+    pub norm: B::Buf,
+    /// `markov_head.markov_w1.weight` `[V, r]`: a table gathered at the previous token.
+    pub markov_w1: B::Mat,
+    /// `markov_head.markov_w2.weight` `[V, r]`: the rank -> vocab projection.
+    pub markov_w2: B::Mat,
+    /// `confidence_head.proj.weight` `[1, d + r]` split into its `[1, d]` and `[1, r]` parts, and its bias.
+    pub confidence: Option<(B::Mat, B::Mat, f32)>,
+}
+
+/// The table with any `model.` prefix stripped from its names.
+fn strip_prefix(table: &TensorTable) -> TensorTable {
+    let tensors =
+        table.tensors.iter().map(|(k, v)| (k.strip_prefix("model.").unwrap_or(k).to_string(), v.clone())).collect();
+    TensorTable { tensors, files: table.files.clone() }
+}
+
+/// Binds and uploads every drafter tensor.
+pub fn bind<B: Backend>(c: &DrafterConfig, table: &TensorTable, backend: &B) -> Result<DrafterWeights<B>, WeightError> {
+    let table = strip_prefix(table);
+    let mut b = Binder::new(&table, backend);
+    let (d, m, r, v) = (c.hidden, c.taps.len(), c.markov_rank, c.vocab);
+    let fc = split_columns(&mut b, "fc.weight", d, m, d)?;
+    let hidden_norm = b.vec("hidden_norm.weight", &[d])?;
+    let layers = (0..c.layers).map(|i| bind_layer(c, &mut b, i)).collect::<Result<Vec<_>, _>>()?;
+    let norm = b.vec("norm.weight", &[d])?;
+    let markov_w1 = b.mat("markov_head.markov_w1.weight", v, r)?;
+    let markov_w2 = b.mat("markov_head.markov_w2.weight", v, r)?;
+    let confidence = if c.confidence {
+        let split = split_at(&mut b, "confidence_head.proj.weight", d, r)?;
+        let bias = if table.tensors.contains_key("confidence_head.proj.bias") {
+            to_f32(b.entry("confidence_head.proj.bias", &[1])?)[0]
+        } else {
+            0.0
+        };
+        Some((split.0, split.1, bias))
+    } else {
+        None
+    };
+    b.finish()?;
+    Ok(DrafterWeights { fc, hidden_norm, layers, norm, markov_w1, markov_w2, confidence })
+}
+
+fn bind_layer<B: Backend>(c: &DrafterConfig, b: &mut Binder<B>, i: usize) -> Result<DrafterLayer<B>, WeightError> {
+    let p = format!("layers.{i}");
+    let (d, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    Ok(DrafterLayer {
+        in_norm: b.vec(&format!("{p}.input_layernorm.weight"), &[d])?,
+        q: b.mat(&format!("{p}.self_attn.q_proj.weight"), qd, d)?,
+        k: b.mat(&format!("{p}.self_attn.k_proj.weight"), kd, d)?,
+        v: b.mat(&format!("{p}.self_attn.v_proj.weight"), kd, d)?,
+        o: b.mat(&format!("{p}.self_attn.o_proj.weight"), d, qd)?,
+        q_norm: b.vec(&format!("{p}.self_attn.q_norm.weight"), &[c.head_dim])?,
+        k_norm: b.vec(&format!("{p}.self_attn.k_norm.weight"), &[c.head_dim])?,
+        post_norm: b.vec(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
+        mlp: Ffn {
+            w1: b.mat(&format!("{p}.mlp.gate_proj.weight"), c.inter, d)?,
+            w3: b.mat(&format!("{p}.mlp.up_proj.weight"), c.inter, d)?,
+            w2: b.mat(&format!("{p}.mlp.down_proj.weight"), d, c.inter)?,
+        },
+    })
+}
+
+/// Column block `j` of a `[rows, parts*cols]` tensor as `parts` matrices `[rows, cols]` (copies; bf16 stays bf16).
+fn split_columns<B: Backend>(
+    b: &mut Binder<B>,
+    name: &str,
+    rows: usize,
+    parts: usize,
+    cols: usize,
+) -> Result<Vec<B::Mat>, WeightError> {
+    let e = b.entry(name, &[rows, parts * cols])?.clone();
+    let whole = to_mat(&e, rows, parts * cols);
+    (0..parts)
+        .map(|j| {
+            let view = column_block(&whole, e.dtype, j * cols, cols);
+            b.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
+        })
+        .collect()
+}
+
+/// A `[1, a + c]` row split into `[1, a]` and `[1, c]`.
+fn split_at<B: Backend>(b: &mut Binder<B>, name: &str, a: usize, c: usize) -> Result<(B::Mat, B::Mat), WeightError> {
+    let e = b.entry(name, &[1, a + c])?.clone();
+    let whole = to_mat(&e, 1, a + c);
+    let up =
+        |v: MatView| b.backend.upload_mat(&v).map_err(|source| WeightError::Upload { name: name.to_string(), source });
+    Ok((up(column_block(&whole, e.dtype, 0, a))?, up(column_block(&whole, e.dtype, a, c))?))
+}
+
+/// Columns `[start, start + cols)` of every row, copied into a new matrix of the view's element type.
+fn column_block(w: &MatView, stored: StoredDtype, start: usize, cols: usize) -> MatView {
+    let bytes = w.bytes.as_slice();
+    if stored == StoredDtype::Bf16 {
+        let bits: Vec<u16> = (0..w.rows)
+            .flat_map(|r| (start..start + cols).map(move |c| (r * w.cols + c) * 2))
+            .map(|i| u16::from_le_bytes([bytes[i], bytes[i + 1]]))
+            .collect();
+        MatView::from_bf16_bits(w.rows, cols, &bits)
+    } else {
+        let vals: Vec<f32> = (0..w.rows).flat_map(|r| (start..start + cols).map(move |c| w.get(r, c))).collect();
+        MatView::from_f32(w.rows, cols, &vals)
+    }
+}

@@ -1,0 +1,166 @@
+//! The DSpark drafter against its PyTorch reference (`tools/drafter/dspark.py`, fixture `dspark-tiny` on
+//! the `lfm2-moe-f32` target): picks token for token, scores and confidences within bounds; batched,
+//! chunked and rolled-back contexts bit-equal to fresh ones; config refusals by name.
+
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_model::drafter::{DraftBlock, DrafterError, open_drafter};
+use tensorfold_model::{LogitRows, Model, Source, StreamState, open};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn model() -> Model<CpuBackend> {
+    let mut m = open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target opens").model;
+    let d = open_drafter(&Source::Dir(root().join("dspark-tiny")), &m.cfg, &m.backend).expect("drafter opens");
+    m.drafter = Some(d);
+    m
+}
+
+struct Reference {
+    tokens: Vec<u32>,
+    anchors: Vec<usize>,
+    scores: Vec<f32>,
+    picks: Vec<u32>,
+    confidence: Vec<f32>,
+}
+
+fn reference() -> Reference {
+    let bytes = std::fs::read(root().join("dspark-tiny/reference.safetensors")).expect("reference readable");
+    let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+    let i64s = |n: &str| -> Vec<i64> {
+        st.tensor(n).expect(n).data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect()
+    };
+    let f32s = |n: &str| -> Vec<f32> {
+        st.tensor(n).expect(n).data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect()
+    };
+    Reference {
+        tokens: i64s("tokens").iter().map(|&t| t as u32).collect(),
+        anchors: i64s("anchors").iter().map(|&a| a as usize).collect(),
+        scores: f32s("scores"),
+        picks: i64s("picks").iter().map(|&t| t as u32).collect(),
+        confidence: f32s("confidence"),
+    }
+}
+
+/// A state that consumed `tokens`, fed in chunks of `chunk` rows.
+fn consumed(m: &Model<CpuBackend>, tokens: &[u32], chunk: usize) -> StreamState<CpuBackend> {
+    let mut s = m.new_state();
+    for c in tokens.chunks(chunk.max(1)) {
+        let seg = [Segment { first_row: 0, rows: c.len(), start_pos: s.pos, cache: 0 }];
+        m.forward(c, &seg, &mut [&mut s], LogitRows::Last).expect("forward");
+    }
+    s
+}
+
+fn draft_one(m: &Model<CpuBackend>, s: &StreamState<CpuBackend>, anchor: u32) -> DraftBlock {
+    m.draft(&[s], &[anchor], true).expect("draft").remove(0)
+}
+
+#[test]
+fn the_block_pass_matches_the_pytorch_reference() {
+    let (m, r) = (model(), reference());
+    let (bs, v) = (4, 512);
+    for (k, &a) in r.anchors.iter().enumerate() {
+        let s = consumed(&m, &r.tokens[..a], 64);
+        let blk = draft_one(&m, &s, r.tokens[a]);
+        assert_eq!(blk.tokens, r.picks[k * bs..(k + 1) * bs], "picks at anchor {a}");
+        let want = &r.scores[k * bs * v..(k + 1) * bs * v];
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = blk.scores.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs())) / scale;
+        assert!(err < 1e-4, "scores at anchor {a}: max err {err:e} of the largest score");
+        let cerr =
+            blk.confidence.iter().zip(&r.confidence[k * bs..(k + 1) * bs]).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(cerr < 1e-5, "confidence at anchor {a}: max abs err {cerr:e}");
+    }
+}
+
+#[test]
+fn batched_chunked_and_rolled_back_contexts_draft_the_same_bits() {
+    let (m, r) = (model(), reference());
+    let states: Vec<StreamState<CpuBackend>> = r.anchors.iter().map(|&a| consumed(&m, &r.tokens[..a], 64)).collect();
+    let refs: Vec<&StreamState<CpuBackend>> = states.iter().collect();
+    let anchors: Vec<u32> = r.anchors.iter().map(|&a| r.tokens[a]).collect();
+    let batched = m.draft(&refs, &anchors, true).expect("batched draft");
+    for (k, &a) in r.anchors.iter().enumerate() {
+        let solo = draft_one(&m, &states[k], anchors[k]);
+        assert_eq!(batched[k], solo, "batched equals solo at anchor {a}");
+        let chunked = draft_one(&m, &consumed(&m, &r.tokens[..a], 3), anchors[k]);
+        assert_eq!(chunked, solo, "chunks of 3 equal one prefill at anchor {a}");
+    }
+    // A verify window of 5 rows past anchor 7, rolled back to keep 2 of them, equals a fresh context of 9.
+    let mut s = consumed(&m, &r.tokens[..7], 64);
+    let seg = [Segment { first_row: 0, rows: 5, start_pos: 7, cache: 0 }];
+    m.forward(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All).expect("window");
+    m.keep(&mut s, 9).expect("keep");
+    assert_eq!(draft_one(&m, &s, r.tokens[9]), draft_one(&m, &consumed(&m, &r.tokens[..9], 64), r.tokens[9]));
+}
+
+#[test]
+fn a_context_left_at_the_window_end_drafts_differently() {
+    // Planted fault: skip the drafter's rollback; the stale context must change the block.
+    let (m, r) = (model(), reference());
+    let mut s = consumed(&m, &r.tokens[..7], 64);
+    let seg = [Segment { first_row: 0, rows: 5, start_pos: 7, cache: 0 }];
+    m.forward(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All).expect("window");
+    let stale = s.draft.clone().expect("drafter state");
+    m.keep(&mut s, 9).expect("keep");
+    let good = draft_one(&m, &s, r.tokens[9]);
+    s.draft = Some(stale);
+    assert!(m.draft(&[&s], &[r.tokens[9]], true).is_err() || draft_one(&m, &s, r.tokens[9]) != good);
+}
+
+#[test]
+fn bad_anchors_and_missing_drafters_are_refused() {
+    let m = model();
+    let s = m.new_state();
+    assert!(matches!(m.draft(&[&s], &[512], false), Err(tensorfold_model::ForwardError::TokenOutOfRange { .. })));
+    let plain = open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target").model;
+    let ps = plain.new_state();
+    assert_eq!(plain.draft(&[&ps], &[1], false).unwrap_err(), tensorfold_model::ForwardError::NoDrafter);
+}
+
+/// A change to the drafter's config.json.
+type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
+/// Opens the fixture drafter with one config field replaced.
+fn with_config(edit: impl FnOnce(&mut serde_json::Value)) -> Result<(), DrafterError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = root().join("dspark-tiny");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config")).expect("json");
+    edit(&mut cfg);
+    std::fs::write(dir.path().join("config.json"), serde_json::to_vec(&cfg).expect("json")).expect("write");
+    std::fs::copy(src.join("model.safetensors"), dir.path().join("model.safetensors")).expect("copy");
+    let m = open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target").model;
+    open_drafter(&Source::Dir(dir.path().to_path_buf()), &m.cfg, &m.backend).map(|_| ())
+}
+
+#[test]
+fn drafter_configs_we_do_not_run_are_refused_by_name() {
+    let cases: Vec<(&str, Edit)> = vec![
+        ("hidden_act", Box::new(|c| c["hidden_act"] = "gelu".into())),
+        ("markov_head_type", Box::new(|c| c["markov_head_type"] = "gated".into())),
+        ("vocab_size", Box::new(|c| c["vocab_size"] = 1024.into())),
+        ("hidden_size", Box::new(|c| c["hidden_size"] = 128.into())),
+        ("target_layer_ids", Box::new(|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 5]))),
+        ("num_target_layers", Box::new(|c| c["dflash_config"]["num_target_layers"] = 30.into())),
+        ("block_size", Box::new(|c| c["block_size"] = 0.into())),
+        ("block_size", Box::new(|c| c["block_size"] = 33.into())),
+        ("anchor_first", Box::new(|c| c["anchor_first"] = false.into())),
+        ("mask_token_id", Box::new(|c| c["dflash_config"]["mask_token_id"] = 512.into())),
+        (
+            "markov_rank",
+            Box::new(|c| c.as_object_mut().expect("object").remove("markov_rank").map(|_| ()).unwrap_or(())),
+        ),
+    ];
+    for (field, edit) in cases {
+        let err = with_config(edit).expect_err(field).to_string();
+        assert!(err.contains(field), "refusal names {field}: {err}");
+    }
+    // A weight the config does not use is refused by name.
+    let err = with_config(|c| c["enable_confidence_head"] = false.into()).expect_err("extra tensor").to_string();
+    assert!(err.contains("confidence_head.proj"), "{err}");
+}
