@@ -2,6 +2,7 @@
 //! keyed sampler, the prompt cache, memory admission and cancel; plus the solo loop, the serial reference
 //! the shared rounds must equal.
 pub mod core;
+pub mod drafted;
 pub mod drafts;
 pub mod engine;
 pub mod fake;

@@ -24,6 +24,9 @@ pub enum SoloError {
     /// A draw failed (a non-finite logit, bad parameters).
     #[error(transparent)]
     Sample(#[from] SampleError),
+    /// The drafted run's stream failed in the lane core (a forward or drafter error, by name).
+    #[error("the stream failed: {0}")]
+    Stream(String),
 }
 
 /// Why a reply ended.

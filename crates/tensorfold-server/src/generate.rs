@@ -50,8 +50,25 @@ pub struct Outcome {
     pub drafted: usize,
     /// Draft tokens accepted.
     pub accepted: usize,
+    /// Verify windows that carried drafts.
+    pub windows: usize,
+    /// Windows whose draft k was accepted, by position k.
+    pub accepted_at: Vec<usize>,
     /// An engine fault after the reply started (the stream failed; others go on).
     pub error: Option<String>,
+}
+
+impl Outcome {
+    /// Copies the engine's draft counters (drafted, accepted, windows, acceptance by position).
+    fn take_draft_stats(&mut self, stats: &tensorfold_engine::Stats) {
+        (self.drafted, self.accepted, self.windows) = (stats.drafted, stats.accepted, stats.windows);
+        self.accepted_at = stats.accepted_at.clone();
+    }
+
+    /// Mean accepted length: committed tokens per verify window with drafts (0 without drafts).
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.windows == 0 { 0.0 } else { (self.accepted + self.windows) as f64 / self.windows as f64 }
+    }
 }
 
 /// A submitted request whose events have not been read yet.
@@ -143,6 +160,8 @@ impl Running {
             seed: self.seed,
             drafted: 0,
             accepted: 0,
+            windows: 0,
+            accepted_at: Vec::new(),
             error: None,
         };
         let (mut pending, mut lps) = (Vec::new(), Vec::new());
@@ -185,7 +204,7 @@ impl Running {
                     }
                 }
                 Event::Finished { reason, error, stats } => {
-                    (out.drafted, out.accepted) = (stats.drafted, stats.accepted);
+                    out.take_draft_stats(&stats);
                     self.guard.done = true;
                     let tail = detok.take().map(|d| d.finish()).unwrap_or_default();
                     let (mut text, stopped) = stops.push(&tail);
@@ -218,7 +237,7 @@ impl Running {
         self.guard.engine.cancel(self.guard.id);
         while let Some(ev) = self.rx.recv().await {
             if let Event::Finished { stats, .. } = ev {
-                (out.drafted, out.accepted) = (stats.drafted, stats.accepted);
+                out.take_draft_stats(&stats);
                 break;
             }
         }

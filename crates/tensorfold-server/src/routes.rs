@@ -198,7 +198,15 @@ fn usage(o: &Outcome) -> Value {
 }
 
 fn engine_block(o: &Outcome) -> Value {
-    json!({"token_sha256": token_sha256(&o.tokens), "drafted": o.drafted, "accepted": o.accepted, "seed": o.seed})
+    json!({
+        "token_sha256": token_sha256(&o.tokens),
+        "drafted": o.drafted,
+        "accepted": o.accepted,
+        "verify_windows": o.windows,
+        "accepted_by_position": o.accepted_at,
+        "mean_accepted_length": o.mean_accepted_length(),
+        "seed": o.seed
+    })
 }
 
 /// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
@@ -321,6 +329,7 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         metrics::counter!("tensorfold_rounds_total").absolute(m.rounds);
         metrics::counter!("tensorfold_drafted_tokens_total").absolute(m.drafted_tokens);
         metrics::counter!("tensorfold_accepted_tokens_total").absolute(m.accepted_tokens);
+        metrics::counter!("tensorfold_draft_windows_total").absolute(m.draft_windows);
     }
     ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render()).into_response()
 }

@@ -20,10 +20,49 @@ static FILES: &[(&str, &[u8])] = embed!(
     "model-00002-of-00002.safetensors"
 );
 
+/// The embedded default's drafter (none until the trained pair lands).
+static DRAFTER_FILES: Option<&[(&str, &[u8])]> = None;
+
 /// The model directory given, or the embedded default.
 pub fn source(dir: Option<PathBuf>) -> Source {
     match dir {
         Some(d) => Source::Dir(d),
         None => Source::Embedded(FILES),
     }
+}
+
+/// The drafter to attach: `--drafter DIR`, else the embedded default's own drafter when the model is the
+/// embedded default (none yet for a model directory given without `--drafter`).
+pub fn drafter_source(model: &Option<PathBuf>, drafter: Option<PathBuf>) -> Option<Source> {
+    match (drafter, model) {
+        (Some(d), _) => Some(Source::Dir(d)),
+        (None, None) => DRAFTER_FILES.map(Source::Embedded),
+        (None, Some(_)) => None,
+    }
+}
+
+/// Opens the drafter at `src` against `model` and attaches it (its weights count in the model's bytes).
+pub fn attach_drafter<B: tensorfold_kernels::Backend>(
+    model: &mut tensorfold_model::Model<B>,
+    src: Option<Source>,
+) -> anyhow::Result<()> {
+    let Some(src) = src else { return Ok(()) };
+    if let Source::Dir(d) = &src
+        && !d.is_dir()
+    {
+        anyhow::bail!("drafter directory {} does not exist or is not a directory", d.display());
+    }
+    let d = tensorfold_model::drafter::open_drafter(&src, &model.cfg, &model.backend)
+        .map_err(|e| anyhow::anyhow!("opening the drafter {}: {e}", src.describe()))?;
+    tracing::info!(
+        "drafter {}: DSpark, {} layers, block {}, taps {:?}, Markov rank {}, confidence head {}",
+        src.describe(),
+        d.cfg.layers,
+        d.cfg.block,
+        d.cfg.taps,
+        d.cfg.markov_rank,
+        d.cfg.confidence
+    );
+    model.drafter = Some(d);
+    Ok(())
 }

@@ -5,6 +5,9 @@ use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tensorfold_engine::ModelTarget;
+use tensorfold_engine::core::MAX_DRAFT;
+use tensorfold_engine::drafted::{self, DraftSettings};
 use tensorfold_engine::sampler::{SamplingParams, resolve_seed, token_sha256};
 use tensorfold_engine::solo::{SoloConfig, generate};
 use tensorfold_kernels::CpuBackend;
@@ -56,6 +59,18 @@ pub struct Args {
     /// Prompt rows per prefill call.
     #[arg(long, default_value_t = 512)]
     chunk: usize,
+    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    #[arg(long, env = "TENSORFOLD_DRAFTER")]
+    drafter: Option<PathBuf>,
+    /// Never draft: run the plain serial path (the reply is the same tokens either way).
+    #[arg(long)]
+    no_drafts: bool,
+    /// Most drafted tokens verified in one window (at most 32).
+    #[arg(long, default_value_t = 8)]
+    max_draft: usize,
+    /// Context copies: a suffix of at least this many tokens must recur for its continuation to be drafted.
+    #[arg(long, default_value_t = 8)]
+    copy_min: usize,
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
@@ -65,7 +80,10 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     check_device(a.device)?;
     let src = default_model::source(a.model.clone());
-    let loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
+    let mut loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
+    if !a.no_drafts {
+        default_model::attach_drafter(&mut loaded.model, default_model::drafter_source(&a.model, a.drafter.clone()))?;
+    }
     let text = loaded.text.as_ref();
     let need_text = || text.ok_or(tensorfold_model::text::TextError::NoTokenizer);
     let prompt: Vec<u32> = if let Some(ids) = &a.prompt_ids {
@@ -103,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut detok = text.map(|t| t.detokenizer(false));
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let (ids, stats) = generate(&loaded.model, &prompt, &cfg, |tok| {
+    let on_token = |tok: u32| {
         let piece = match detok.as_mut().map(|d| d.push(tok)) {
             Some(Ok(p)) => p,
             Some(Err(e)) => {
@@ -118,7 +136,38 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             return false;
         }
         true
-    })?;
+    };
+    let summary = if loaded.model.drafter.is_some() {
+        let target = ModelTarget { model: loaded.model, eos: loaded.eos_ids.clone() };
+        let settings = DraftSettings { max_draft: a.max_draft.min(MAX_DRAFT), copy_min: a.copy_min };
+        let (ids, st, reason) = drafted::generate(target, &prompt, &cfg, settings, on_token)?;
+        let acc: Vec<String> = st.accepted_at.iter().map(|n| n.to_string()).collect();
+        Summary {
+            ids,
+            prompt_tokens: st.prompt_tokens,
+            finish: format!("{reason:?}").to_lowercase(),
+            prefill: st.ttft.as_secs_f64(),
+            decode: st.decode.as_secs_f64(),
+            drafts: Some(format!(
+                "drafted: {}  accepted: {}  verify windows: {}  mean accepted length: {:.2}  accepted by position: [{}]",
+                st.drafted,
+                st.accepted,
+                st.windows,
+                st.mean_accepted_length(),
+                acc.join(", ")
+            )),
+        }
+    } else {
+        let (ids, st) = generate(&loaded.model, &prompt, &cfg, on_token)?;
+        Summary {
+            ids,
+            prompt_tokens: st.prompt_tokens,
+            finish: format!("{:?}", st.finish).to_lowercase(),
+            prefill: st.prefill.as_secs_f64(),
+            decode: st.decode.as_secs_f64(),
+            drafts: None,
+        }
+    };
     if let Some(d) = detok {
         let _ = stdout.write_all(d.finish().as_bytes());
     }
@@ -126,16 +175,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(e) = write_err {
         return Err(e);
     }
-    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    eprintln!(
-        "prompt tokens: {}  generated tokens: {}  finish: {}\nprefill: {:.1} tok/s  decode: {:.1} tok/s\nseed: {}  token_sha256: {}",
-        stats.prompt_tokens,
-        stats.generated,
-        format!("{:?}", stats.finish).to_lowercase(),
-        rate(stats.prompt_tokens, stats.prefill.as_secs_f64()),
-        rate(stats.generated.saturating_sub(1), stats.decode.as_secs_f64()),
-        params.seed,
-        token_sha256(&ids)
-    );
+    summary.print(params.seed);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `generate` prints after the reply.
+struct Summary {
+    ids: Vec<u32>,
+    prompt_tokens: usize,
+    finish: String,
+    prefill: f64,
+    decode: f64,
+    drafts: Option<String>,
+}
+
+impl Summary {
+    fn print(&self, seed: u64) {
+        let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        eprintln!(
+            "prompt tokens: {}  generated tokens: {}  finish: {}\nprefill: {:.1} tok/s  decode: {:.1} tok/s\nseed: {}  token_sha256: {}",
+            self.prompt_tokens,
+            self.ids.len(),
+            self.finish,
+            rate(self.prompt_tokens, self.prefill),
+            rate(self.ids.len().saturating_sub(1), self.decode),
+            seed,
+            token_sha256(&self.ids)
+        );
+        if let Some(d) = &self.drafts {
+            eprintln!("{d}");
+        }
+    }
 }

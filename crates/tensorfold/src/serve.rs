@@ -52,6 +52,9 @@ pub struct Args {
     /// Most drafted tokens verified in one window.
     #[arg(long, default_value_t = 8, env = "TENSORFOLD_MAX_DRAFT")]
     max_draft: usize,
+    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    #[arg(long, env = "TENSORFOLD_DRAFTER")]
+    drafter: Option<PathBuf>,
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
     #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
     no_drafts: bool,
@@ -130,11 +133,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         planted: None,
     };
     let src = default_model::source(a.model.clone());
+    let drafter = if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) };
     let (context, max_tokens) = (a.context, a.max_tokens);
     let load = move || -> Result<(Ready, Engine), String> {
         tracing::info!("loading {} ...", src.describe());
         let mut loaded =
             tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
+        default_model::attach_drafter(&mut loaded.model, drafter).map_err(|e| e.to_string())?;
         let max = loaded.model.cfg.max_positions;
         if context.is_some_and(|c| c > max) {
             tracing::warn!(

@@ -190,3 +190,35 @@ fn inspect_without_a_directory_describes_the_embedded_default() {
     assert!(out.contains("layers:      6 (4 conv, 2 attention)"), "{out}");
     assert!(out.contains("model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"), "{out}");
 }
+
+#[test]
+fn generate_with_a_drafter_prints_acceptance_and_the_plain_token_hash() {
+    let (m, d) = (fixture("lfm2-moe-f32"), fixture("dspark-tiny"));
+    let args = |extra: &'static str| {
+        let mut v = vec!["generate", "--model", path_str(&m), "--drafter", path_str(&d), "--prompt-ids", "11,12,13"];
+        v.extend(["--max-tokens", "24", "--ignore-eos", "--temperature", "0.7", "--seed", "4", "--copy-min", "0"]);
+        if !extra.is_empty() {
+            v.push(extra);
+        }
+        tensorfold(&v)
+    };
+    let (drafted, plain) = (args(""), args("--no-drafts"));
+    ok(&drafted);
+    ok(&plain);
+    let (de, pe) = (stderr(&drafted), stderr(&plain));
+    let sha = |e: &str| e.split("token_sha256: ").nth(1).map(|s| s[..64].to_string()).expect("a token hash");
+    assert_eq!(sha(&de), sha(&pe), "{de}\n{pe}");
+    assert!(de.contains("mean accepted length:") && !pe.contains("mean accepted length:"), "{de}");
+    let bad = refused(&tensorfold(&["generate", "--drafter", "/nonexistent", "--prompt-ids", "1"]));
+    assert!(bad.contains("drafter directory /nonexistent"), "{bad}");
+    let wrong = refused(&tensorfold(&[
+        "generate",
+        "--model",
+        path_str(&fixture("lfm2-moe-24b-plan")),
+        "--drafter",
+        path_str(&d),
+        "--prompt-ids",
+        "1",
+    ]));
+    assert!(wrong.contains("does not match the target"), "{wrong}");
+}

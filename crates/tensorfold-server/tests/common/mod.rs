@@ -35,6 +35,8 @@ pub struct Setup {
     pub api_key: Option<String>,
     /// Load the model and set `ready` (false: the state stays "loading").
     pub ready: bool,
+    /// Attach the `dspark-tiny` drafter fixture.
+    pub drafter: bool,
 }
 
 impl Default for Setup {
@@ -53,6 +55,7 @@ impl Default for Setup {
             default_max_tokens: 16,
             api_key: None,
             ready: true,
+            drafter: false,
         }
     }
 }
@@ -61,6 +64,12 @@ impl Default for Setup {
 pub fn load(setup: &Setup) -> (Ready, Engine) {
     let mut loaded = tensorfold_model::open(&Source::Dir(fixture()), CpuBackend).expect("the fixture opens");
     loaded.model.cfg.max_positions = setup.context;
+    if setup.drafter {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dspark-tiny");
+        let d = tensorfold_model::drafter::open_drafter(&Source::Dir(dir), &loaded.model.cfg, &loaded.model.backend)
+            .expect("the drafter fixture opens");
+        loaded.model.drafter = Some(d);
+    }
     let text = loaded.text.map(Arc::new);
     let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, setup.engine.clone());
     let ready =
