@@ -9,6 +9,7 @@ pub mod fake;
 pub mod prompt_cache;
 pub mod request;
 pub mod sampler;
+pub mod schedule;
 pub mod solo;
 pub mod target;
 

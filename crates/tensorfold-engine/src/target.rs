@@ -3,6 +3,7 @@
 //! test target.
 
 use tensorfold_kernels::{Backend, Segment};
+use tensorfold_model::drafter::DraftBlock;
 use tensorfold_model::{ForwardError, LogitRows, Model, StreamState};
 
 /// A model the engine can run.
@@ -43,8 +44,8 @@ pub trait Target: Send + 'static {
         s.clone()
     }
     /// Drafts a block for each stream whose pending token is `anchors[i]` (the block drafter); `None` when
-    /// the target has no drafter. `blocks[i][k]` proposes the token after position `pos + k`.
-    fn draft(&self, _states: &[&Self::State], _anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+    /// the target has no drafter. `blocks[i].tokens[k]` proposes the token after position `pos + k`.
+    fn draft(&self, _states: &[&Self::State], _anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         None
     }
 }
@@ -124,9 +125,9 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         self.model.keep(s, pos)
     }
 
-    fn draft(&self, states: &[&StreamState<B>], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+    fn draft(&self, states: &[&StreamState<B>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.model.drafter.as_ref()?;
-        Some(self.model.draft(states, anchors, false).map(|b| b.into_iter().map(|d| d.tokens).collect()))
+        Some(self.model.draft(states, anchors, false))
     }
 
     fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {

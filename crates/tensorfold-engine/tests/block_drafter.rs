@@ -10,7 +10,7 @@ use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::sampler::{SamplingParams, draw};
 use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
 use tensorfold_kernels::{CpuBackend, Segment};
-use tensorfold_model::drafter::open_drafter;
+use tensorfold_model::drafter::{DraftBlock, open_drafter};
 use tensorfold_model::{ForwardError, Source};
 
 fn run<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
@@ -54,7 +54,15 @@ fn requests(vocab: u32, seed0: u64) -> Vec<Request> {
 
 /// Copies off (so every draft is a block draft); 3 lanes for 6 requests, so streams join mid-flight.
 fn cfg() -> EngineConfig {
-    EngineConfig { parallel: 3, copy_min: 0, max_draft: 8, round_rows: 24, prefill_chunk: 4, ..EngineConfig::default() }
+    EngineConfig {
+        parallel: 3,
+        copy_min: 0,
+        max_draft: 8,
+        round_rows: 24,
+        prefill_chunk: 4,
+        round_guard: false,
+        ..EngineConfig::default()
+    }
 }
 
 fn plain(reqs: &[Request]) -> Vec<Request> {
@@ -133,7 +141,7 @@ impl Target for Scripted {
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
     }
-    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         let blocks = states
             .iter()
             .zip(anchors)
@@ -150,6 +158,7 @@ impl Target for Scripted {
                 }
                 b
             })
+            .map(|tokens| DraftBlock { tokens, confidence: Vec::new(), scores: Vec::new() })
             .collect();
         Some(Ok(blocks))
     }
@@ -255,7 +264,7 @@ impl Target for NoConvRollback {
         }
         Ok(())
     }
-    fn draft(&self, states: &[&Self::State], anchors: &[u32]) -> Option<Result<Vec<Vec<u32>>, ForwardError>> {
+    fn draft(&self, states: &[&Self::State], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.0.draft(states, anchors)
     }
 }

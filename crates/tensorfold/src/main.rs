@@ -77,6 +77,39 @@ pub enum Device {
     Cuda,
 }
 
+/// How many drafts a verify window carries (`--verify`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Verify {
+    /// The depth with the most expected committed tokens per second, from measured acceptance and round cost.
+    Depth,
+    /// DSpark's confidence-scheduled verification across the round's streams (needs a confidence head).
+    Scheduled,
+    /// Always --max-draft drafts (measurement runs).
+    Fixed,
+}
+
+impl From<Verify> for tensorfold_engine::schedule::VerifyMode {
+    fn from(v: Verify) -> Self {
+        match v {
+            Verify::Depth => Self::Depth,
+            Verify::Scheduled => Self::Scheduled,
+            Verify::Fixed => Self::Fixed,
+        }
+    }
+}
+
+/// Refuses `--verify scheduled` for a model whose drafter has no confidence head (or no drafter), by name.
+pub fn check_verify<B: tensorfold_kernels::Backend>(
+    v: Verify,
+    model: &tensorfold_model::Model<B>,
+) -> anyhow::Result<()> {
+    let conf = model.drafter.as_ref().is_some_and(|d| d.cfg.confidence);
+    if v == Verify::Scheduled && !conf {
+        anyhow::bail!("--verify scheduled needs a drafter with a confidence head (enable_confidence_head: true)");
+    }
+    Ok(())
+}
+
 /// Refuses devices this build lacks, by name.
 pub fn check_device(d: Device) -> anyhow::Result<()> {
     match d {

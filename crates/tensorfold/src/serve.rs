@@ -1,6 +1,6 @@
 //! `tensorfold serve`: the OpenAI-compatible server on the embedded default model or a model directory.
 
-use crate::{Device, check_device, default_model};
+use crate::{Device, Verify, check_device, default_model};
 use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +55,12 @@ pub struct Args {
     /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
     #[arg(long, env = "TENSORFOLD_DRAFTER")]
     drafter: Option<PathBuf>,
+    /// How many drafts a verify window carries: depth (measured), scheduled (confidence head), fixed.
+    #[arg(long, value_enum, default_value_t = Verify::Depth, env = "TENSORFOLD_VERIFY")]
+    verify: Verify,
+    /// Turn off the shared-round guard (which runs plain rounds where drafted ones do not pay).
+    #[arg(long, env = "TENSORFOLD_NO_ROUND_GUARD")]
+    no_round_guard: bool,
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
     #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
     no_drafts: bool,
@@ -130,16 +136,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         shared_rounds: true,
         copy_min: a.copy_min,
         max_draft: if a.no_drafts { 0 } else { a.max_draft },
+        verify: a.verify.into(),
+        round_guard: !a.no_round_guard,
         planted: None,
     };
     let src = default_model::source(a.model.clone());
     let drafter = if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) };
-    let (context, max_tokens) = (a.context, a.max_tokens);
+    let (context, max_tokens, verify, max_draft) = (a.context, a.max_tokens, a.verify, cfg.max_draft);
     let load = move || -> Result<(Ready, Engine), String> {
         tracing::info!("loading {} ...", src.describe());
         let mut loaded =
             tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
         default_model::attach_drafter(&mut loaded.model, drafter).map_err(|e| e.to_string())?;
+        if max_draft > 0 {
+            crate::check_verify(verify, &loaded.model).map_err(|e| e.to_string())?;
+        }
         let max = loaded.model.cfg.max_positions;
         if context.is_some_and(|c| c > max) {
             tracing::warn!(

@@ -1,9 +1,15 @@
 //! The lane core: streams admitted into lanes (FCFS, memory admission), each round ONE forward over every
 //! active stream's rows (a decode row, or a chunk of its prompt within a per-round row budget), keyed
 //! draws, stop conditions, prompt-cache snapshots, cancel. Synchronous and deterministic: `engine` runs it
-//! on its own thread.
+//! on its own thread. Drafting (proposals, the depth rule, verify) lives in `drafting`.
 
-use crate::drafts::{Guard, context_copy};
+mod drafting;
+
+use crate::schedule::{CostModel, Mode, RoundGuard, VerifyMode};
+pub use drafting::PlantedFault;
+use drafting::window_draws;
+
+use crate::drafts::Guard;
 use crate::prompt_cache::{CacheCounters, PromptCache};
 use crate::request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
 use crate::sampler::{SamplingParams, draw};
@@ -43,19 +49,13 @@ pub struct EngineConfig {
     pub copy_min: usize,
     /// Most drafts in a verify window (0 turns drafting off; at most [`MAX_DRAFT`]).
     pub max_draft: usize,
+    /// How many drafts a window carries: the depth rule (default), confidence-scheduled, or fixed.
+    pub verify: VerifyMode,
+    /// The shared-round guard: per stream count, run plain rounds where drafted ones do not pay.
+    pub round_guard: bool,
     /// A verify fault planted on purpose, so tests can show their checks catch it (always `None` in use).
     #[doc(hidden)]
     pub planted: Option<PlantedFault>,
-}
-
-/// Verify faults the drafting tests plant to prove they turn red.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PlantedFault {
-    /// The token after the last kept draft is drawn from the row before it.
-    BonusFromWrongRow,
-    /// Each draft is compared with the draw keyed one position later.
-    DrawAtWrongPosition,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +70,8 @@ impl Default for EngineConfig {
             shared_rounds: true,
             copy_min: 8,
             max_draft: 8,
+            verify: VerifyMode::Depth,
+            round_guard: true,
             planted: None,
         }
     }
@@ -148,6 +150,8 @@ struct Stream<S> {
     guard: Guard,
     /// This round's drafter block (drafts for the positions after the pending token).
     block: Vec<u32>,
+    /// The drafter's confidence in each draft of `block` (empty without a confidence head).
+    conf: Vec<f32>,
     generated: usize,
     bytes: usize,
     stats: Stats,
@@ -167,6 +171,12 @@ pub struct Core<T: Target> {
     next_id: RequestId,
     reserved: usize,
     counters: Metrics,
+    /// Measured acceptance and round cost (the depth rule, scheduled verify).
+    costs: CostModel,
+    /// Plain or drafted rounds per stream count.
+    round_guard: RoundGuard,
+    /// Tokens committed in the current round.
+    round_committed: u64,
 }
 
 impl<T: Target> Core<T> {
@@ -191,6 +201,9 @@ impl<T: Target> Core<T> {
             next_id: 1,
             reserved: 0,
             counters: Metrics::default(),
+            costs: CostModel::default(),
+            round_guard: RoundGuard::default(),
+            round_committed: 0,
         }
     }
 
@@ -303,6 +316,7 @@ impl<T: Target> Core<T> {
                 history,
                 guard: Guard::default(),
                 block: Vec::new(),
+                conf: Vec::new(),
                 generated: 0,
                 bytes: w.bytes,
                 stats,
@@ -314,7 +328,7 @@ impl<T: Target> Core<T> {
 
     /// Rows of this round: `(lane, tokens)`, decode windows first (the pending token, then drafts while
     /// the row budget allows), then prompt chunks within the budget.
-    fn plan(&mut self) -> Vec<(usize, Vec<u32>)> {
+    fn plan(&mut self, mode: Mode) -> Vec<(usize, Vec<u32>)> {
         let mut plan = Vec::new();
         let mut budget = self.cfg.round_rows.max(1);
         for (i, s) in self.lanes.iter().enumerate() {
@@ -323,22 +337,8 @@ impl<T: Target> Core<T> {
                 budget = budget.saturating_sub(1);
             }
         }
-        let context = self.target.context();
-        for (lane, rows) in plan.iter_mut() {
-            let s = &mut self.lanes[*lane];
-            if !s.req.draft || self.cfg.max_draft == 0 || budget == 0 || !s.guard.allow() {
-                continue;
-            }
-            let pos = self.target.pos(&s.state);
-            let room = (s.req.max_tokens - s.generated).saturating_sub(1).min(context.saturating_sub(pos + 1));
-            let max = self.cfg.max_draft.min(room).min(budget);
-            let mut drafts = context_copy(&s.history, self.cfg.copy_min, max);
-            if drafts.is_empty() {
-                drafts = std::mem::take(&mut s.block);
-                drafts.truncate(max);
-            }
-            budget -= drafts.len();
-            rows.extend(drafts);
+        if mode == Mode::Drafted {
+            self.extend_windows(&mut plan, &mut budget);
         }
         // At least one prompt row a round, so prefill never starves behind decode rows.
         budget = budget.max(1);
@@ -356,61 +356,22 @@ impl<T: Target> Core<T> {
         plan
     }
 
-    /// Whether lane `i` drafts this round at all (a request that allows it, drafting on, guard open).
-    fn may_draft(&self, i: usize) -> bool {
-        let s = &self.lanes[i];
-        s.pending.is_some() && s.req.draft && self.cfg.max_draft > 0 && !s.guard.paused()
-    }
-
-    /// One drafter block pass over every stream that drafts this round and has no context copy (one batched
-    /// call; on an error each stream is retried alone, so only a stream that fails alone fails).
-    fn draft_blocks(&mut self) {
-        for s in &mut self.lanes {
-            s.block.clear();
-        }
-        let want: Vec<usize> = (0..self.lanes.len())
-            .filter(|&i| self.may_draft(i))
-            .filter(|&i| context_copy(&self.lanes[i].history, self.cfg.copy_min, 1).is_empty())
-            .collect();
-        if want.is_empty() {
-            return;
-        }
-        let run = |lanes: &[Stream<T::State>], ids: &[usize]| {
-            let states: Vec<&T::State> = ids.iter().map(|&i| &lanes[i].state).collect();
-            let anchors: Vec<u32> = ids.iter().map(|&i| lanes[i].pending.expect("drafting lanes decode")).collect();
-            self.target.draft(&states, &anchors)
-        };
-        let results: Vec<Result<Vec<u32>, String>> = match run(&self.lanes, &want) {
-            None => return,
-            Some(Ok(blocks)) => blocks.into_iter().map(Ok).collect(),
-            Some(Err(_)) => want
-                .iter()
-                .map(|&i| match run(&self.lanes, &[i]) {
-                    Some(Ok(mut b)) => Ok(b.remove(0)),
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Ok(Vec::new()),
-                })
-                .collect(),
-        };
-        let ids: Vec<RequestId> = want.iter().map(|&i| self.lanes[i].id).collect();
-        for (id, r) in ids.into_iter().zip(results) {
-            let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
-            match r {
-                Ok(b) => self.lanes[i].block = b,
-                Err(e) => self.finish(i, FinishReason::Error, Some(e)),
-            }
-        }
-    }
-
     /// Runs one round. Returns false when there was nothing to run.
     pub fn step(&mut self) -> bool {
         self.admit();
-        self.draft_blocks();
-        let plan = self.plan();
+        let t0 = self.clock.now();
+        let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
+        let mode = self.round_mode(decoding);
+        if mode == Mode::Drafted {
+            self.draft_blocks();
+        }
+        let plan = self.plan(mode);
         if plan.is_empty() {
             return false;
         }
         self.counters.rounds += 1;
+        self.round_committed = 0;
+        let rows: usize = plan.iter().map(|(_, r)| r.len()).sum();
         let results = self.run_forward(&plan);
         let (plan, logits) = self.drop_failed(plan, results);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
@@ -438,6 +399,7 @@ impl<T: Target> Core<T> {
                 None => self.after_prompt_rows(i, &logits),
             }
         }
+        self.record_round(decoding, mode, rows, (self.clock.now() - t0).as_secs_f64());
         true
     }
 
@@ -543,45 +505,6 @@ impl<T: Target> Core<T> {
             || (pos.is_multiple_of(chunk) && ((pos / chunk).is_power_of_two() || pos + chunk >= prompt_len))
     }
 
-    /// Applies a verified decode window (the pending token, then drafts; `draws` from [`window_draws`]): a
-    /// draft was kept iff it equals the draw at the row before it; the kept drafts and the draw after the
-    /// last kept row are committed, and the state rolls back to the kept path.
-    fn verify(&mut self, i: usize, rows: &[u32], logits: &[f32], draws: Result<Vec<u32>, String>) {
-        let v = self.target.vocab();
-        let n = rows.len() - 1;
-        let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
-        let toks = match draws {
-            Ok(t) => t,
-            Err(e) => return self.finish(i, FinishReason::Error, Some(e)),
-        };
-        let accepted = toks.len() - 1;
-        if n > 0 {
-            let s = &mut self.lanes[i];
-            if let Err(e) = self.target.keep(&mut s.state, p0 + toks.len()) {
-                return self.finish(i, FinishReason::Error, Some(format!("rolling back a verify window: {e}")));
-            }
-            s.guard.record(accepted);
-            s.stats.drafted += n;
-            s.stats.accepted += accepted;
-            s.stats.windows += 1;
-            if s.stats.drafted_at.len() < n {
-                s.stats.drafted_at.resize(n, 0);
-                s.stats.accepted_at.resize(n, 0);
-            }
-            s.stats.drafted_at[..n].iter_mut().for_each(|c| *c += 1);
-            s.stats.accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
-            self.counters.draft_windows += 1;
-            self.counters.drafted_tokens += n as u64;
-            self.counters.accepted_tokens += accepted as u64;
-        }
-        for (r, &t) in toks.iter().enumerate() {
-            self.send_logprobs(i, &logits[r * v..(r + 1) * v], t);
-            if !self.commit(i, t, p0 + 1 + r) {
-                return;
-            }
-        }
-    }
-
     fn send_logprobs(&mut self, i: usize, logits: &[f32], tok: u32) {
         if let Some(n) = self.lanes[i].req.logprobs {
             self.lanes[i].sink.send(Event::Logprobs(TokenLogprobs::from_logits(logits, tok, n)));
@@ -597,6 +520,7 @@ impl<T: Target> Core<T> {
         s.generated += 1;
         s.history.push(tok);
         self.counters.generated_tokens += 1;
+        self.round_committed += 1;
         if s.first_token.is_none() {
             s.first_token = Some(now);
             s.stats.ttft = now - s.submitted;
@@ -627,34 +551,4 @@ impl<T: Target> Core<T> {
         stats.decode = s.first_token.map_or_else(Default::default, |t| now - t);
         s.sink.send(Event::Finished { reason, error, stats });
     }
-}
-
-/// The draws of a decode window (`rows` = the pending token, then drafts; `logits` one row each, `v` wide)
-/// whose first row sits at position `p0`: row `r` is drawn for position `p0 + 1 + r`, and the walk stops at
-/// the first draw that differs from the next draft (the draw after the last kept draft).
-fn window_draws(
-    params: &SamplingParams,
-    p0: usize,
-    rows: &[u32],
-    logits: &[f32],
-    v: usize,
-    planted: Option<PlantedFault>,
-) -> Result<Vec<u32>, String> {
-    let n = rows.len() - 1;
-    let mut toks = Vec::with_capacity(rows.len());
-    for r in 0..=n {
-        let at = p0 + 1 + r;
-        let key = if planted == Some(PlantedFault::DrawAtWrongPosition) && r < n { at + 1 } else { at };
-        let t =
-            draw(params, key as u64, &logits[r * v..(r + 1) * v]).map_err(|e| format!("draw at position {at}: {e}"))?;
-        toks.push(t);
-        if r == n || t != rows[r + 1] {
-            break;
-        }
-    }
-    let k = toks.len() - 1;
-    if planted == Some(PlantedFault::BonusFromWrongRow) && k > 0 {
-        toks[k] = draw(params, (p0 + 1 + k) as u64, &logits[(k - 1) * v..k * v]).map_err(|e| e.to_string())?;
-    }
-    Ok(toks)
 }

@@ -1,0 +1,234 @@
+//! Draft scheduling decisions from scripted measurements: the shared-round guard's plain/drafted stretches,
+//! the depth rule, and confidence-scheduled verify; and the guard inside the lane core under a clock the
+//! target advances (drafts that do not pay are turned off, drafts that pay are kept, tokens unchanged).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+use tensorfold_engine::core::{Clock, Core, EngineConfig};
+use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::schedule::*;
+use tensorfold_engine::{Event, Request, Target};
+use tensorfold_kernels::Segment;
+use tensorfold_model::ForwardError;
+use tensorfold_model::drafter::DraftBlock;
+
+/// Runs `n` rounds of `mode` at `streams` streams, each committing `tokens` in `secs`; returns the modes seen.
+fn feed(g: &mut RoundGuard, streams: usize, rounds: usize, mut rate: impl FnMut(Mode) -> (u64, f64)) -> Vec<Mode> {
+    (0..rounds)
+        .map(|_| {
+            let m = g.mode(streams);
+            let (t, s) = rate(m);
+            g.record(streams, m, t, s);
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn the_guard_measures_16_plain_and_4_drafted_rounds_then_runs_the_faster_for_512() {
+    let mut g = RoundGuard::default();
+    // Drafted rounds commit 3 tokens in the time plain rounds commit 1.
+    let modes = feed(&mut g, 4, 17 + 5 + 512 + 17, |m| if m == Mode::Drafted { (12, 1.0) } else { (4, 1.0) });
+    assert!(modes[..17].iter().all(|&m| m == Mode::Plain), "starts plain: 16 measured plus the unmeasured first");
+    assert!(modes[17..22].iter().all(|&m| m == Mode::Drafted), "then 4 drafted plus the first");
+    assert!(modes[22..22 + 512].iter().all(|&m| m == Mode::Drafted), "drafted wins: a stretch of 512");
+    assert!(modes[22 + 512..].iter().all(|&m| m == Mode::Plain), "then plain is measured again");
+    // Drafted wins again: the next stretch doubles.
+    let next = feed(&mut g, 4, 1024 + 1, |m| if m == Mode::Drafted { (12, 1.0) } else { (4, 1.0) });
+    assert!(next[..1024].iter().all(|&m| m == Mode::Drafted) && next[1024] == Mode::Plain, "1024 drafted rounds");
+    // Another stream count has its own state: it starts plain.
+    assert_eq!(g.mode(5), Mode::Plain);
+}
+
+#[test]
+fn drafted_must_beat_plain_by_five_percent() {
+    let mut g = RoundGuard::default();
+    // 4% faster: not enough.
+    let modes = feed(&mut g, 2, 22 + 512, |m| if m == Mode::Drafted { (104, 1.0) } else { (100, 1.0) });
+    assert!(modes[22..].iter().all(|&m| m == Mode::Plain), "plain kept for the stretch");
+    let mut g = RoundGuard::default();
+    let modes = feed(&mut g, 2, 22 + 512, |m| if m == Mode::Drafted { (106, 1.0) } else { (100, 1.0) });
+    assert!(modes[22..].iter().all(|&m| m == Mode::Drafted), "6% faster: drafted");
+}
+
+#[test]
+fn a_modes_first_round_is_not_measured() {
+    let mut g = RoundGuard::default();
+    // The first plain round is absurdly fast; if it were measured plain would win.
+    let mut first = true;
+    let modes = feed(&mut g, 3, 22 + 1, |m| {
+        if m == Mode::Plain && std::mem::take(&mut first) {
+            (1_000_000, 1.0)
+        } else if m == Mode::Drafted {
+            (3, 1.0)
+        } else {
+            (2, 1.0)
+        }
+    });
+    assert_eq!(modes[22], Mode::Drafted);
+}
+
+#[test]
+fn the_depth_rule_follows_measured_acceptance_and_cost() {
+    let mut c = CostModel::default();
+    // Without cost measurements every depth costs the same: the deepest wins.
+    assert_eq!(c.depth(1, 0, 8), 8);
+    // Draft 0 is nearly always accepted, draft 1 nearly never.
+    for _ in 0..200 {
+        c.record_window(8, 1);
+    }
+    assert!(c.acceptance(0) > 0.95 && c.acceptance(1) < 0.05);
+    // Cost grows by 50% a row: one draft (2 rows) is worth it, more are not.
+    for r in 1..=9 {
+        for _ in 0..50 {
+            c.record_round(r, 1.0 + 0.5 * (r as f64 - 1.0));
+        }
+    }
+    let depths: Vec<usize> = (0..PROBE_EVERY)
+        .map(|_| {
+            let d = c.depth(1, 0, 8);
+            c.record_round(2, 1.5);
+            d
+        })
+        .collect();
+    assert_eq!(depths.iter().filter(|&&d| d == 1).count() as u64, PROBE_EVERY - 1, "{depths:?}");
+    assert!(depths.contains(&2), "one probe one deeper: {depths:?}");
+    assert!((c.expected_tokens(0) - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn scheduled_verify_admits_drafts_by_survival_while_the_rate_improves() {
+    let mut c = CostModel::default();
+    // Each extra row costs 10% more.
+    for r in 1..=16 {
+        for _ in 0..50 {
+            c.record_round(r, 1.0 + 0.1 * (r as f64 - 1.0));
+        }
+    }
+    let conf = vec![vec![0.9, 0.9, 0.1, 0.9], vec![0.05, 0.9], vec![0.8, 0.8, 0.8]];
+    let take = c.scheduled(&conf, 0);
+    assert_eq!(take[1], 0, "a 5% draft never pays 10% a row: {take:?}");
+    assert_eq!(take[0], 2, "stops at the 0.1 draft: {take:?}");
+    assert!(take[2] >= 1, "{take:?}");
+    // No cost data: every row costs the same, so every draft with any chance is admitted in survival order.
+    let free = CostModel::default().scheduled(&conf, 0);
+    assert_eq!(free, vec![4, 2, 3]);
+}
+
+/// A clock the target advances: each forward costs `base + per_row * rows`, each block pass `draft`.
+#[derive(Clone)]
+struct Ticks(Arc<AtomicU64>, Instant);
+
+impl Clock for Ticks {
+    fn now(&self) -> Instant {
+        self.1 + Duration::from_nanos(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// The fake target behind a scripted cost, with a drafter that proposes `good` right tokens then wrong ones.
+struct Timed {
+    inner: FakeTarget,
+    clock: Ticks,
+    base_us: u64,
+    row_us: u64,
+    draft_us: u64,
+    good: usize,
+}
+
+impl Target for Timed {
+    type State = Vec<u32>;
+    fn vocab(&self) -> usize {
+        self.inner.vocab
+    }
+    fn context(&self) -> usize {
+        self.inner.context
+    }
+    fn eos_ids(&self) -> Vec<u32> {
+        vec![]
+    }
+    fn new_state(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        s.len()
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, t: usize) -> usize {
+        self.inner.stream_bytes(t)
+    }
+    fn forward(
+        &self,
+        t: &[u32],
+        s: &[Segment],
+        st: &mut [&mut Vec<u32>],
+        a: &[bool],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.clock.0.fetch_add(1000 * (self.base_us + self.row_us * t.len() as u64), Ordering::SeqCst);
+        self.inner.forward(t, s, st, a)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+        self.clock.0.fetch_add(1000 * self.draft_us, Ordering::SeqCst);
+        let p = tensorfold_engine::sampler::SamplingParams::greedy();
+        let blocks = states
+            .iter()
+            .zip(anchors)
+            .map(|(s, &a)| {
+                let mut h: Vec<u32> = s.to_vec();
+                h.push(a);
+                let mut tokens = Vec::new();
+                for k in 0..8 {
+                    let t =
+                        tensorfold_engine::sampler::draw(&p, h.len() as u64, &self.inner.logits(&h)).expect("finite");
+                    let t = if k < self.good { t } else { (t + 1) % self.inner.vocab as u32 };
+                    tokens.push(t);
+                    h.push(t);
+                }
+                DraftBlock { tokens, confidence: Vec::new(), scores: Vec::new() }
+            })
+            .collect();
+        Some(Ok(blocks))
+    }
+}
+
+fn run_timed(good: usize, draft_us: u64, guard: bool, draft: bool) -> (Vec<Vec<u32>>, usize) {
+    let clock = Ticks(Arc::new(AtomicU64::new(0)), Instant::now());
+    let t = Timed { inner: FakeTarget::new(), clock: clock.clone(), base_us: 1000, row_us: 100, draft_us, good };
+    let cfg = EngineConfig { parallel: 4, copy_min: 0, round_guard: guard, ..EngineConfig::default() };
+    let mut core = Core::new(t, cfg, Box::new(clock));
+    let rx: Vec<_> = (0..4u32)
+        .map(|i| {
+            let (tx, rx) = channel();
+            let r = Request { ignore_eos: true, draft, ..Request::greedy(vec![1 + i, 2, 3], 600) };
+            core.submit(r, tx).expect("admitted");
+            rx
+        })
+        .collect();
+    while core.step() {}
+    let toks = rx
+        .iter()
+        .map(|r| r.try_iter().filter_map(|e| if let Event::Token(t) = e { Some(t) } else { None }).collect())
+        .collect();
+    (toks, core.metrics().drafted_tokens as usize)
+}
+
+#[test]
+fn inside_the_core_the_guard_turns_off_drafts_that_do_not_pay_and_keeps_those_that_do() {
+    let (plain, _) = run_timed(0, 0, false, false);
+    // Only the first draft right and a drafter pass that costs twice a plain round: drafting loses.
+    let (bad, bad_drafted) = run_timed(1, 3000, true, true);
+    let (bad_unguarded, bad_all) = run_timed(1, 3000, false, true);
+    // Every draft right and a cheap drafter pass: drafting wins.
+    let (good, good_drafted) = run_timed(8, 300, true, true);
+    assert_eq!(bad, plain);
+    assert_eq!(bad_unguarded, plain);
+    assert_eq!(good, plain);
+    assert!(bad_drafted * 5 < bad_all, "the guard cut useless drafts: {bad_drafted} of {bad_all}");
+    assert!(good_drafted > 1500, "drafts that pay are kept: {good_drafted}");
+}
