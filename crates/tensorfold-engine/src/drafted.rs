@@ -15,6 +15,10 @@ pub struct DraftSettings {
     pub max_draft: usize,
     /// Shortest recurring suffix for a context copy (0: copies off).
     pub copy_min: usize,
+    /// How many drafts a window carries.
+    pub verify: crate::schedule::VerifyMode,
+    /// The guards (plain rounds where drafted ones do not pay; a stream's pause after rejected windows).
+    pub guards: bool,
 }
 
 /// Generates a reply to `prompt` with verify windows; `on_token` sees each committed token and returns
@@ -48,6 +52,9 @@ pub fn generate<B: Backend + 'static>(
         prompt_cache_bytes: 0,
         copy_min: draft.copy_min,
         max_draft: draft.max_draft,
+        verify: draft.verify,
+        round_guard: draft.guards,
+        stream_guard: draft.guards,
         ..EngineConfig::default()
     };
     let mut core = Core::new(target, engine, Box::new(SystemClock));

@@ -10,7 +10,7 @@ use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::sampler::{SamplingParams, draw};
 use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
 use tensorfold_kernels::{CpuBackend, Segment};
-use tensorfold_model::drafter::{DraftBlock, open_drafter};
+use tensorfold_model::drafter::{DraftBlock, DrafterBits, open_drafter_with};
 use tensorfold_model::{ForwardError, Source};
 
 fn run<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
@@ -70,9 +70,14 @@ fn plain(reqs: &[Request]) -> Vec<Request> {
 }
 
 fn fixture_target() -> ModelTarget<CpuBackend> {
+    fixture_target_with(DrafterBits::Stored)
+}
+
+fn fixture_target_with(bits: DrafterBits) -> ModelTarget<CpuBackend> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let mut l = tensorfold_model::open(&Source::Dir(root.join("lfm2-moe-f32")), CpuBackend).expect("target");
-    let d = open_drafter(&Source::Dir(root.join("dspark-tiny")), &l.model.cfg, &l.model.backend).expect("drafter");
+    let src = Source::Dir(root.join("dspark-tiny"));
+    let d = open_drafter_with(&src, &l.model.cfg, &l.model.backend, bits).expect("drafter");
     l.model.drafter = Some(d);
     ModelTarget { model: l.model, eos: l.eos_ids }
 }
@@ -80,11 +85,13 @@ fn fixture_target() -> ModelTarget<CpuBackend> {
 #[test]
 fn dspark_drafted_replies_equal_plain_replies_on_the_fixture_model() {
     let reqs = requests(512, 7);
-    let (drafted, stats) = run(fixture_target(), cfg(), &reqs);
     let (undrafted, _) = run(fixture_target(), cfg(), &plain(&reqs));
-    assert_eq!(drafted, undrafted);
-    let d: usize = stats.iter().map(|s| s.drafted).sum();
-    assert!(d > 50, "the drafter proposed blocks: {d} drafts");
+    for bits in [DrafterBits::Stored, DrafterBits::Eight] {
+        let (drafted, stats) = run(fixture_target_with(bits), cfg(), &reqs);
+        assert_eq!(drafted, undrafted, "{bits:?}");
+        let d: usize = stats.iter().map(|s| s.drafted).sum();
+        assert!(d > 50, "the drafter proposed blocks: {d} drafts");
+    }
 }
 
 /// How a scripted drafter proposes, knowing each request's plain reply.

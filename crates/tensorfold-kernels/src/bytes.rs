@@ -9,6 +9,9 @@ pub enum Dtype {
     Bf16,
     /// IEEE binary32.
     F32,
+    /// 8-bit affine codes (MLX's affine quantization): element `i` of a row is
+    /// `code[i] * scale[g] + bias[g]` for its group `g = i / group`, computed as one f32 FMA.
+    Q8,
 }
 
 impl Dtype {
@@ -17,6 +20,7 @@ impl Dtype {
         match self {
             Dtype::Bf16 => 2,
             Dtype::F32 => 4,
+            Dtype::Q8 => 1,
         }
     }
 }
@@ -111,39 +115,58 @@ pub struct MatView {
     pub dtype: Dtype,
     /// `rows * cols * dtype.size()` bytes, aligned to the element size.
     pub bytes: HostBytes,
+    /// Scales and biases of a [`Dtype::Q8`] matrix; `None` otherwise.
+    pub affine: Option<Affine>,
+}
+
+/// Per-group scales and biases of an affine-quantized matrix: f32 `[rows, cols / group]` each.
+#[derive(Clone, Debug)]
+pub struct Affine {
+    /// Elements a group (dividing `cols`).
+    pub group: usize,
+    /// f32 scales, row-major.
+    pub scales: HostBytes,
+    /// f32 biases, row-major.
+    pub biases: HostBytes,
 }
 
 impl MatView {
     /// Checks that the byte length matches the shape and aligns the bytes to the element size.
     pub fn new(rows: usize, cols: usize, dtype: Dtype, bytes: HostBytes) -> Option<Self> {
-        (rows.checked_mul(cols)?.checked_mul(dtype.size())? == bytes.len()).then(|| Self {
-            rows,
-            cols,
-            dtype,
-            bytes: bytes.aligned(dtype.size()),
-        })
+        (rows.checked_mul(cols)?.checked_mul(dtype.size())? == bytes.len())
+            .then(|| Self { rows, cols, dtype, bytes: bytes.aligned(dtype.size()), affine: None })
+            .filter(|_| dtype != Dtype::Q8)
     }
 
     /// An f32 matrix from values (for tests and the contract).
     pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Self {
         assert_eq!(rows * cols, data.len(), "MatView::from_f32 shape");
-        Self { rows, cols, dtype: Dtype::F32, bytes: HostBytes::from_f32(data) }
+        Self { rows, cols, dtype: Dtype::F32, bytes: HostBytes::from_f32(data), affine: None }
     }
 
     /// A bf16 matrix from raw bit patterns (for tests and the contract).
     pub fn from_bf16_bits(rows: usize, cols: usize, data: &[u16]) -> Self {
         assert_eq!(rows * cols, data.len(), "MatView::from_bf16_bits shape");
-        Self { rows, cols, dtype: Dtype::Bf16, bytes: HostBytes::from_bf16_bits(data) }
+        Self { rows, cols, dtype: Dtype::Bf16, bytes: HostBytes::from_bf16_bits(data), affine: None }
     }
 
     /// Rows `[start, start + count)` as their own matrix (zero-copy).
     pub fn row_range(&self, start: usize, count: usize) -> Option<Self> {
         let row_bytes = self.cols * self.dtype.size();
+        let affine = match &self.affine {
+            Some(a) => {
+                let gb = self.cols / a.group * 4;
+                let (at, len) = (start.checked_mul(gb)?, count.checked_mul(gb)?);
+                Some(Affine { group: a.group, scales: a.scales.slice(at, len)?, biases: a.biases.slice(at, len)? })
+            }
+            None => None,
+        };
         Some(Self {
             rows: count,
             cols: self.cols,
             dtype: self.dtype,
             bytes: self.bytes.slice(start.checked_mul(row_bytes)?, count.checked_mul(row_bytes)?)?,
+            affine,
         })
     }
 
@@ -154,17 +177,59 @@ impl MatView {
         match self.dtype {
             Dtype::F32 => f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap_or([0; 4])),
             Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16),
+            Dtype::Q8 => {
+                let a = self.affine.as_ref().expect("a Q8 matrix has scales and biases");
+                let g = r * (self.cols / a.group) + c / a.group;
+                let f = |h: &HostBytes| bytemuck::cast_slice::<u8, f32>(h.as_slice())[g];
+                (b[i] as f32).mul_add(f(&a.scales), f(&a.biases))
+            }
         }
+    }
+
+    /// The matrix quantized to 8-bit affine codes in groups of `group` columns (MLX's affine scheme: per
+    /// group, `scale = (max - min) / 255`, `bias = min`, `code = round((w - bias) / scale)`). `None` when
+    /// `group` does not divide `cols`.
+    pub fn quantize_q8(&self, group: usize) -> Option<Self> {
+        if group == 0 || !self.cols.is_multiple_of(group) {
+            return None;
+        }
+        let w = self.to_f32();
+        let mut codes = vec![0u8; w.len()];
+        let (mut scales, mut biases) = (Vec::new(), Vec::new());
+        for (gi, chunk) in w.chunks(group).enumerate() {
+            let (lo, hi) = chunk.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+            let scale = (hi - lo) / 255.0;
+            for (k, &v) in chunk.iter().enumerate() {
+                codes[gi * group + k] =
+                    if scale > 0.0 { ((v - lo) / scale).round().clamp(0.0, 255.0) as u8 } else { 0 };
+            }
+            scales.push(scale);
+            biases.push(lo);
+        }
+        Some(Self {
+            rows: self.rows,
+            cols: self.cols,
+            dtype: Dtype::Q8,
+            bytes: HostBytes::copy_from(&codes),
+            affine: Some(Affine { group, scales: HostBytes::from_f32(&scales), biases: HostBytes::from_f32(&biases) }),
+        })
     }
 
     /// All elements widened to f32, row-major.
     pub fn to_f32(&self) -> Vec<f32> {
+        if self.dtype == Dtype::Q8 {
+            return (0..self.rows)
+                .flat_map(|r| (0..self.cols).map(move |c| (r, c)))
+                .map(|(r, c)| self.get(r, c))
+                .collect();
+        }
         match self.dtype {
             Dtype::F32 => bytemuck::cast_slice::<u8, f32>(self.bytes.as_slice()).to_vec(),
             Dtype::Bf16 => bytemuck::cast_slice::<u8, u16>(self.bytes.as_slice())
                 .iter()
                 .map(|&h| f32::from_bits((h as u32) << 16))
                 .collect(),
+            Dtype::Q8 => unreachable!("handled above"),
         }
     }
 }

@@ -66,6 +66,17 @@ pub enum WRow<'a> {
     F32(&'a [f32]),
     /// bf16 weights as raw bits (widened by `bits << 16`).
     Bf16(&'a [u16]),
+    /// 8-bit affine codes: element `i` is `fma(code[i], scales[i / group], biases[i / group])`.
+    Q8 {
+        /// Codes.
+        codes: &'a [u8],
+        /// One scale a group.
+        scales: &'a [f32],
+        /// One bias a group.
+        biases: &'a [f32],
+        /// Elements a group.
+        group: usize,
+    },
 }
 
 impl WRow<'_> {
@@ -74,6 +85,7 @@ impl WRow<'_> {
         match self {
             WRow::F32(w) => w.len(),
             WRow::Bf16(w) => w.len(),
+            WRow::Q8 { codes, .. } => codes.len(),
         }
     }
 
@@ -82,10 +94,14 @@ impl WRow<'_> {
         self.len() == 0
     }
 
-    fn get(&self, i: usize) -> f32 {
+    /// Element `i` widened to f32 (the value every SIMD path multiplies by).
+    pub fn get(&self, i: usize) -> f32 {
         match self {
             WRow::F32(w) => w[i],
             WRow::Bf16(w) => f32::from_bits((w[i] as u32) << 16),
+            WRow::Q8 { codes, scales, biases, group } => {
+                (codes[i] as f32).mul_add(scales[i / group], biases[i / group])
+            }
         }
     }
 }
@@ -163,6 +179,26 @@ mod x86 {
                 (Level::Avx512, WRow::Bf16(w)) => avx512_bf16::<R>(xs, w),
                 (_, WRow::F32(w)) => avx2_f32::<R>(xs, w),
                 (_, WRow::Bf16(w)) => avx2_bf16::<R>(xs, w),
+                // 8-bit rows widen each 16-element chunk to f32 with the same FMA as the portable path,
+                // then take the f32 path: the same bits on every level.
+                (_, q @ WRow::Q8 { .. }) => q8::<R>(level, xs, q),
+            }
+        }
+    }
+
+    /// Widens a Q8 row into f32 (chunks of at most 4096 elements) and runs the f32 body on each chunk,
+    /// carrying the 16 lanes across chunks so the summation order is the canonical one.
+    unsafe fn q8<const R: usize>(level: Level, xs: &[&[f32]; R], w: WRow) -> [f32; R] {
+        let n = w.len();
+        let mut wide = vec![0f32; n];
+        for (i, o) in wide.iter_mut().enumerate() {
+            *o = w.get(i);
+        }
+        // SAFETY: forwarded from the caller; `wide` has the row's length.
+        unsafe {
+            match level {
+                Level::Avx512 => avx512_f32::<R>(xs, &wide),
+                _ => avx2_f32::<R>(xs, &wide),
             }
         }
     }
@@ -299,7 +335,9 @@ mod tests {
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
             let xs: Vec<Vec<f32>> = (0..6).map(|r| data(n, 100 + r)).collect();
             let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
-            for row in [WRow::F32(&w), WRow::Bf16(&wb)] {
+            let q = crate::bytes::MatView::from_f32(1, n, &w).quantize_q8(n.min(64)).filter(|_| n % 64 == 0 || n < 64);
+            let q8 = q.as_ref().map(|m| crate::cpu::ops::wrow(m, 0));
+            for row in [Some(WRow::F32(&w)), Some(WRow::Bf16(&wb)), q8].into_iter().flatten() {
                 let mut want = vec![0f32; 6];
                 dot_tile(Level::Portable, &refs, row, &mut want);
                 for lv in available_levels() {

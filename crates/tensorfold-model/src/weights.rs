@@ -126,9 +126,19 @@ impl<'a, B: Backend> Binder<'a, B> {
     }
 
     pub(crate) fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Mat, WeightError> {
+        let view = self.view(name, rows, cols)?;
+        self.upload(name, &view)
+    }
+
+    /// The host view of a `[rows, cols]` tensor (shape checked, marked used).
+    pub(crate) fn view(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatView, WeightError> {
         let e = self.entry(name, &[rows, cols])?.clone();
-        let view = to_mat(&e, rows, cols);
-        self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
+        Ok(to_mat(&e, rows, cols))
+    }
+
+    /// Uploads a host view.
+    pub(crate) fn upload(&self, name: &str, view: &MatView) -> Result<B::Mat, WeightError> {
+        self.backend.upload_mat(view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
     }
 
     /// Rows `[start, start+count)` of expert `e` of a stacked `[experts, rows, cols]` tensor.

@@ -164,3 +164,28 @@ fn drafter_configs_we_do_not_run_are_refused_by_name() {
     let err = with_config(|c| c["enable_confidence_head"] = false.into()).expect_err("extra tensor").to_string();
     assert!(err.contains("confidence_head.proj"), "{err}");
 }
+
+#[test]
+fn eight_bit_drafter_linears_are_a_quarter_of_f32_and_stay_close_to_the_reference() {
+    use tensorfold_model::drafter::{DrafterBits, open_drafter_with};
+    let mut m = model();
+    let full = m.drafter.as_ref().expect("drafter").weight_bytes(&m.backend);
+    let src = Source::Dir(root().join("dspark-tiny"));
+    let q = open_drafter_with(&src, &m.cfg, &m.backend, DrafterBits::Eight).expect("8-bit drafter opens");
+    let small = q.weight_bytes(&m.backend);
+    // f32 codes become bytes plus two f32 a group of 64 (16 or 8 for the narrow Markov projection).
+    assert!(small * 10 < full * 4, "8-bit linears: {small} bytes against {full}");
+    m.drafter = Some(q);
+    let r = reference();
+    let (bs, v) = (4, 512);
+    let mut same = 0;
+    for (k, &a) in r.anchors.iter().enumerate() {
+        let blk = draft_one(&m, &consumed(&m, &r.tokens[..a], 64), r.tokens[a]);
+        let want = &r.scores[k * bs * v..(k + 1) * bs * v];
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = blk.scores.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs())) / scale;
+        assert!(err < 0.05, "8-bit scores at anchor {a}: {err:e} of the largest score");
+        same += blk.tokens.iter().zip(&r.picks[k * bs..(k + 1) * bs]).filter(|(a, b)| a == b).count();
+    }
+    assert!(same >= 12, "most 8-bit picks equal the bf16 reference's: {same} of 16");
+}

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use tensorfold_model::Source;
+use tensorfold_model::drafter::DrafterBits;
 
 macro_rules! embed {
     ($($name:literal),*) => {
@@ -45,6 +46,7 @@ pub fn drafter_source(model: &Option<PathBuf>, drafter: Option<PathBuf>) -> Opti
 pub fn attach_drafter<B: tensorfold_kernels::Backend>(
     model: &mut tensorfold_model::Model<B>,
     src: Option<Source>,
+    bits: DrafterBits,
 ) -> anyhow::Result<()> {
     let Some(src) = src else { return Ok(()) };
     if let Source::Dir(d) = &src
@@ -52,17 +54,30 @@ pub fn attach_drafter<B: tensorfold_kernels::Backend>(
     {
         anyhow::bail!("drafter directory {} does not exist or is not a directory", d.display());
     }
-    let d = tensorfold_model::drafter::open_drafter(&src, &model.cfg, &model.backend)
+    let d = tensorfold_model::drafter::open_drafter_with(&src, &model.cfg, &model.backend, bits)
         .map_err(|e| anyhow::anyhow!("opening the drafter {}: {e}", src.describe()))?;
     tracing::info!(
-        "drafter {}: DSpark, {} layers, block {}, taps {:?}, Markov rank {}, confidence head {}",
+        "drafter {}: DSpark, {} layers, block {}, taps {:?}, Markov rank {}, confidence head {}, linears {}, {:.1} MiB",
         src.describe(),
         d.cfg.layers,
         d.cfg.block,
         d.cfg.taps,
         d.cfg.markov_rank,
-        d.cfg.confidence
+        d.cfg.confidence,
+        if bits == DrafterBits::Eight { "8-bit affine (--drafter-bits 8)" } else { "as stored" },
+        d.weight_bytes(&model.backend) as f64 / (1 << 20) as f64
     );
     model.drafter = Some(d);
     Ok(())
+}
+
+/// Parses `--drafter-bits`: 8 quantizes the drafter's linears to 8-bit affine codes at load; every other
+/// value is refused by name.
+pub fn parse_drafter_bits(s: &str) -> Result<DrafterBits, String> {
+    match s {
+        "8" => Ok(DrafterBits::Eight),
+        other => {
+            Err(format!("--drafter-bits {other} is not supported: only 8 (8-bit affine codes, quantized at load)"))
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! `tensorfold generate`: one prompt, streamed to stdout, then prompt/decode counts and speeds.
 
-use crate::{Device, check_device, default_model};
+use crate::{Device, Verify, check_device, default_model};
 use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
@@ -62,6 +62,9 @@ pub struct Args {
     /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
     #[arg(long, env = "TENSORFOLD_DRAFTER")]
     drafter: Option<PathBuf>,
+    /// Quantize the drafter's linears at load: 8 = 8-bit affine codes (default: as stored, bf16).
+    #[arg(long, value_parser = default_model::parse_drafter_bits)]
+    drafter_bits: Option<tensorfold_model::drafter::DrafterBits>,
     /// Never draft: run the plain serial path (the reply is the same tokens either way).
     #[arg(long)]
     no_drafts: bool,
@@ -71,6 +74,13 @@ pub struct Args {
     /// Context copies: a suffix of at least this many tokens must recur for its continuation to be drafted.
     #[arg(long, default_value_t = 8)]
     copy_min: usize,
+    /// How many drafts a verify window carries: depth (measured), scheduled (confidence head), fixed.
+    #[arg(long, value_enum, default_value_t = Verify::Depth)]
+    verify: Verify,
+    /// Turn off the guards (plain rounds where drafted ones do not pay; a stream's pause after rejected
+    /// windows): every round drafts. For measuring acceptance.
+    #[arg(long)]
+    no_round_guard: bool,
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
@@ -82,7 +92,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let src = default_model::source(a.model.clone());
     let mut loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
     if !a.no_drafts {
-        default_model::attach_drafter(&mut loaded.model, default_model::drafter_source(&a.model, a.drafter.clone()))?;
+        default_model::attach_drafter(
+            &mut loaded.model,
+            default_model::drafter_source(&a.model, a.drafter.clone()),
+            a.drafter_bits.unwrap_or_default(),
+        )?;
     }
     let text = loaded.text.as_ref();
     let need_text = || text.ok_or(tensorfold_model::text::TextError::NoTokenizer);
@@ -138,8 +152,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         true
     };
     let summary = if loaded.model.drafter.is_some() {
+        crate::check_verify(a.verify, &loaded.model)?;
         let target = ModelTarget { model: loaded.model, eos: loaded.eos_ids.clone() };
-        let settings = DraftSettings { max_draft: a.max_draft.min(MAX_DRAFT), copy_min: a.copy_min };
+        let settings = DraftSettings {
+            max_draft: a.max_draft.min(MAX_DRAFT),
+            copy_min: a.copy_min,
+            verify: a.verify.into(),
+            guards: !a.no_round_guard,
+        };
         let (ids, st, reason) = drafted::generate(target, &prompt, &cfg, settings, on_token)?;
         let acc: Vec<String> = st.accepted_at.iter().map(|n| n.to_string()).collect();
         Summary {

@@ -55,10 +55,14 @@ pub struct Args {
     /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
     #[arg(long, env = "TENSORFOLD_DRAFTER")]
     drafter: Option<PathBuf>,
+    /// Quantize the drafter's linears at load: 8 = 8-bit affine codes (default: as stored, bf16).
+    #[arg(long, value_parser = default_model::parse_drafter_bits, env = "TENSORFOLD_DRAFTER_BITS")]
+    drafter_bits: Option<tensorfold_model::drafter::DrafterBits>,
     /// How many drafts a verify window carries: depth (measured), scheduled (confidence head), fixed.
     #[arg(long, value_enum, default_value_t = Verify::Depth, env = "TENSORFOLD_VERIFY")]
     verify: Verify,
-    /// Turn off the shared-round guard (which runs plain rounds where drafted ones do not pay).
+    /// Turn off the guards (plain rounds where drafted ones do not pay; a stream's pause after rejected
+    /// windows): every round drafts. For measuring acceptance.
     #[arg(long, env = "TENSORFOLD_NO_ROUND_GUARD")]
     no_round_guard: bool,
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
@@ -138,16 +142,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         max_draft: if a.no_drafts { 0 } else { a.max_draft },
         verify: a.verify.into(),
         round_guard: !a.no_round_guard,
+        stream_guard: !a.no_round_guard,
         planted: None,
     };
     let src = default_model::source(a.model.clone());
     let drafter = if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) };
     let (context, max_tokens, verify, max_draft) = (a.context, a.max_tokens, a.verify, cfg.max_draft);
+    let drafter_bits = a.drafter_bits.unwrap_or_default();
     let load = move || -> Result<(Ready, Engine), String> {
         tracing::info!("loading {} ...", src.describe());
         let mut loaded =
             tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
-        default_model::attach_drafter(&mut loaded.model, drafter).map_err(|e| e.to_string())?;
+        default_model::attach_drafter(&mut loaded.model, drafter, drafter_bits).map_err(|e| e.to_string())?;
         if max_draft > 0 {
             crate::check_verify(verify, &loaded.model).map_err(|e| e.to_string())?;
         }

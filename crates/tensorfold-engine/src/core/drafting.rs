@@ -56,7 +56,7 @@ impl<T: Target> Core<T> {
         };
         for (lane, rows) in plan.iter_mut() {
             let s = &mut self.lanes[*lane];
-            if *budget == 0 || !drafting.contains(lane) || !s.guard.allow() {
+            if *budget == 0 || !drafting.contains(lane) || (self.cfg.stream_guard && !s.guard.allow()) {
                 continue;
             }
             let pos = self.target.pos(&s.state);
@@ -76,7 +76,7 @@ impl<T: Target> Core<T> {
     /// Whether lane `i` drafts this round at all (a request that allows it, drafting on, guard open).
     pub(super) fn may_draft(&self, i: usize) -> bool {
         let s = &self.lanes[i];
-        s.pending.is_some() && s.req.draft && self.cfg.max_draft > 0 && !s.guard.paused()
+        s.pending.is_some() && s.req.draft && self.cfg.max_draft > 0 && (!self.cfg.stream_guard || !s.guard.paused())
     }
 
     /// One drafter block pass over every stream that drafts this round and has no context copy (one batched

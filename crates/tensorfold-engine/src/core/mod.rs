@@ -51,8 +51,10 @@ pub struct EngineConfig {
     pub max_draft: usize,
     /// How many drafts a window carries: the depth rule (default), confidence-scheduled, or fixed.
     pub verify: VerifyMode,
-    /// The shared-round guard: per stream count, run plain rounds where drafted ones do not pay.
+    /// The shared-round guard: per stream count, plain rounds where drafted ones do not pay.
     pub round_guard: bool,
+    /// Each stream's guard: a pause (4 to 64 rounds, doubling) after two windows with nothing accepted.
+    pub stream_guard: bool,
     /// A verify fault planted on purpose, so tests can show their checks catch it (always `None` in use).
     #[doc(hidden)]
     pub planted: Option<PlantedFault>,
@@ -72,6 +74,7 @@ impl Default for EngineConfig {
             max_draft: 8,
             verify: VerifyMode::Depth,
             round_guard: true,
+            stream_guard: true,
             planted: None,
         }
     }

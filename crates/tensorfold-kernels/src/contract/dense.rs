@@ -36,6 +36,8 @@ impl Kernel for Dot {
         for k in [1, 15, 16, 17, 64, 1536, 2048, 6144] {
             let w = uniform(rng, k);
             let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let q8 = (k % 16 == 0).then(|| MatView::from_f32(1, k, &w).quantize_q8(16).expect("groups of 16"));
+            let q8_row = q8.as_ref().map(|m| ops::wrow(m, 0));
             let xs: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, k)).collect();
             let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
             let call = |lv: Level, xs: &[&[f32]], row: WRow, out: &mut [f32]| {
@@ -47,7 +49,7 @@ impl Kernel for Dot {
                     simd::dot_tile(lv, xs, row, out)
                 }
             };
-            for row in [WRow::F32(&w), WRow::Bf16(&wb)] {
+            for row in [Some(WRow::F32(&w)), Some(WRow::Bf16(&wb)), q8_row].into_iter().flatten() {
                 let mut want = vec![0f32; 33];
                 simd::dot_tile(Level::Portable, &refs, row, &mut want);
                 let (mut err, mut diffs, mut inv) = (0f64, 0, 0);
@@ -76,25 +78,25 @@ impl Kernel for Dot {
 }
 
 fn row_get(row: WRow, i: usize) -> f32 {
-    match row {
-        WRow::F32(w) => w[i],
-        WRow::Bf16(w) => f32::from_bits((w[i] as u32) << 16),
-    }
+    row.get(i)
 }
 
-/// Linear shapes `(n, k)`: LFM2.5-24B-A2B's conv in_proj, square projections, KV, expert up/down, head.
-fn linear_shapes(scale: Scale) -> Vec<(usize, usize, bool)> {
+/// Linear shapes `(n, k, dtype)`: LFM2.5-24B-A2B's conv in_proj, square projections, KV, expert up/down,
+/// head; and the 24B drafter's projections as `--drafter-bits 8` quantizes them.
+fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
     match scale {
-        Scale::Quick => vec![(96, 80, false), (40, 33, true), (300, 64, true)],
+        Scale::Quick => vec![(96, 80, "f32"), (40, 33, "bf16"), (300, 64, "bf16"), (48, 128, "q8")],
         Scale::Served => {
             vec![
-                (6144, 2048, true),
-                (2048, 2048, true),
-                (512, 2048, true),
-                (1536, 2048, true),
-                (2048, 1536, true),
-                (128_000, 2048, true),
-                (96, 80, false),
+                (6144, 2048, "bf16"),
+                (2048, 2048, "bf16"),
+                (512, 2048, "bf16"),
+                (1536, 2048, "bf16"),
+                (2048, 1536, "bf16"),
+                (128_000, 2048, "bf16"),
+                (96, 80, "f32"),
+                (2048, 2048, "q8"),
+                (6144, 2048, "q8"),
             ]
         }
     }
@@ -128,10 +130,10 @@ impl Kernel for Linear {
         Claim::Bound("(k/16+5)*2^-24*sum|x*w| of float64 per output (the canonical dot's error bound)")
     }
     fn reference(&self) -> &'static str {
-        "float64 matrix-vector product of the bf16/f32 weights"
+        "float64 matrix-vector product of the bf16/f32 weights (8-bit affine: of the dequantized values fma(code, scale, bias))"
     }
     fn shapes(&self, scale: Scale) -> Vec<String> {
-        linear_shapes(scale).iter().map(|(n, k, b)| format!("[{n},{k}] {}", if *b { "bf16" } else { "f32" })).collect()
+        linear_shapes(scale).iter().map(|(n, k, d)| format!("[{n},{k}] {d}")).collect()
     }
     fn faults(&self) -> &'static [Fault] {
         &[
@@ -141,8 +143,12 @@ impl Kernel for Linear {
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let mut gates = Vec::new();
-        for (n, k, bf16) in linear_shapes(scale) {
-            let w = if bf16 { bf16_mat(rng, n, k, 0.5) } else { f32_mat(rng, n, k, 0.5) };
+        for (n, k, dtype) in linear_shapes(scale) {
+            let w = match dtype {
+                "f32" => f32_mat(rng, n, k, 0.5),
+                "q8" => bf16_mat(rng, n, k, 0.5).quantize_q8(64).expect("k divides into groups of 64"),
+                _ => bf16_mat(rng, n, k, 0.5),
+            };
             let x = uniform(rng, 2 * k);
             let mut out = vec![0f32; 2 * n];
             Self::call(fault, &x, 2, &w, &mut out);

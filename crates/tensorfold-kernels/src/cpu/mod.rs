@@ -32,7 +32,7 @@ impl Backend for CpuBackend {
     }
 
     fn mat_bytes(&self, m: &MatView) -> usize {
-        m.bytes.len()
+        m.bytes.len() + m.affine.as_ref().map_or(0, |a| a.scales.len() + a.biases.len())
     }
 
     fn upload(&self, data: &[f32]) -> Vec<f32> {

@@ -10,7 +10,7 @@ use crate::forward::ForwardError;
 use crate::weights::WeightError;
 pub use config::{DrafterConfig, DrafterConfigError, MAX_BLOCK};
 use tensorfold_kernels::{Backend, KernelError, RopeParams, Segment};
-pub use weights::DrafterWeights;
+pub use weights::{DrafterBits, DrafterWeights};
 
 /// Why a drafter checkpoint could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -57,14 +57,24 @@ pub struct DraftBlock {
     pub scores: Vec<f32>,
 }
 
-/// Opens a drafter checkpoint directory against the target's config.
+/// Opens a drafter checkpoint directory against the target's config, its linears as stored.
 pub fn open_drafter<B: Backend>(src: &Source, target: &ModelConfig, backend: &B) -> Result<Drafter<B>, DrafterError> {
+    open_drafter_with(src, target, backend, DrafterBits::Stored)
+}
+
+/// Opens a drafter checkpoint with its linears in `bits` (`--drafter-bits 8`: 8-bit affine codes).
+pub fn open_drafter_with<B: Backend>(
+    src: &Source,
+    target: &ModelConfig,
+    backend: &B,
+    bits: DrafterBits,
+) -> Result<Drafter<B>, DrafterError> {
     let bytes = src
         .read("config.json")?
         .ok_or_else(|| CheckpointError::Missing { dir: src.describe(), file: "config.json".into() })?;
     let cfg = DrafterConfig::parse(&bytes, target)?;
     let table = TensorTable::open(src)?;
-    let weights = weights::bind(&cfg, &table, backend)?;
+    let weights = weights::bind(&cfg, &table, backend, bits)?;
     Ok(Drafter { cfg, weights })
 }
 

@@ -53,17 +53,56 @@ fn strip_prefix(table: &TensorTable) -> TensorTable {
     TensorTable { tensors, files: table.files.clone() }
 }
 
-/// Binds and uploads every drafter tensor.
-pub fn bind<B: Backend>(c: &DrafterConfig, table: &TensorTable, backend: &B) -> Result<DrafterWeights<B>, WeightError> {
+/// Weight format of the drafter's linears (`--drafter-bits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DrafterBits {
+    /// As released (bf16, or whatever the checkpoint stores).
+    #[default]
+    Stored,
+    /// 8-bit affine codes in groups of 64 columns (32, 16 or the whole row where the width needs), quantized
+    /// at load.
+    Eight,
+}
+
+/// 8-bit affine codes in groups of 64 columns (32 or 16 where the width needs; one group a row else).
+fn q8(v: &MatView) -> MatView {
+    [64, 32, 16, v.cols].into_iter().find_map(|g| v.quantize_q8(g)).expect("a row is always one group")
+}
+
+/// A linear's binder: quantizes to 8-bit affine codes when asked.
+struct Linears<'a, 'b, B: Backend> {
+    b: &'b mut Binder<'a, B>,
+    bits: DrafterBits,
+}
+
+impl<B: Backend> Linears<'_, '_, B> {
+    fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Mat, WeightError> {
+        let v = self.b.view(name, rows, cols)?;
+        let v = match self.bits {
+            DrafterBits::Stored => v,
+            DrafterBits::Eight => q8(&v),
+        };
+        self.b.upload(name, &v)
+    }
+}
+
+/// Binds and uploads every drafter tensor; `bits` quantizes the linears (fc, the layers' projections and
+/// MLPs, the Markov head's rank -> vocab projection) at load.
+pub fn bind<B: Backend>(
+    c: &DrafterConfig,
+    table: &TensorTable,
+    backend: &B,
+    bits: DrafterBits,
+) -> Result<DrafterWeights<B>, WeightError> {
     let table = strip_prefix(table);
     let mut b = Binder::new(&table, backend);
     let (d, m, r, v) = (c.hidden, c.taps.len(), c.markov_rank, c.vocab);
-    let fc = split_columns(&mut b, "fc.weight", d, m, d)?;
+    let fc = split_columns(&mut b, "fc.weight", d, m, d, bits)?;
     let hidden_norm = b.vec("hidden_norm.weight", &[d])?;
-    let layers = (0..c.layers).map(|i| bind_layer(c, &mut b, i)).collect::<Result<Vec<_>, _>>()?;
+    let layers = (0..c.layers).map(|i| bind_layer(c, &mut b, i, bits)).collect::<Result<Vec<_>, _>>()?;
     let norm = b.vec("norm.weight", &[d])?;
     let markov_w1 = b.mat("markov_head.markov_w1.weight", v, r)?;
-    let markov_w2 = b.mat("markov_head.markov_w2.weight", v, r)?;
+    let markov_w2 = Linears { b: &mut b, bits }.mat("markov_head.markov_w2.weight", v, r)?;
     let confidence = if c.confidence {
         let split = split_at(&mut b, "confidence_head.proj.weight", d, r)?;
         let bias = if table.tensors.contains_key("confidence_head.proj.bias") {
@@ -79,22 +118,32 @@ pub fn bind<B: Backend>(c: &DrafterConfig, table: &TensorTable, backend: &B) -> 
     Ok(DrafterWeights { fc, hidden_norm, layers, norm, markov_w1, markov_w2, confidence })
 }
 
-fn bind_layer<B: Backend>(c: &DrafterConfig, b: &mut Binder<B>, i: usize) -> Result<DrafterLayer<B>, WeightError> {
+fn bind_layer<B: Backend>(
+    c: &DrafterConfig,
+    b: &mut Binder<B>,
+    i: usize,
+    bits: DrafterBits,
+) -> Result<DrafterLayer<B>, WeightError> {
     let p = format!("layers.{i}");
     let (d, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    let in_norm = b.vec(&format!("{p}.input_layernorm.weight"), &[d])?;
+    let q_norm = b.vec(&format!("{p}.self_attn.q_norm.weight"), &[c.head_dim])?;
+    let k_norm = b.vec(&format!("{p}.self_attn.k_norm.weight"), &[c.head_dim])?;
+    let post_norm = b.vec(&format!("{p}.post_attention_layernorm.weight"), &[d])?;
+    let mut l = Linears { b, bits };
     Ok(DrafterLayer {
-        in_norm: b.vec(&format!("{p}.input_layernorm.weight"), &[d])?,
-        q: b.mat(&format!("{p}.self_attn.q_proj.weight"), qd, d)?,
-        k: b.mat(&format!("{p}.self_attn.k_proj.weight"), kd, d)?,
-        v: b.mat(&format!("{p}.self_attn.v_proj.weight"), kd, d)?,
-        o: b.mat(&format!("{p}.self_attn.o_proj.weight"), d, qd)?,
-        q_norm: b.vec(&format!("{p}.self_attn.q_norm.weight"), &[c.head_dim])?,
-        k_norm: b.vec(&format!("{p}.self_attn.k_norm.weight"), &[c.head_dim])?,
-        post_norm: b.vec(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
+        in_norm,
+        q: l.mat(&format!("{p}.self_attn.q_proj.weight"), qd, d)?,
+        k: l.mat(&format!("{p}.self_attn.k_proj.weight"), kd, d)?,
+        v: l.mat(&format!("{p}.self_attn.v_proj.weight"), kd, d)?,
+        o: l.mat(&format!("{p}.self_attn.o_proj.weight"), d, qd)?,
+        q_norm,
+        k_norm,
+        post_norm,
         mlp: Ffn {
-            w1: b.mat(&format!("{p}.mlp.gate_proj.weight"), c.inter, d)?,
-            w3: b.mat(&format!("{p}.mlp.up_proj.weight"), c.inter, d)?,
-            w2: b.mat(&format!("{p}.mlp.down_proj.weight"), d, c.inter)?,
+            w1: l.mat(&format!("{p}.mlp.gate_proj.weight"), c.inter, d)?,
+            w3: l.mat(&format!("{p}.mlp.up_proj.weight"), c.inter, d)?,
+            w2: l.mat(&format!("{p}.mlp.down_proj.weight"), d, c.inter)?,
         },
     })
 }
@@ -106,13 +155,18 @@ fn split_columns<B: Backend>(
     rows: usize,
     parts: usize,
     cols: usize,
+    bits: DrafterBits,
 ) -> Result<Vec<B::Mat>, WeightError> {
     let e = b.entry(name, &[rows, parts * cols])?.clone();
     let whole = to_mat(&e, rows, parts * cols);
     (0..parts)
         .map(|j| {
             let view = column_block(&whole, e.dtype, j * cols, cols);
-            b.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
+            let view = match bits {
+                DrafterBits::Stored => view,
+                DrafterBits::Eight => q8(&view),
+            };
+            b.upload(name, &view)
         })
         .collect()
 }
