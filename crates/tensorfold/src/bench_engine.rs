@@ -2,7 +2,8 @@
 //! temperature: L requests with distinct seeded prompts submitted at once; aggregate decode tok/s (generated
 //! tokens over the wall time from submission to the last `Finished`), per-stream decode tok/s and TTFT medians
 //! over the reps; then every concurrent reply's token_sha256 is checked against its solo run (non-zero exit on
-//! any mismatch).
+//! any mismatch). With a drafter, each repetition runs plain (`"draft": false`) and drafted requests, in
+//! alternating order, and reports both with the drafted and accepted counts and the mean accepted length.
 
 use crate::default_model;
 use anyhow::Context;
@@ -30,9 +31,28 @@ pub struct Args {
     /// One forward over all streams' rows a round (true) or one forward per stream (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     shared_rounds: bool,
-    /// Most context-copy drafts a verify window carries (0: plain decode rounds).
+    /// Most drafts a verify window carries (0: plain decode rounds only).
     #[arg(long, default_value_t = 0)]
     max_draft: usize,
+    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    #[arg(long)]
+    drafter: Option<std::path::PathBuf>,
+    /// Quantize the drafter's linears at load: 8 = 8-bit affine codes.
+    #[arg(long, value_parser = default_model::parse_drafter_bits)]
+    drafter_bits: Option<tensorfold_model::drafter::DrafterBits>,
+    /// How many drafts a verify window carries.
+    #[arg(long, value_enum, default_value_t = crate::Verify::Depth)]
+    verify: crate::Verify,
+    /// Turn off the guards (every round drafts): for measuring acceptance.
+    #[arg(long)]
+    no_round_guard: bool,
+    /// Context copies: shortest recurring suffix (0: copies off, only the drafter drafts).
+    #[arg(long, default_value_t = 8)]
+    copy_min: usize,
+    /// Prompts as JSON lines (one JSON string a line), tokenized with the model's tokenizer; request i
+    /// takes line i mod n (default: random token ids).
+    #[arg(long)]
+    prompts: Option<std::path::PathBuf>,
 }
 
 /// One concurrent reply and how it arrived.
@@ -62,10 +82,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "--levels needs numbers above 0"
     );
     anyhow::ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
-    let src = default_model::source(a.model);
+    let src = default_model::source(a.model.clone());
     let open = || tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()));
     let solo_model = open()?.model;
-    let loaded = open()?;
+    let mut loaded = open()?;
+    if a.max_draft > 0 {
+        let d = default_model::drafter_source(&a.model, a.drafter.clone());
+        default_model::attach_drafter(&mut loaded.model, d, a.drafter_bits.unwrap_or_default())?;
+        crate::check_verify(a.verify, &loaded.model)?;
+    }
+    let prompts = read_prompts(a.prompts.as_deref(), loaded.text.as_ref())?;
+    let drafting = a.max_draft > 0;
     let (vocab, context) = (solo_model.cfg.vocab as u64, solo_model.cfg.max_positions);
     let max_level = a.grid.levels.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
@@ -73,6 +100,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         queue_capacity: max_level.max(64),
         shared_rounds: a.shared_rounds,
         max_draft: a.max_draft,
+        copy_min: a.copy_min,
+        verify: a.verify.into(),
+        round_guard: !a.no_round_guard,
+        stream_guard: !a.no_round_guard,
         planted: None,
         ..EngineConfig::default()
     };
@@ -90,64 +121,59 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let chunk = cfg.prefill_chunk;
     let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
-    println!("level  temp  aggregate tok/s  per-stream tok/s  TTFT ms  equal");
-    let (mut equal_all, mut total_all) = (0, 0);
+    println!(
+        "level  temp  mode     aggregate tok/s  per-stream tok/s  TTFT ms  drafted  accepted  mean acc len  equal"
+    );
+    let (mut equal_all, mut total_all) = (0usize, 0usize);
     for &level in &a.grid.levels {
         for (ti, &temp) in a.grid.temperatures.iter().enumerate() {
-            let (mut aggregate, mut per_stream, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut equal, mut total) = (0, 0);
+            let modes: &[bool] = if drafting { &[false, true] } else { &[false] };
+            let mut rows: Vec<Row> = modes.iter().map(|_| Row::default()).collect();
             for rep in 0..a.grid.reps {
                 let key = splitmix((level as u64) << 40 ^ (ti as u64) << 20 ^ rep as u64);
-                let reqs: Vec<Request> = (0..level as u64)
-                    .map(|i| {
-                        let seed = splitmix(key ^ i.wrapping_mul(0x9e37_79b9));
-                        let len = 32 + (seed % 33) as usize;
-                        let prompt = (0..len as u64).map(|j| (10 + splitmix(seed ^ j) % (vocab - 10)) as u32).collect();
-                        let params = SamplingParams { temperature: temp, seed, ..SamplingParams::greedy() };
-                        Request { params, ignore_eos: true, ..Request::greedy(prompt, a.grid.tokens) }
-                    })
-                    .collect();
-                let t0 = Instant::now();
-                let rxs = reqs.iter().map(|r| h.submit(r.clone()).map(|(_, rx)| rx)).collect::<Result<Vec<_>, _>>()?;
-                let replies = rxs.into_iter().map(collect).collect::<anyhow::Result<Vec<_>>>()?;
-                let wall = t0.elapsed().as_secs_f64();
-                let generated: usize = replies.iter().map(|r| r.tokens.len()).sum();
-                aggregate.push(generated as f64 / wall);
-                for r in &replies {
-                    let decode = r.stats.decode.as_secs_f64();
-                    if r.tokens.len() > 1 && decode > 0.0 {
-                        per_stream.push((r.tokens.len() - 1) as f64 / decode);
-                    }
-                    ttft.push(r.stats.ttft.as_secs_f64() * 1e3);
-                }
-                for (r, got) in reqs.iter().zip(&replies) {
-                    let solo_cfg =
-                        SoloConfig { chunk, max_tokens: r.max_tokens, context, stop_ids: Vec::new(), params: r.params };
-                    let (want, _) = generate(&solo_model, &r.prompt, &solo_cfg, |_| true)?;
-                    total += 1;
-                    if got.reason == FinishReason::Length && token_sha256(&got.tokens) == token_sha256(&want) {
-                        equal += 1;
-                    } else {
-                        eprintln!(
-                            "mismatch: level {level} temp {temp} rep {rep}: {:?} {:?}, {} tokens (solo {}), sha {} vs {}",
-                            got.reason,
-                            got.error,
-                            got.tokens.len(),
-                            want.len(),
-                            token_sha256(&got.tokens),
-                            token_sha256(&want)
-                        );
+                let reqs = requests(key, level, temp, a.grid.tokens, vocab, &prompts);
+                // A/B alternated: odd repetitions run drafted first.
+                let order: Vec<usize> =
+                    if rep % 2 == 1 { (0..modes.len()).rev().collect() } else { (0..modes.len()).collect() };
+                for m in order {
+                    let reqs: Vec<Request> = reqs.iter().map(|r| Request { draft: modes[m], ..r.clone() }).collect();
+                    let t0 = Instant::now();
+                    let rxs =
+                        reqs.iter().map(|r| h.submit(r.clone()).map(|(_, rx)| rx)).collect::<Result<Vec<_>, _>>()?;
+                    let replies = rxs.into_iter().map(collect).collect::<anyhow::Result<Vec<_>>>()?;
+                    rows[m].add(&replies, t0.elapsed().as_secs_f64());
+                    for (r, got) in reqs.iter().zip(&replies) {
+                        let solo_cfg = SoloConfig {
+                            chunk,
+                            max_tokens: r.max_tokens,
+                            context,
+                            stop_ids: Vec::new(),
+                            params: r.params,
+                        };
+                        let (want, _) = generate(&solo_model, &r.prompt, &solo_cfg, |_| true)?;
+                        total_all += 1;
+                        if got.reason == FinishReason::Length && token_sha256(&got.tokens) == token_sha256(&want) {
+                            equal_all += 1;
+                            rows[m].equal += 1;
+                        } else {
+                            eprintln!(
+                                "mismatch: level {level} temp {temp} rep {rep} draft {}: {:?} {:?}, {} tokens (solo {}), sha {} vs {}",
+                                modes[m],
+                                got.reason,
+                                got.error,
+                                got.tokens.len(),
+                                want.len(),
+                                token_sha256(&got.tokens),
+                                token_sha256(&want)
+                            );
+                        }
+                        rows[m].total += 1;
                     }
                 }
             }
-            println!(
-                "{level:>5}  {temp:>4.2}  {:>15.1}  {:>16.1}  {:>7.2}  {equal} of {total}",
-                median(&mut aggregate),
-                median(&mut per_stream),
-                median(&mut ttft)
-            );
-            equal_all += equal;
-            total_all += total;
+            for (m, row) in rows.iter_mut().enumerate() {
+                row.print(level, temp, if modes[m] { "drafted" } else { "plain" });
+            }
         }
     }
     println!("equal: {equal_all} of {total_all} concurrent replies equal their solo runs");
@@ -168,4 +194,85 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// One (level, temperature, mode) line: medians over the repetitions and the draft counters.
+#[derive(Default)]
+struct Row {
+    aggregate: Vec<f64>,
+    per_stream: Vec<f64>,
+    ttft: Vec<f64>,
+    drafted: usize,
+    accepted: usize,
+    windows: usize,
+    equal: usize,
+    total: usize,
+}
+
+impl Row {
+    fn add(&mut self, replies: &[Reply], wall: f64) {
+        let generated: usize = replies.iter().map(|r| r.tokens.len()).sum();
+        self.aggregate.push(generated as f64 / wall);
+        for r in replies {
+            let decode = r.stats.decode.as_secs_f64();
+            if r.tokens.len() > 1 && decode > 0.0 {
+                self.per_stream.push((r.tokens.len() - 1) as f64 / decode);
+            }
+            self.ttft.push(r.stats.ttft.as_secs_f64() * 1e3);
+            (self.drafted, self.accepted, self.windows) =
+                (self.drafted + r.stats.drafted, self.accepted + r.stats.accepted, self.windows + r.stats.windows);
+        }
+    }
+
+    fn print(&mut self, level: usize, temp: f32, mode: &str) {
+        let mean = if self.windows > 0 { (self.accepted + self.windows) as f64 / self.windows as f64 } else { 0.0 };
+        println!(
+            "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {} of {}",
+            median(&mut self.aggregate),
+            median(&mut self.per_stream),
+            median(&mut self.ttft),
+            self.drafted,
+            self.accepted,
+            mean,
+            self.equal,
+            self.total
+        );
+    }
+}
+
+/// `level` requests with distinct seeds: random token prompts, or line `i mod n` of the prompt file.
+fn requests(key: u64, level: usize, temp: f32, tokens: usize, vocab: u64, prompts: &[Vec<u32>]) -> Vec<Request> {
+    (0..level as u64)
+        .map(|i| {
+            let seed = splitmix(key ^ i.wrapping_mul(0x9e37_79b9));
+            let prompt = if prompts.is_empty() {
+                let len = 32 + (seed % 33) as usize;
+                (0..len as u64).map(|j| (10 + splitmix(seed ^ j) % (vocab - 10)) as u32).collect()
+            } else {
+                prompts[(key as usize).wrapping_add(i as usize) % prompts.len()].clone()
+            };
+            let params = SamplingParams { temperature: temp, seed, ..SamplingParams::greedy() };
+            Request { params, ignore_eos: true, ..Request::greedy(prompt, tokens) }
+        })
+        .collect()
+}
+
+/// Reads a JSON-lines prompt file (one JSON string a line) and tokenizes each line.
+fn read_prompts(
+    path: Option<&std::path::Path>,
+    text: Option<&tensorfold_model::text::Text>,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let Some(path) = path else { return Ok(Vec::new()) };
+    let text = text.ok_or_else(|| anyhow::anyhow!("--prompts needs a model with tokenizer files"))?;
+    let body = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in body.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let s: String = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not a JSON string", path.display(), n + 1))?;
+        let ids = text.encode_prompt(&s)?;
+        anyhow::ensure!(!ids.is_empty(), "{} line {}: an empty prompt", path.display(), n + 1);
+        out.push(ids);
+    }
+    anyhow::ensure!(!out.is_empty(), "{} holds no prompts", path.display());
+    Ok(out)
 }
