@@ -1,17 +1,18 @@
-//! The embedded default model: a small checkpoint compiled into the binary, so `tensorfold generate`
-//! runs with no download. Until the trained default lands (issue 6) it is the `lfm2-moe-f32` fixture.
+//! The embedded default model: the trained pair under `models/` (an LFM2-MoE on Python code and its DSpark
+//! drafter, recipe in `tools/train/`) compiled into the binary, so `serve` and `generate` run with no download.
 
 use std::path::PathBuf;
 use tensorfold_model::Source;
 use tensorfold_model::drafter::DrafterBits;
 
 macro_rules! embed {
-    ($($name:literal),*) => {
-        &[$(($name, include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/lfm2-moe-f32/", $name)) as &[u8])),*]
+    ($dir:literal: $($name:literal),*) => {
+        &[$(($name, include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/", $dir, "/", $name)) as &[u8])),*]
     };
 }
 
-static FILES: &[(&str, &[u8])] = embed!(
+/// `models/lfm2-moe-pycode`: the trained 10 M-parameter LFM2-MoE on CPython's standard library (bf16).
+static FILES: &[(&str, &[u8])] = embed!("lfm2-moe-pycode":
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -21,8 +22,11 @@ static FILES: &[(&str, &[u8])] = embed!(
     "model-00002-of-00002.safetensors"
 );
 
-/// The embedded default's drafter (none until the trained pair lands).
-static DRAFTER_FILES: Option<&[(&str, &[u8])]> = None;
+/// `models/lfm2-moe-pycode-dspark`: its DSpark drafter (bf16).
+static DRAFTER: &[(&str, &[u8])] = embed!("lfm2-moe-pycode-dspark": "config.json", "model.safetensors");
+
+/// The embedded default's drafter.
+static DRAFTER_FILES: Option<&[(&str, &[u8])]> = Some(DRAFTER);
 
 /// The model directory given, or the embedded default.
 pub fn source(dir: Option<PathBuf>) -> Source {

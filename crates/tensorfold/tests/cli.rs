@@ -187,7 +187,8 @@ fn inspect_of_the_24b_plan_fixture_prints_40_layers_30_conv_10_attention() {
 fn inspect_without_a_directory_describes_the_embedded_default() {
     let out = ok(&tensorfold(&["inspect"]));
     assert!(out.contains("model:       <embedded default model>"), "{out}");
-    assert!(out.contains("layers:      6 (4 conv, 2 attention)"), "{out}");
+    assert!(out.contains("layers:      10 (7 conv, 3 attention)"), "{out}");
+    assert!(out.contains("vocab 8192"), "the trained pair's target: {out}");
     assert!(out.contains("model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"), "{out}");
 }
 
@@ -221,4 +222,16 @@ fn generate_with_a_drafter_prints_acceptance_and_the_plain_token_hash() {
         "1",
     ]));
     assert!(wrong.contains("does not match the target"), "{wrong}");
+}
+
+#[test]
+fn the_embedded_default_completes_python_with_its_drafter_attached() {
+    let o = tensorfold(&["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "48", "--temperature", "0"]);
+    let text = ok(&o);
+    let err = stderr(&o);
+    // The trained pair: real code comes out (identifiers, indentation), and the drafter is attached.
+    assert!(text.contains("    ") && text.chars().filter(|c| c.is_ascii_alphabetic()).count() > 40, "{text}");
+    assert!(err.contains("mean accepted length:"), "{err}");
+    let plain = tensorfold(&["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "48", "--no-drafts"]);
+    assert_eq!(ok(&plain), text, "drafts change no token");
 }
