@@ -288,3 +288,39 @@ fn a_planted_missing_conv_rollback_turns_drafted_versus_plain_red() {
     let (faulty, _) = run(NoConvRollback(fixture_target()), copies, &reqs);
     assert_ne!(faulty, undrafted, "a conv state left at the window's end must change some reply");
 }
+
+#[test]
+fn a_resumed_prompt_keeps_the_drafters_context_and_equals_a_fresh_plain_reply() {
+    let first = requests(512, 300).remove(1);
+    let second = Request { prompt: [first.prompt.clone(), vec![40, 41, 42]].concat(), ..first.clone() };
+    let mut core = Core::new(fixture_target(), cfg(), Box::new(FixedClock(Instant::now())));
+    let (mut resumed, mut resumed_drafts) = (Vec::new(), (0, 0));
+    for r in [&first, &second] {
+        let (tx, rx) = channel();
+        core.submit(r.clone(), tx).expect("admitted");
+        while core.step() {}
+        let ev: Vec<Event> = rx.try_iter().collect();
+        if std::ptr::eq(r, &second) {
+            assert!(
+                matches!(ev[0], Event::Prefilled { cached_tokens } if cached_tokens == first.prompt.len()),
+                "{:?}",
+                ev[0]
+            );
+            resumed = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
+            resumed_drafts = ev
+                .iter()
+                .find_map(|e| {
+                    if let Event::Finished { stats, .. } = e { Some((stats.drafted, stats.accepted)) } else { None }
+                })
+                .expect("finished");
+        }
+    }
+    let fresh_cfg = EngineConfig { prompt_cache_bytes: 0, ..cfg() };
+    let (fresh, stats) = run(fixture_target(), fresh_cfg.clone(), &[second.clone()]);
+    let (plain_fresh, _) = run(fixture_target(), fresh_cfg, &plain(&[second]));
+    assert_eq!(resumed, plain_fresh[0]);
+    assert_eq!(fresh[0], plain_fresh[0]);
+    assert!(stats[0].drafted > 0);
+    // The same drafter context: the resumed stream proposes and keeps exactly what the fresh one does.
+    assert_eq!(resumed_drafts, (stats[0].drafted, stats[0].accepted));
+}
