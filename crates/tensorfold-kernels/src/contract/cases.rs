@@ -103,3 +103,19 @@ pub fn merge(gates: Vec<Gate>) -> Vec<Gate> {
         })
         .collect()
 }
+
+/// float64 softmax attention of one query head `qh` `[hd]` over `keys` (key row, value row) for KV head `g`
+/// of `hd`: the wanted output and its bound `(2*keys+16)*2^-24*max|v|` (f32 sums in key order of weights
+/// that sum to 1).
+pub fn attention64(qh: &[f32], keys: &[(&[f32], &[f32])], g: usize, hd: usize) -> (Vec<f64>, f64) {
+    let q = wide(qh);
+    let sc: Vec<f64> =
+        keys.iter().map(|(k, _)| dot64(&q, &wide(&k[g * hd..(g + 1) * hd])) / (hd as f64).sqrt()).collect();
+    let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let want =
+        (0..hd).map(|d| keys.iter().zip(&e).map(|((_, v), p)| p * v[g * hd + d] as f64).sum::<f64>() / z).collect();
+    let vmax = keys.iter().flat_map(|(_, v)| &v[g * hd..(g + 1) * hd]).fold(0f64, |m, x| m.max(x.abs() as f64));
+    (want, (2 * keys.len() + 16) as f64 * f64::powi(2.0, -24) * vmax)
+}

@@ -124,23 +124,8 @@ impl Kernel for BlockAttention {
                 .collect();
             for r in s.first_row..s.first_row + s.rows {
                 for h in 0..heads {
-                    let g = h / (heads / kvh);
-                    let qh = wide(&q[(r * heads + h) * hd..(r * heads + h + 1) * hd]);
-                    let sc: Vec<f64> = keys
-                        .iter()
-                        .map(|(kk, _)| dot64(&qh, &wide(&kk[g * hd..(g + 1) * hd])) / (hd as f64).sqrt())
-                        .collect();
-                    let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    let want: Vec<f64> = (0..hd)
-                        .map(|d| keys.iter().zip(&e).map(|((_, vv), p)| p * vv[g * hd + d] as f64).sum::<f64>() / z)
-                        .collect();
-                    let vmax = keys
-                        .iter()
-                        .flat_map(|(_, vv)| &vv[g * hd..(g + 1) * hd])
-                        .fold(0f64, |m, x| m.max(x.abs() as f64));
-                    let bound = (2 * keys.len() + 16) as f64 * f64::powi(2.0, -24) * vmax;
+                    let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
+                    let (want, bound) = attention64(qh, &keys, h / (heads / kvh), hd);
                     err = err.max(max_err(&out[(r * heads + h) * hd..(r * heads + h + 1) * hd], &want, bound));
                 }
             }

@@ -80,13 +80,20 @@ pub fn attention(
 }
 
 /// Softmax attention of one query head over the first `keys` rows of `cache` for KV head `kvh`.
-/// Fixed order: scores by the canonical dot, max, `exp(s - max)` summed in key order, values accumulated
-/// in key order (multiply, then add), then divided by the sum.
 pub fn attend_row(q: &[f32], cache: &CpuKv, kvh: usize, hd: usize, keys: usize, scale: f32, out: &mut [f32]) {
     let w = cache.width;
-    let mut scores: Vec<f32> = (0..keys)
-        .map(|j| simd::dot(q, WRow::F32(&cache.k[j * w + kvh * hd..j * w + (kvh + 1) * hd])) * scale)
-        .collect();
+    let key = |j: usize| {
+        let r = j * w + kvh * hd..j * w + (kvh + 1) * hd;
+        (&cache.k[r.clone()], &cache.v[r])
+    };
+    attend(q, keys, key, scale, out);
+}
+
+/// Softmax attention of `q` over `keys` (key, value) head rows given by `key(j)`, in the one fixed order every
+/// attention kernel uses: scores by the canonical dot, max, `exp(s - max)` summed in key order, values
+/// accumulated in key order (multiply, then add), then divided by the sum.
+fn attend<'a>(q: &[f32], keys: usize, key: impl Fn(usize) -> (&'a [f32], &'a [f32]), scale: f32, out: &mut [f32]) {
+    let mut scores: Vec<f32> = (0..keys).map(|j| simd::dot(q, WRow::F32(key(j).0)) * scale).collect();
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for s in scores.iter_mut() {
@@ -95,8 +102,7 @@ pub fn attend_row(q: &[f32], cache: &CpuKv, kvh: usize, hd: usize, keys: usize, 
     }
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
-        let vr = &cache.v[j * w + kvh * hd..j * w + (kvh + 1) * hd];
-        for (o, &x) in out.iter_mut().zip(vr) {
+        for (o, &x) in out.iter_mut().zip(key(j).1) {
             *o += p * x;
         }
     }
@@ -185,8 +191,7 @@ pub struct BlockKv<'a> {
 }
 
 /// Softmax attention of one query head over every cache row, then every block row, for KV head `kvh`, in
-/// that fixed key order (scores by the canonical dot, max, exp summed in key order, values accumulated
-/// in key order, then divided by the sum), as [`attend_row`].
+/// that key order and the fixed order of [`attend_row`].
 pub fn attend_block_row(q: &[f32], cache: &CpuKv, block: &BlockKv, kvh: usize, hd: usize, scale: f32, out: &mut [f32]) {
     let (cw, bw) = (cache.width, block.width);
     let key = |j: usize| -> (&[f32], &[f32]) {
@@ -199,23 +204,7 @@ pub fn attend_block_row(q: &[f32], cache: &CpuKv, block: &BlockKv, kvh: usize, h
             (&block.k[r.clone()], &block.v[r])
         }
     };
-    let keys = cache.len() + block.rows;
-    let mut scores: Vec<f32> = (0..keys).map(|j| simd::dot(q, WRow::F32(key(j).0)) * scale).collect();
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    out.fill(0.0);
-    for (j, &p) in scores.iter().enumerate() {
-        for (o, &x) in out.iter_mut().zip(key(j).1) {
-            *o += p * x;
-        }
-    }
-    for o in out.iter_mut() {
-        *o /= sum;
-    }
+    attend(q, cache.len() + block.rows, key, scale, out);
 }
 
 /// Checks that segments name distinct caches inside a slice of `n` caches.
