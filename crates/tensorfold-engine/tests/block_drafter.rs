@@ -3,6 +3,8 @@
 //! one that proposes nothing on some rounds), a drafted reply equals its plain reply token for token,
 //! greedy and sampled, with streams joining and leaving mid-flight. Planted verify faults turn them red.
 
+mod common;
+
 use std::sync::mpsc::channel;
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock, PlantedFault};
@@ -114,28 +116,7 @@ struct Scripted {
 }
 
 impl Target for Scripted {
-    type State = Vec<u32>;
-    fn vocab(&self) -> usize {
-        self.inner.vocab
-    }
-    fn context(&self) -> usize {
-        self.inner.context
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.inner.eos.clone()
-    }
-    fn new_state(&self) -> Vec<u32> {
-        Vec::new()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        s.len()
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.inner.stream_bytes(tokens)
-    }
+    delegate_target!(FakeTarget);
     fn forward(
         &self,
         tokens: &[u32],
@@ -227,31 +208,12 @@ fn planted_verify_faults_turn_the_oracle_check_red() {
 }
 
 /// The fixture model with its drafter, whose `keep` leaves every conv state at the window's end.
-struct NoConvRollback(ModelTarget<CpuBackend>);
+struct NoConvRollback {
+    inner: ModelTarget<CpuBackend>,
+}
 
 impl Target for NoConvRollback {
-    type State = <ModelTarget<CpuBackend> as Target>::State;
-    fn vocab(&self) -> usize {
-        self.0.vocab()
-    }
-    fn context(&self) -> usize {
-        self.0.context()
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.0.eos_ids()
-    }
-    fn new_state(&self) -> Self::State {
-        self.0.new_state()
-    }
-    fn pos(&self, s: &Self::State) -> usize {
-        self.0.pos(s)
-    }
-    fn state_bytes(&self, s: &Self::State) -> usize {
-        self.0.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.0.stream_bytes(tokens)
-    }
+    delegate_target!(ModelTarget<CpuBackend>);
     fn forward(
         &self,
         tokens: &[u32],
@@ -259,11 +221,11 @@ impl Target for NoConvRollback {
         states: &mut [&mut Self::State],
         all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.0.forward(tokens, segs, states, all_rows)
+        self.inner.forward(tokens, segs, states, all_rows)
     }
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError> {
         let at_end = s.layers.clone();
-        self.0.keep(s, pos)?;
+        self.inner.keep(s, pos)?;
         for (l, end) in s.layers.iter_mut().zip(at_end) {
             if matches!(end, tensorfold_model::forward::LayerState::Conv(_)) {
                 *l = end;
@@ -272,7 +234,7 @@ impl Target for NoConvRollback {
         Ok(())
     }
     fn draft(&self, states: &[&Self::State], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
-        self.0.draft(states, anchors)
+        self.inner.draft(states, anchors)
     }
 }
 
@@ -285,7 +247,7 @@ fn a_planted_missing_conv_rollback_turns_drafted_versus_plain_red() {
     let (undrafted, _) = run(fixture_target(), copies.clone(), &plain(&reqs));
     let (drafted, _) = run(fixture_target(), copies.clone(), &reqs);
     assert_eq!(drafted, undrafted, "the real rollback is lossless");
-    let (faulty, _) = run(NoConvRollback(fixture_target()), copies, &reqs);
+    let (faulty, _) = run(NoConvRollback { inner: fixture_target() }, copies, &reqs);
     assert_ne!(faulty, undrafted, "a conv state left at the window's end must change some reply");
 }
 

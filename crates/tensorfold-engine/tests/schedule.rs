@@ -3,6 +3,8 @@
 //! target advances (drafts that do not pay are turned off, drafts that pay are kept, tokens unchanged).
 
 use std::sync::Arc;
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
@@ -138,28 +140,7 @@ struct Timed {
 }
 
 impl Target for Timed {
-    type State = Vec<u32>;
-    fn vocab(&self) -> usize {
-        self.inner.vocab
-    }
-    fn context(&self) -> usize {
-        self.inner.context
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        vec![]
-    }
-    fn new_state(&self) -> Vec<u32> {
-        Vec::new()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        s.len()
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, t: usize) -> usize {
-        self.inner.stream_bytes(t)
-    }
+    delegate_target!(FakeTarget);
     fn forward(
         &self,
         t: &[u32],

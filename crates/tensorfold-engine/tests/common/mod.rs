@@ -276,30 +276,38 @@ impl Poisoned {
     }
 }
 
-impl Target for Poisoned {
-    type State = Vec<u32>;
+/// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft).
+#[macro_export]
+macro_rules! delegate_target {
+    ($inner:ty) => {
+        type State = <$inner as Target>::State;
+        fn vocab(&self) -> usize {
+            self.inner.vocab()
+        }
+        fn context(&self) -> usize {
+            self.inner.context()
+        }
+        fn eos_ids(&self) -> Vec<u32> {
+            self.inner.eos_ids()
+        }
+        fn new_state(&self) -> Self::State {
+            self.inner.new_state()
+        }
+        fn pos(&self, s: &Self::State) -> usize {
+            self.inner.pos(s)
+        }
+        fn state_bytes(&self, s: &Self::State) -> usize {
+            self.inner.state_bytes(s)
+        }
+        fn stream_bytes(&self, tokens: usize) -> usize {
+            self.inner.stream_bytes(tokens)
+        }
+    };
+}
 
-    fn vocab(&self) -> usize {
-        self.inner.vocab()
-    }
-    fn context(&self) -> usize {
-        self.inner.context()
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.inner.eos_ids()
-    }
-    fn new_state(&self) -> Vec<u32> {
-        Vec::new()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        s.len()
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.inner.stream_bytes(tokens)
-    }
+impl Target for Poisoned {
+    delegate_target!(FakeTarget);
+
     fn forward(
         &self,
         tokens: &[u32],
