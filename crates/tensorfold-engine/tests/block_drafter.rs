@@ -278,7 +278,7 @@ fn a_resumed_prompt_keeps_the_drafters_context_and_equals_a_fresh_plain_reply() 
         }
     }
     let fresh_cfg = EngineConfig { prompt_cache_bytes: 0, ..cfg() };
-    let (fresh, stats) = run(fixture_target(), fresh_cfg.clone(), &[second.clone()]);
+    let (fresh, stats) = run(fixture_target(), fresh_cfg.clone(), std::slice::from_ref(&second));
     let (plain_fresh, _) = run(fixture_target(), fresh_cfg, &plain(&[second]));
     assert_eq!(resumed, plain_fresh[0]);
     assert_eq!(fresh[0], plain_fresh[0]);
