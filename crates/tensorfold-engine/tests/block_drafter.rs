@@ -286,3 +286,66 @@ fn a_resumed_prompt_keeps_the_drafters_context_and_equals_a_fresh_plain_reply() 
     // The same drafter context: the resumed stream proposes and keeps exactly what the fresh one does.
     assert_eq!(resumed_drafts, (stats[0].drafted, stats[0].accepted));
 }
+
+/// The `dspark-tiny` drafter with its final norm set to NaN, in a temporary directory.
+fn nan_drafter() -> tempfile::TempDir {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dspark-tiny");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(root.join("config.json"), dir.path().join("config.json")).expect("config");
+    let bytes = std::fs::read(root.join("model.safetensors")).expect("weights");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let mut data = t.data().to_vec();
+            if n == "norm.weight" {
+                data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+            }
+            (n, t.dtype(), t.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+    dir
+}
+
+#[test]
+fn a_non_finite_drafter_score_fails_only_its_stream_as_draft_nonfinite() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let mut l = tensorfold_model::open(&Source::Dir(root.join("lfm2-moe-f32")), CpuBackend).expect("target");
+    let nan = nan_drafter();
+    let d =
+        open_drafter_with(&Source::Dir(nan.path().to_path_buf()), &l.model.cfg, &l.model.backend, DrafterBits::Stored)
+            .expect("a NaN weight loads; it fails when it drafts");
+    l.model.drafter = Some(d);
+    let s = l.model.new_state();
+    let err = l.model.draft(&[&s], &[11], false).expect_err("NaN scores are refused");
+    assert!(matches!(err, ForwardError::DraftNonfinite { stream: 0, row: 0 }), "{err:?}");
+    // In the lane core: the drafting stream fails by name; a `draft: false` stream beside it finishes.
+    let target = ModelTarget { model: l.model, eos: l.eos_ids };
+    let reqs = requests(512, 400);
+    let mixed = vec![reqs[0].clone(), Request { draft: false, ..reqs[1].clone() }];
+    let mut core = Core::new(target, cfg(), Box::new(FixedClock(Instant::now())));
+    let rx: Vec<_> = mixed
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            core.submit(r.clone(), tx).expect("admitted");
+            rx
+        })
+        .collect();
+    while core.step() {}
+    let fin = |rx: &std::sync::mpsc::Receiver<Event>| {
+        rx.try_iter()
+            .find_map(|e| if let Event::Finished { reason, error, .. } = e { Some((reason, error)) } else { None })
+    };
+    let (r0, e0) = fin(&rx[0]).expect("finished");
+    assert_eq!(r0, tensorfold_engine::FinishReason::Error);
+    assert!(e0.unwrap_or_default().contains("DraftNonfinite"));
+    let (r1, _) = fin(&rx[1]).expect("finished");
+    assert_eq!(r1, tensorfold_engine::FinishReason::Length);
+}

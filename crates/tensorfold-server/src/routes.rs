@@ -330,6 +330,13 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         metrics::counter!("tensorfold_drafted_tokens_total").absolute(m.drafted_tokens);
         metrics::counter!("tensorfold_accepted_tokens_total").absolute(m.accepted_tokens);
         metrics::counter!("tensorfold_draft_windows_total").absolute(m.draft_windows);
+        for (k, n) in m.accepted_at.iter().enumerate() {
+            metrics::counter!("tensorfold_accepted_by_position_total", "position" => k.to_string()).absolute(*n);
+        }
+        if m.draft_windows > 0 {
+            let mean = (m.accepted_tokens + m.draft_windows) as f64 / m.draft_windows as f64;
+            metrics::gauge!("tensorfold_mean_accepted_length").set(mean);
+        }
     }
     ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render()).into_response()
 }

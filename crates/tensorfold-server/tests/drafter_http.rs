@@ -41,6 +41,8 @@ async fn block_drafted_replies_equal_plain_replies_and_report_acceptance() {
     }
     let m = s.metrics().await;
     assert!(sample(&m, "tensorfold_draft_windows_total").is_some_and(|w| w > 0.0), "{m}");
+    assert!(sample(&m, "tensorfold_mean_accepted_length").is_some_and(|w| w >= 1.0), "{m}");
+    assert!(m.contains("tensorfold_accepted_by_position_total{position=\"0\"}"), "{m}");
 }
 
 /// Posts every body at once and returns the replies in order.

@@ -149,6 +149,10 @@ impl<T: Target> Core<T> {
             s.stats.drafted_at[..n].iter_mut().for_each(|c| *c += 1);
             s.stats.accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
             self.counters.draft_windows += 1;
+            if self.counters.accepted_at.len() < accepted {
+                self.counters.accepted_at.resize(accepted, 0);
+            }
+            self.counters.accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
             self.counters.drafted_tokens += n as u64;
             self.counters.accepted_tokens += accepted as u64;
         }

@@ -123,6 +123,8 @@ pub struct Metrics {
     pub accepted_tokens: u64,
     /// Verify windows that carried drafts.
     pub draft_windows: u64,
+    /// `accepted_at[k]`: windows whose draft k (0-based) was accepted (acceptance per position).
+    pub accepted_at: Vec<u64>,
     /// Prompt-cache counters.
     pub cache: CacheCounters,
     /// Bytes the running streams' states hold.
