@@ -328,7 +328,7 @@ fn a_non_finite_drafter_score_fails_only_its_stream_as_draft_nonfinite() {
     // In the lane core: the drafting stream fails by name; a `draft: false` stream beside it finishes.
     let target = ModelTarget { model: l.model, eos: l.eos_ids };
     let reqs = requests(512, 400);
-    let mixed = vec![reqs[0].clone(), Request { draft: false, ..reqs[1].clone() }];
+    let mixed = [reqs[0].clone(), Request { draft: false, ..reqs[1].clone() }];
     let mut core = Core::new(target, cfg(), Box::new(FixedClock(Instant::now())));
     let rx: Vec<_> = mixed
         .iter()
