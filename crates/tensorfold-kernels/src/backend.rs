@@ -18,6 +18,10 @@ pub enum KernelError {
     /// A segment names a cache outside the slice it was given, or segments overlap.
     #[error("segment table is invalid: {0}")]
     Segments(String),
+    /// The device failed (a driver or compiler error, out of device memory; the CUDA backend only): the call's
+    /// outputs, and those of the infallible calls since the last report, are not valid.
+    #[error("device error in {kernel}: {message}")]
+    Device { kernel: &'static str, message: String },
 }
 
 /// One stream's rows in a call: rows `first_row .. first_row + rows` of every activation buffer belong

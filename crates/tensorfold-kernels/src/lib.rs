@@ -1,4 +1,5 @@
-//! TensorFold kernels: the `Backend` trait, the CPU backend, and the kernel contract that checks them.
+//! TensorFold kernels: the `Backend` trait, the CPU backend (and the CUDA backend with the `cuda` feature), and the
+//! kernel contract that checks them.
 //!
 //! Numerics (docs/architecture.md): weights bf16 or f32, activations and accumulation f32, one reduction
 //! order per row fixed by the row's own length (never by the batch), so a row's bits do not depend on
@@ -8,8 +9,12 @@ pub mod backend;
 pub mod bytes;
 pub mod contract;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod simd;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 pub use bytes::{Dtype, HostBytes, MatView};
 pub use cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaError};

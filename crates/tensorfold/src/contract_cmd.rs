@@ -2,12 +2,12 @@
 
 use anyhow::bail;
 use std::process::ExitCode;
-use tensorfold_kernels::contract::{self, Scale};
+use tensorfold_kernels::contract::{self, Kernel, Scale};
 
 /// Arguments of `tensorfold contract`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Backend whose kernels to check.
+    /// Backend whose kernels to check: cpu, or cuda[:N] (GPU N, default 0; builds with the `cuda` feature).
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Check only the kernel of this name (e.g. cpu.linear).
@@ -23,21 +23,16 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if a.backend != "cpu" {
-        bail!("--backend {}: this build has only the cpu backend", a.backend);
-    }
     let scale = if a.quick { Scale::Quick } else { Scale::Served };
     let seed = a.seed.unwrap_or_else(contract::fresh_seed);
-    let kernels: Vec<_> =
-        contract::registry().into_iter().filter(|k| a.only.as_deref().is_none_or(|o| o == k.name())).collect();
+    let (registry, backend) = registry(&a.backend)?;
+    let names: Vec<&str> = registry.iter().map(|k| k.name()).collect();
+    let names = names.join(", ");
+    let kernels: Vec<_> = registry.into_iter().filter(|k| a.only.as_deref().is_none_or(|o| o == k.name())).collect();
     if kernels.is_empty() {
-        bail!(
-            "no kernel named {:?}; registered: {}",
-            a.only.unwrap_or_default(),
-            contract::registry().iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
-        );
+        bail!("no kernel named {:?}; registered: {names}", a.only.unwrap_or_default());
     }
-    println!("contract: backend cpu, simd {:?}, {:?} shapes, seed {seed}", tensorfold_kernels::simd::level(), scale);
+    println!("contract: {backend}, {scale:?} shapes, seed {seed}");
     let (mut reports, mut controls) = (Vec::new(), Vec::new());
     for k in &kernels {
         let r = contract::check(k.as_ref(), scale, seed);
@@ -52,6 +47,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         println!("    shapes: {}", r.shapes.join("; "));
         for g in &r.gates {
             println!("    {} {}: {}", if g.pass { "ok  " } else { "FAIL" }, g.name, g.detail);
+        }
+        for l in &r.limits {
+            println!("    limits: {l}");
         }
         for c in contract::controls(k.as_ref(), scale, seed) {
             let verdict = if c.red_gates.is_empty() {
@@ -68,4 +66,33 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!("{line}");
     let ok = reports.iter().all(|r| r.pass()) && controls.iter().all(|c| !c.red_gates.is_empty());
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The kernels of `--backend` and the header's description of it.
+fn registry(backend: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+    match backend {
+        "cpu" => Ok((contract::registry(), format!("backend cpu, simd {:?}", tensorfold_kernels::simd::level()))),
+        b if b == "cuda" || b.starts_with("cuda:") => cuda_registry(b),
+        other => bail!("--backend {other}: expected cpu or cuda[:N]"),
+    }
+}
+
+/// The CUDA kernels on GPU N of `cuda[:N]`.
+#[cfg(feature = "cuda")]
+fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+    let ordinal = match b.strip_prefix("cuda:") {
+        Some(n) => {
+            n.parse::<usize>().map_err(|_| anyhow::anyhow!("--backend {b}: N in cuda:N must be a GPU number"))?
+        }
+        None => 0,
+    };
+    let be = tensorfold_kernels::CudaBackend::new(ordinal).map_err(|e| anyhow::anyhow!("--backend {b}: {e}"))?;
+    let desc = format!("backend cuda, device {ordinal} {} ({})", be.device_name(), be.arch());
+    Ok((contract::cuda::registry(&be), desc))
+}
+
+/// Without the `cuda` feature there are no CUDA kernels to check.
+#[cfg(not(feature = "cuda"))]
+fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+    bail!("--backend {b}: this build has no CUDA backend (build with `--features cuda`)")
 }

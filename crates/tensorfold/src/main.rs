@@ -73,7 +73,7 @@ pub enum Device {
     /// The CPU backend (threads + SIMD).
     #[default]
     Cpu,
-    /// NVIDIA GPUs (not in this build).
+    /// An NVIDIA GPU: `exact` and `contract --backend cuda` in builds with the `cuda` feature; refused by name elsewhere.
     Cuda,
 }
 

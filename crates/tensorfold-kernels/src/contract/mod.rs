@@ -5,6 +5,8 @@
 //! fault planted; a control that stays green is a gate that cannot see that fault.
 
 mod cases;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dense;
 mod drafter;
 mod mixers;
@@ -87,6 +89,11 @@ pub trait Kernel: Sync {
     fn faults(&self) -> &'static [Fault];
     /// Gates 2 to 4 (and any kernel-specific gate) with `fault` planted, or none.
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate>;
+    /// Launch limits of the kernel's device functions (registers, shared memory, threads), read after the gates
+    /// ran; empty for the CPU.
+    fn limits(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Every registered kernel.
@@ -113,6 +120,8 @@ pub struct KernelReport {
     pub shapes: Vec<String>,
     /// Gate 1 (runs) first, then the rest.
     pub gates: Vec<Gate>,
+    /// Launch limits of its device functions (empty on the CPU).
+    pub limits: Vec<String>,
 }
 
 impl KernelReport {
@@ -150,13 +159,15 @@ fn run_gates(k: &dyn Kernel, scale: Scale, fault: Option<&'static str>, seed: u6
 
 /// Checks one kernel (no fault).
 pub fn check(k: &dyn Kernel, scale: Scale, seed: u64) -> KernelReport {
+    let gates = run_gates(k, scale, None, seed);
     KernelReport {
         name: k.name(),
         backend: k.backend(),
         claim: k.claim().to_string(),
         reference: k.reference(),
         shapes: k.shapes(scale),
-        gates: run_gates(k, scale, None, seed),
+        gates,
+        limits: k.limits(),
     }
 }
 

@@ -1,0 +1,370 @@
+//! CUDA contract entries of the attention kernels: causal attention with its K/V append over a 4-stream segment
+//! table, and the drafter's context append with the non-causal block attention.
+
+use super::super::cases::*;
+use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
+use super::{Planted, device_gate, limits, rd, split, up, with_fault};
+use crate::KernelError;
+use crate::backend::{Backend, Segment};
+use crate::cuda::{CudaBackend, CudaKv, Src};
+use rand::{Rng, rngs::StdRng};
+
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+    vec![Box::new(Attention(be.clone())), Box::new(BlockAttention(be.clone()))]
+}
+
+const CLAIM: &str =
+    "(2*keys+16)*2^-24*max|v| of float64 (fixed 256-key chunks: fixed-tree sums inside, an ordered combine)";
+
+/// Host K and V rows `[n, width]` of one stream.
+#[derive(Clone)]
+struct HostKv {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl HostKv {
+    fn random(rng: &mut StdRng, n: usize, width: usize) -> Self {
+        Self { k: uniform(rng, n * width), v: uniform(rng, n * width) }
+    }
+
+    fn with(&self, k: &[f32], v: &[f32]) -> Self {
+        Self { k: [self.k.as_slice(), k].concat(), v: [self.v.as_slice(), v].concat() }
+    }
+
+    fn device(&self, be: &CudaBackend, width: usize) -> CudaKv {
+        be.kv_from_host(width, &self.k, &self.v).expect("KV cache on the device")
+    }
+}
+
+/// `|got - want| / bound` of one query head attending over `keys`' KV head `g` (the shared float64 reference).
+fn attend_err(q: &[f32], keys: &[(&[f32], &[f32])], g: usize, hd: usize, got: &[f32]) -> f64 {
+    let (want, bound) = attention64(q, keys, g, hd);
+    max_err(got, &want, bound)
+}
+
+/// Rows `[a, b)` of a `[n, w]` buffer as (row) slices.
+fn rows_of(x: &[f32], w: usize, a: usize, b: usize) -> impl Iterator<Item = &[f32]> {
+    (a..b).map(move |j| &x[j * w..(j + 1) * w])
+}
+
+struct Attention(CudaBackend);
+
+pub(super) const ATTN_PLANTS: &[Planted] = &[
+    ("reads-first-stream", Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
+    ("skips-newest-key", Src::Attention, "FAULT_ATTN_SKIP_NEWEST"),
+    ("batch-dependent-chunk-order", Src::Attention, "FAULT_ATTN_BATCH_ORDER"),
+];
+
+/// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
+/// span three chunks.
+fn attn_shape(scale: Scale) -> (usize, usize, usize, Vec<usize>, usize) {
+    match scale {
+        Scale::Quick => (4, 2, 16, vec![5, 0, 700, 3], 1200),
+        Scale::Served => (32, 8, 64, vec![4095, 0, 700, 31], 32_767),
+    }
+}
+
+/// One attention call's inputs: q `[33, heads*hd]`, k and v `[33, kw]`, and the streams' cached rows.
+struct AttnCase {
+    heads: usize,
+    kvh: usize,
+    hd: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    base: Vec<HostKv>,
+}
+
+impl AttnCase {
+    fn kw(&self) -> usize {
+        self.kvh * self.hd
+    }
+
+    /// Rows `[a, b)` of the inputs through the kernel with `segs` (first_row relative to `a`) over `caches`.
+    fn call(
+        &self,
+        be: &CudaBackend,
+        a: usize,
+        b: usize,
+        segs: &[Segment],
+        caches: &mut [CudaKv],
+    ) -> Result<Vec<f32>, KernelError> {
+        let (qw, kw) = (self.heads * self.hd, self.kw());
+        let mut out = be.zeros((b - a) * qw);
+        let mut refs: Vec<&mut CudaKv> = caches.iter_mut().collect();
+        let (q, k, v) =
+            (up(be, &self.q[a * qw..b * qw]), up(be, &self.k[a * kw..b * kw]), up(be, &self.v[a * kw..b * kw]));
+        be.attention(&q, &k, &v, self.heads, self.kvh, segs, &mut refs, &mut out)?;
+        Ok(rd(be, &out))
+    }
+
+    /// Worst `|err| / bound` of row `r` (all heads) over `keys`.
+    fn row_err(&self, r: usize, out: &[f32], keys: &[(&[f32], &[f32])]) -> f64 {
+        let qw = self.heads * self.hd;
+        (0..self.heads)
+            .map(|h| {
+                let at = r * qw + h * self.hd;
+                attend_err(
+                    &self.q[at..at + self.hd],
+                    keys,
+                    h / (self.heads / self.kvh),
+                    self.hd,
+                    &out[at..at + self.hd],
+                )
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+impl Kernel for Attention {
+    fn name(&self) -> &'static str {
+        "cuda.attention"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound(CLAIM)
+    }
+    fn reference(&self) -> &'static str {
+        "float64 causal GQA softmax attention of each row over its own stream's keys [0, pos]"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        let (h, kv, hd, keys, long) = attn_shape(scale);
+        vec![format!("{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys; one stream of {long} keys")]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "reads-first-stream", what: "every row attends over the first stream's KV rows" },
+            Fault { name: "skips-newest-key", what: "a row attends keys [0, pos) (a wrong key count)" },
+            Fault {
+                name: "batch-dependent-chunk-order",
+                what: "calls of several rows combine a row's key chunks in reverse",
+            },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, ATTN_PLANTS, fault);
+        let (heads, kvh, hd, held, long) = attn_shape(scale);
+        let kw = kvh * hd;
+        let base: Vec<HostKv> = held.iter().map(|&n| HostKv::random(rng, n, kw)).collect();
+        let case = AttnCase {
+            heads,
+            kvh,
+            hd,
+            q: uniform(rng, 33 * heads * hd),
+            k: uniform(rng, 33 * kw),
+            v: uniform(rng, 33 * kw),
+            base,
+        };
+        let fresh = || case.base.iter().map(|h| h.device(&be, kw)).collect::<Vec<_>>();
+        let segs = split(8, 4, &held);
+        let mut caches = fresh();
+        let out = case.call(&be, 0, 8, &segs, &mut caches);
+        let mut err = if out.is_ok() { 0f64 } else { f64::INFINITY };
+        let mut appended = out.is_ok();
+        for s in segs.iter().filter(|_| out.is_ok()) {
+            let c = &case.base[s.cache];
+            for r in s.first_row..s.first_row + s.rows {
+                let keys: Vec<(&[f32], &[f32])> = rows_of(&c.k, kw, 0, held[s.cache])
+                    .zip(rows_of(&c.v, kw, 0, held[s.cache]))
+                    .chain(rows_of(&case.k, kw, s.first_row, r + 1).zip(rows_of(&case.v, kw, s.first_row, r + 1)))
+                    .collect();
+                err = err.max(case.row_err(r, out.as_ref().map_or(&[][..], |o| o), &keys));
+            }
+            let want = c.with(
+                &case.k[s.first_row * kw..(s.first_row + s.rows) * kw],
+                &case.v[s.first_row * kw..(s.first_row + s.rows) * kw],
+            );
+            let got = be.kv_to_host(&caches[s.cache]).unwrap_or_default();
+            appended &= bit_diffs(&got.0, &want.k) + bit_diffs(&got.1, &want.v) == 0;
+        }
+        let mut gates = vec![reference_gate("8 rows over 4 streams, |err| / bound", err, 1.0)];
+        gates.push(invariance_gate("widths over 4 streams", Self::invariance(&be, &case, &held)));
+        gates.push(Self::edges(&be, &case, rng, long, appended));
+        gates.push(device_gate(&be));
+        gates
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_combine"])
+    }
+}
+
+impl Attention {
+    /// Each row of calls of every width against a one-row call on its own stream's cache holding the segment's
+    /// earlier rows.
+    fn invariance(be: &CudaBackend, case: &AttnCase, held: &[usize]) -> usize {
+        let (kw, qw) = (case.kw(), case.heads * case.hd);
+        let mut inv = 0;
+        for w in WIDTHS {
+            let segs = split(w, 4, held);
+            let mut caches: Vec<CudaKv> = case.base.iter().map(|h| h.device(be, kw)).collect();
+            let Ok(o) = case.call(be, 0, w, &segs, &mut caches) else {
+                inv += 1;
+                continue;
+            };
+            for s in &segs {
+                for r in s.first_row..s.first_row + s.rows {
+                    let solo =
+                        case.base[s.cache].with(&case.k[s.first_row * kw..r * kw], &case.v[s.first_row * kw..r * kw]);
+                    let seg = [Segment { first_row: 0, rows: 1, start_pos: solo.k.len() / kw, cache: 0 }];
+                    let one = case.call(be, r, r + 1, &seg, &mut [solo.device(be, kw)]).unwrap_or_default();
+                    inv += bit_diffs(&o[r * qw..(r + 1) * qw], &one);
+                }
+            }
+        }
+        inv
+    }
+
+    /// A wrong key count is refused; the call's K/V rows were appended exactly; the longest context still meets
+    /// its reference.
+    fn edges(be: &CudaBackend, case: &AttnCase, rng: &mut StdRng, long: usize, appended: bool) -> Gate {
+        let kw = case.kw();
+        let bad = [Segment { first_row: 0, rows: 1, start_pos: case.base[0].k.len() / kw + 1, cache: 0 }];
+        let refused =
+            matches!(case.call(be, 0, 1, &bad, &mut [case.base[0].device(be, kw)]), Err(KernelError::KeyCount { .. }));
+        let lc = HostKv::random(rng, long, kw);
+        let seg = [Segment { first_row: 0, rows: 1, start_pos: long, cache: 0 }];
+        let out = case.call(be, 0, 1, &seg, &mut [lc.device(be, kw)]);
+        let keys: Vec<(&[f32], &[f32])> = rows_of(&lc.k, kw, 0, long)
+            .zip(rows_of(&lc.v, kw, 0, long))
+            .chain(rows_of(&case.k, kw, 0, 1).zip(rows_of(&case.v, kw, 0, 1)))
+            .collect();
+        let err = out.as_ref().map_or(f64::INFINITY, |o| case.row_err(0, o, &keys));
+        Gate::new(
+            "edges",
+            refused && appended && err <= 1.0,
+            format!(
+                "a wrong key count refused: {refused}; appended K/V rows exact: {appended}; {} keys: |err| / bound {err:.2e}",
+                long + 1
+            ),
+        )
+    }
+}
+
+struct BlockAttention(CudaBackend);
+
+pub(super) const BLOCK_PLANTS: &[Planted] = &[
+    ("causal-block", Src::Attention, "FAULT_BLOCK_CAUSAL"),
+    ("reads-first-stream", Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
+];
+
+/// (heads, kv_heads, head_dim, block, context rows per stream): the released 24B drafter's shape when served.
+fn block_shape(scale: Scale) -> (usize, usize, usize, usize, Vec<usize>) {
+    match scale {
+        Scale::Served => (32, 8, 64, 9, vec![0, 1, 700, 4095]),
+        Scale::Quick => (4, 2, 16, 4, vec![0, 1, 9, 300]),
+    }
+}
+
+impl Kernel for BlockAttention {
+    fn name(&self) -> &'static str {
+        "cuda.block_attention"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound(CLAIM)
+    }
+    fn reference(&self) -> &'static str {
+        "float64 non-causal GQA softmax attention of every block row over its stream's context keys and all its block's keys"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        let (h, kv, hd, b, ctx) = block_shape(scale);
+        vec![format!("{h} heads, {kv} KV heads of {hd}; blocks of {b} over 4 streams holding {ctx:?} context rows")]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "causal-block", what: "a block row sees only the block rows up to itself" },
+            Fault { name: "reads-first-stream", what: "every block attends over the first stream's context" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, BLOCK_PLANTS, fault);
+        let (heads, kvh, hd, bs, held) = block_shape(scale);
+        let kw = kvh * hd;
+        // Contexts built through kv_append in two calls each (the drafter's absorb), checked against their rows.
+        let ctx: Vec<HostKv> = held.iter().map(|&n| HostKv::random(rng, n, kw)).collect();
+        let mut caches: Vec<CudaKv> = held.iter().map(|_| be.new_kv(kw)).collect();
+        let mut appended = true;
+        for (i, c) in ctx.iter().enumerate() {
+            let n = held[i];
+            let cut = rng.random_range(0..=n);
+            for (a, b) in [(0, cut), (cut, n)].into_iter().filter(|(a, b)| b > a) {
+                let seg = [Segment { first_row: 0, rows: b - a, start_pos: a, cache: 0 }];
+                let (k, v) = (up(&be, &c.k[a * kw..b * kw]), up(&be, &c.v[a * kw..b * kw]));
+                appended &= be.kv_append(&k, &v, &seg, &mut [&mut caches[i]]).is_ok();
+            }
+            let got = be.kv_to_host(&caches[i]).unwrap_or_default();
+            appended &= got.0 == c.k && got.1 == c.v;
+        }
+        let n = held.len();
+        let rows = n * bs;
+        let case = AttnCase {
+            heads,
+            kvh,
+            hd,
+            q: uniform(rng, rows * heads * hd),
+            k: uniform(rng, rows * kw),
+            v: uniform(rng, rows * kw),
+            base: ctx,
+        };
+        let segs: Vec<Segment> =
+            (0..n).map(|i| Segment { first_row: i * bs, rows: bs, start_pos: held[i], cache: i }).collect();
+        let call = |a: usize, b: usize, segs: &[Segment], caches: &[&CudaKv]| -> Result<Vec<f32>, KernelError> {
+            let (qw, kw) = (heads * hd, kw);
+            let mut out = be.zeros((b - a) * qw);
+            let (q, k, v) =
+                (up(&be, &case.q[a * qw..b * qw]), up(&be, &case.k[a * kw..b * kw]), up(&be, &case.v[a * kw..b * kw]));
+            be.block_attention(&q, &k, &v, heads, kvh, segs, caches, &mut out)?;
+            Ok(rd(&be, &out))
+        };
+        let refs: Vec<&CudaKv> = caches.iter().collect();
+        let out = call(0, rows, &segs, &refs);
+        let mut err = if out.is_ok() { 0f64 } else { f64::INFINITY };
+        for s in segs.iter().filter(|_| out.is_ok()) {
+            let c = &case.base[s.cache];
+            let keys: Vec<(&[f32], &[f32])> = rows_of(&c.k, kw, 0, s.start_pos)
+                .zip(rows_of(&c.v, kw, 0, s.start_pos))
+                .chain(rows_of(&case.k, kw, s.first_row, s.first_row + s.rows).zip(rows_of(
+                    &case.v,
+                    kw,
+                    s.first_row,
+                    s.first_row + s.rows,
+                )))
+                .collect();
+            for r in s.first_row..s.first_row + s.rows {
+                err = err.max(case.row_err(r, out.as_ref().map_or(&[][..], |o| o), &keys));
+            }
+        }
+        let mut gates = vec![reference_gate(&format!("{n} blocks of {bs}, |err| / bound"), err, 1.0)];
+        // Row invariance: each stream's block alone equals its rows in the batched call, bit for bit.
+        let qw = heads * hd;
+        let inv: usize = segs
+            .iter()
+            .map(|s| {
+                let seg = [Segment { first_row: 0, rows: bs, start_pos: s.start_pos, cache: 0 }];
+                let one = call(s.first_row, s.first_row + bs, &seg, &[&caches[s.cache]]).unwrap_or_default();
+                let batched = out.as_ref().map_or(&[][..], |o| &o[s.first_row * qw..(s.first_row + bs) * qw]);
+                bit_diffs(batched, &one)
+            })
+            .sum();
+        gates.push(invariance_gate("each block alone vs 4 streams batched", inv));
+        let bad = [Segment { first_row: 0, rows: bs, start_pos: held[1] + 1, cache: 1 }];
+        let refused = matches!(call(0, bs, &bad, &[&caches[0], &caches[1]]), Err(KernelError::KeyCount { .. }));
+        let unchanged =
+            caches.iter().zip(&case.base).all(|(c, h)| be.kv_to_host(c).is_ok_and(|(k, v)| k == h.k && v == h.v));
+        gates.push(Gate::new(
+            "edges",
+            appended && refused && unchanged,
+            format!("kv_append in two calls equals the context rows: {appended}; a wrong context length refused: {refused}; caches unchanged by the block pass: {unchanged}; an empty context included"),
+        ));
+        gates.push(device_gate(&be));
+        gates
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_combine"])
+    }
+}

@@ -1,0 +1,241 @@
+//! CUDA contract entries of the dense kernels: the linear (every dtype and chunk form) and the fused SwiGLU FFN.
+
+use super::super::cases::*;
+use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
+use super::{Planted, dense_names, device_gate, limits, rd, up, warp_dot_bound, with_fault};
+use crate::backend::{Backend, Ffn};
+use crate::bytes::MatView;
+use crate::cuda::{CudaBackend, Src};
+use rand::rngs::StdRng;
+
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+    vec![Box::new(Linear(be.clone())), Box::new(Swiglu(be.clone()))]
+}
+
+/// A random matrix of `kind`: f32, bf16, q8 (groups of 64) or q8-12 (groups of 12: the one-element chunk form).
+fn make(rng: &mut StdRng, n: usize, k: usize, kind: &str) -> MatView {
+    match kind {
+        "f32" => f32_mat(rng, n, k, 0.5),
+        "q8" => bf16_mat(rng, n, k, 0.5).quantize_q8(64).expect("k divides into groups of 64"),
+        "q8-12" => bf16_mat(rng, n, k, 0.5).quantize_q8(12).expect("k divides into groups of 12"),
+        _ => bf16_mat(rng, n, k, 0.5),
+    }
+}
+
+/// Linear shapes `(n, k, kind)`: the CPU contract's (LFM2.5-24B-A2B's projections, head, the drafter's 8-bit
+/// linears) plus shapes that take the one-element chunk form (k = 33, Q8 groups of 12) and lanes of several chunks.
+fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
+    let mut v = match scale {
+        Scale::Quick => vec![(96, 80, "f32"), (300, 64, "bf16"), (48, 128, "q8")],
+        Scale::Served => vec![
+            (6144, 2048, "bf16"),
+            (2048, 2048, "bf16"),
+            (512, 2048, "bf16"),
+            (1536, 2048, "bf16"),
+            (2048, 1536, "bf16"),
+            (128_000, 2048, "bf16"),
+            (96, 80, "f32"),
+            (2048, 2048, "q8"),
+            (6144, 2048, "q8"),
+        ],
+    };
+    v.extend([(40, 33, "bf16"), (40, 33, "f32"), (24, 36, "q8-12"), (64, 1024, "bf16")]);
+    v
+}
+
+struct Linear(CudaBackend);
+
+pub(super) const LINEAR_PLANTS: &[Planted] = &[
+    ("dropped-last-column", Src::Dense, "FAULT_LINEAR_DROP_LAST"),
+    ("batch-dependent-order", Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
+];
+
+impl Linear {
+    /// Gate 2 on two rows and the bias edge: with a bias, each output is bit-equal to the unbiased output + bias.
+    fn reference(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Vec<Gate> {
+        let (n, k) = (w.rows, w.cols);
+        let wm = be.upload_mat(w).expect("upload the matrix");
+        let x = uniform(rng, 2 * k);
+        let bias = uniform(rng, n);
+        let (mut out, mut outb) = (be.zeros(2 * n), be.zeros(2 * n));
+        let xb = up(be, &x);
+        be.linear(&xb, 2, &wm, None, &mut out);
+        be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
+        let (out, outb) = (rd(be, &out), rd(be, &outb));
+        let mut err = 0f64;
+        for r in 0..2 {
+            let xr = wide(&x[r * k..(r + 1) * k]);
+            for j in 0..n {
+                let wr = row64(w, j);
+                let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
+                err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / warp_dot_bound(k, abs));
+            }
+        }
+        let biased: Vec<f32> = out.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
+        let bd = bit_diffs(&outb, &biased);
+        vec![
+            reference_gate(shape, err, 1.0),
+            Gate::new("edges", bd == 0, format!("{shape}: bias added after the reduction: {bd} differ")),
+        ]
+    }
+
+    /// Gate 3 over the first (at most 4096) outputs: 33 one-row calls against calls of every width.
+    fn invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
+        let k = w.cols;
+        let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
+        let wm = be.upload_mat(&wn).expect("upload the matrix");
+        let n = wn.rows;
+        let xs = uniform(rng, 33 * k);
+        let call = |x: &[f32], rows: usize| {
+            let mut o = be.zeros(rows * n);
+            be.linear(&up(be, x), rows, &wm, None, &mut o);
+            rd(be, &o)
+        };
+        let one: Vec<Vec<f32>> = (0..33).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
+        let diffs: usize = WIDTHS
+            .iter()
+            .map(|&wd| {
+                let o = call(&xs[..wd * k], wd);
+                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r])).sum::<usize>()
+            })
+            .sum();
+        invariance_gate(shape, diffs)
+    }
+}
+
+impl Kernel for Linear {
+    fn name(&self) -> &'static str {
+        "cuda.linear"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("(ceil(k/32)+6)*2^-24*sum|x*w| of float64 per output (a lane's fmaf chain and the warp butterfly)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 matrix-vector product of the f32/bf16 weights (8-bit affine: of the dequantized values fma(code, scale, bias))"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        linear_shapes(scale).iter().map(|(n, k, d)| format!("[{n},{k}] {d}")).collect()
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "dropped-last-column", what: "the last input column is skipped" },
+            Fault { name: "batch-dependent-order", what: "calls of several rows walk each lane's chunks in reverse" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, LINEAR_PLANTS, fault);
+        let mut gates = Vec::new();
+        for (n, k, kind) in linear_shapes(scale) {
+            let w = make(rng, n, k, kind);
+            let shape = format!("[{n},{k}] {kind}");
+            gates.extend(Self::reference(&be, rng, &w, &shape));
+            gates.push(Self::invariance(&be, rng, &w, &shape));
+        }
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        let names = dense_names("linear");
+        limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    }
+}
+
+/// SwiGLU shapes `(hidden, inter, kind)`.
+fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
+    let mut v = vec![(48, 24, "bf16"), (48, 24, "q8"), (33, 20, "f32")];
+    if scale == Scale::Served {
+        v.extend([(2048, 1536, "bf16"), (2048, 6144, "bf16")]);
+    }
+    v
+}
+
+struct Swiglu(CudaBackend);
+
+pub(super) const SWIGLU_PLANTS: &[Planted] = &[("up-gate-swapped", Src::Dense, "FAULT_SWIGLU_SWAPPED")];
+
+/// An FFN of `kind`; q8 quantizes each matrix in the first of groups 64, 32, 16 or the whole row that divides it
+/// (as `--drafter-bits 8` does).
+fn ffn(rng: &mut StdRng, h: usize, inter: usize, kind: &str) -> Ffn<MatView> {
+    let mut m = |n, k| {
+        let w = if kind == "f32" { f32_mat(rng, n, k, 0.2) } else { bf16_mat(rng, n, k, 0.2) };
+        if kind == "q8" {
+            [64, 32, 16, k].into_iter().find_map(|g| w.quantize_q8(g)).expect("a row is one group")
+        } else {
+            w
+        }
+    };
+    Ffn { w1: m(inter, h), w3: m(inter, h), w2: m(h, inter) }
+}
+
+/// float64 `w2(silu(w1 x) * w3 x)`.
+fn swiglu64(x: &[f64], f: &Ffn<MatView>) -> Vec<f64> {
+    let a: Vec<f64> = (0..f.w1.rows)
+        .map(|i| {
+            let g = dot64(x, &row64(&f.w1, i));
+            g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
+        })
+        .collect();
+    (0..f.w2.rows).map(|j| dot64(&a, &row64(&f.w2, j))).collect()
+}
+
+impl Kernel for Swiglu {
+    fn name(&self) -> &'static str {
+        "cuda.swiglu"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("1e-5 of the row's largest output (two warp dots, f32 silu, one warp dot)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 w2(silu(w1 x) * w3 x)"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        swiglu_shapes(scale).iter().map(|(h, i, d)| format!("hidden {h}, width {i}, {d}")).collect()
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[Fault { name: "up-gate-swapped", what: "silu is applied to the up projection instead of the gate" }]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, SWIGLU_PLANTS, fault);
+        let mut gates = Vec::new();
+        for (h, inter, kind) in swiglu_shapes(scale) {
+            let f = ffn(rng, h, inter, kind);
+            let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
+            let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
+            let call = |x: &[f32], rows: usize| {
+                let mut o = be.zeros(rows * h);
+                be.swiglu(&up(&be, x), rows, &fm, &mut o);
+                rd(&be, &o)
+            };
+            let x = uniform(rng, 33 * h);
+            let out = call(&x[..2 * h], 2);
+            let mut err = 0f64;
+            for r in 0..2 {
+                let want = swiglu64(&wide(&x[r * h..(r + 1) * h]), &f);
+                err = err.max(max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want)));
+            }
+            let shape = format!("hidden {h}, width {inter}, {kind}");
+            gates.push(reference_gate(&shape, err, 1e-5));
+            let one: Vec<Vec<f32>> = (0..33).map(|r| call(&x[r * h..(r + 1) * h], 1)).collect();
+            let inv: usize = WIDTHS
+                .iter()
+                .map(|&w| {
+                    let o = call(&x[..w * h], w);
+                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
+                })
+                .sum();
+            gates.push(invariance_gate(&shape, inv));
+        }
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        let names = dense_names("gateup");
+        limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    }
+}

@@ -1,0 +1,207 @@
+//! CUDA contract entry of the MoE block: device routing, expert tiles grouped by expert, the rank-order combine.
+
+use super::super::cases::*;
+use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
+use super::{Planted, dense_names, device_gate, limits, rd, up, with_fault};
+use crate::backend::{Backend, Ffn, MoeParams};
+use crate::bytes::MatView;
+use crate::cuda::{CudaBackend, CudaMat, Src};
+use rand::rngs::StdRng;
+
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+    vec![Box::new(Moe(be.clone()))]
+}
+
+/// MoE shapes: (hidden, experts, width, top-k, dtype). f32 at odd widths takes the one-element chunk kernels.
+fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
+    let mut v = vec![(48, 8, 24, 4, "bf16"), (33, 6, 20, 2, "f32")];
+    if scale == Scale::Served {
+        v.insert(0, (2048, 64, 1536, 4, "bf16"));
+    }
+    v
+}
+
+struct Moe(CudaBackend);
+
+pub(super) const MOE_PLANTS: &[Planted] =
+    &[("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"), ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS")];
+
+/// Distinct experts as overlapping row windows of two random matrices (served shapes would be 1.2 GB on the host).
+fn experts(rng: &mut StdRng, h: usize, e: usize, inter: usize, dtype: &str) -> Vec<Ffn<MatView>> {
+    let mat =
+        |rng: &mut StdRng, n, k| if dtype == "f32" { f32_mat(rng, n, k, 0.05) } else { bf16_mat(rng, n, k, 0.05) };
+    let upm = mat(rng, inter + 7 * e + 7, h);
+    let down = mat(rng, h + 3 * e, inter);
+    (0..e)
+        .map(|i| Ffn {
+            w1: upm.row_range(7 * i, inter).expect("window"),
+            w3: upm.row_range(7 * i + 5, inter).expect("window"),
+            w2: down.row_range(3 * i, h).expect("window"),
+        })
+        .collect()
+}
+
+/// float64 MoE of one row: sigmoid router, top-k by score + bias (ties to the lower id), weights by score.
+fn reference(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: MoeParams) -> Vec<f64> {
+    let s: Vec<f64> = (0..gate.rows).map(|e| 1.0 / (1.0 + (-dot64(x, &row64(gate, e))).exp())).collect();
+    let mut order: Vec<usize> = (0..s.len()).collect();
+    order.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)).then(a.cmp(&b)));
+    order.truncate(p.top_k);
+    let sum: f64 = order.iter().map(|&e| s[e]).sum();
+    let mut out = vec![0f64; x.len()];
+    for e in order {
+        let w = if p.norm_topk_prob { s[e] / (sum + 1e-6) } else { s[e] } * p.routed_scaling_factor as f64;
+        let f = &ex[e];
+        let a: Vec<f64> = (0..f.w1.rows)
+            .map(|i| {
+                let g = dot64(x, &row64(&f.w1, i));
+                g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
+            })
+            .collect();
+        for (j, o) in out.iter_mut().enumerate() {
+            *o += w * dot64(&a, &row64(&f.w2, j));
+        }
+    }
+    out
+}
+
+/// One shape's device weights and host references.
+struct MoeCase {
+    h: usize,
+    gate: MatView,
+    bias: Vec<f32>,
+    ex: Vec<Ffn<MatView>>,
+    dgate: CudaMat,
+    dex: Vec<Ffn<CudaMat>>,
+}
+
+impl MoeCase {
+    fn call(&self, be: &CudaBackend, x: &[f32], rows: usize, p: MoeParams, bias: bool) -> Vec<f32> {
+        let mut o = be.zeros(rows * self.h);
+        let b = bias.then(|| up(be, &self.bias));
+        be.moe(&up(be, x), rows, &self.dgate, b.as_ref(), &self.dex, p, &mut o);
+        rd(be, &o)
+    }
+
+    /// Worst error over rows `0..rows` of `out` against the float64 reference, relative to each row's largest output.
+    fn err(&self, x: &[f32], out: &[f32], rows: usize, p: MoeParams, bias: &[f32]) -> f64 {
+        let h = self.h;
+        (0..rows)
+            .map(|r| {
+                let want = reference(&wide(&x[r * h..(r + 1) * h]), &self.gate, bias, &self.ex, p);
+                max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want))
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+impl Kernel for Moe {
+    fn name(&self) -> &'static str {
+        "cuda.moe"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound("1e-5 of the row's largest output (three chained warp dots, f32 sigmoid/silu, rank-order combine)")
+    }
+    fn reference(&self) -> &'static str {
+        "float64 sigmoid router, top-k by score + expert_bias, weights by score, SwiGLU experts"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        moe_shapes(scale)
+            .iter()
+            .map(|(h, e, i, k, d)| format!("hidden {h}, {e} experts of {i}, top-{k}, {d}"))
+            .collect()
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault {
+                name: "select-without-bias",
+                what: "experts are selected by the score alone, ignoring expert_bias",
+            },
+            Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, MOE_PLANTS, fault);
+        let mut gates = Vec::new();
+        for (h, ne, inter, k, dtype) in moe_shapes(scale) {
+            let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
+            let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
+            let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
+            let ex = experts(rng, h, ne, inter, dtype);
+            let upm = |m: &MatView| be.upload_mat(m).expect("upload");
+            let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
+            let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
+            let x = uniform(rng, 33 * h);
+            let out = case.call(&be, &x[..2 * h], 2, p, true);
+            let shape = format!("hidden {h}, {ne} experts, {dtype}");
+            gates.push(reference_gate(&shape, case.err(&x, &out, 2, p, &case.bias), 1e-5));
+            let one: Vec<Vec<f32>> = (0..33).map(|r| case.call(&be, &x[r * h..(r + 1) * h], 1, p, true)).collect();
+            let inv: usize = WIDTHS
+                .iter()
+                .map(|&w| {
+                    let o = case.call(&be, &x[..w * h], w, p, true);
+                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
+                })
+                .sum();
+            gates.push(invariance_gate(&shape, inv));
+            if ne <= 8 {
+                gates.push(Self::edges(&be, &case, &x, ne));
+            }
+        }
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        let mut names = vec!["moe_route".to_string(), "moe_plan".to_string(), "moe_combine".to_string()];
+        let mut l = limits(&self.0, Src::Moe, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        names = dense_names("moe_gateup")
+            .into_iter()
+            .chain(dense_names("moe_down"))
+            .filter(|n| !n.contains("q8"))
+            .collect();
+        l.extend(limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>()));
+        l
+    }
+}
+
+impl Moe {
+    /// All-equal router scores select the lowest expert ids; top_k past the experts uses all of them; no bias.
+    fn edges(be: &CudaBackend, case: &MoeCase, x: &[f32], ne: usize) -> Gate {
+        let h = case.h;
+        let zero_gate = MatView::from_f32(ne, h, &vec![0.0; ne * h]);
+        let tied = MoeCase {
+            h,
+            dgate: be.upload_mat(&zero_gate).expect("upload"),
+            gate: zero_gate,
+            bias: vec![0.0; ne],
+            ex: case.ex.iter().map(|f| Ffn { w1: f.w1.clone(), w3: f.w3.clone(), w2: f.w2.clone() }).collect(),
+            dex: case
+                .ex
+                .iter()
+                .map(|f| Ffn { w1: up_mat(be, &f.w1), w3: up_mat(be, &f.w3), w2: up_mat(be, &f.w2) })
+                .collect(),
+        };
+        let p = MoeParams { top_k: ne / 2, norm_topk_prob: false, routed_scaling_factor: 1.0 };
+        let ties = tied.err(x, &tied.call(be, &x[..3 * h], 3, p, true), 3, p, &tied.bias);
+        let all = MoeParams { top_k: ne + 3, norm_topk_prob: true, routed_scaling_factor: 1.0 };
+        let past =
+            case.err(x, &case.call(be, &x[..3 * h], 3, all, true), 3, MoeParams { top_k: ne, ..all }, &case.bias);
+        let nob = MoeParams { top_k: 2, norm_topk_prob: true, routed_scaling_factor: 1.0 };
+        let none = case.err(x, &case.call(be, &x[..3 * h], 3, nob, false), 3, nob, &vec![0.0; ne]);
+        Gate::new(
+            "edges",
+            ties <= 1e-5 && past <= 1e-5 && none <= 1e-5,
+            format!(
+                "tied scores pick the lowest ids: err {ties:.1e}; top_k {} of {ne}: err {past:.1e}; no expert_bias: err {none:.1e}",
+                ne + 3
+            ),
+        )
+    }
+}
+
+fn up_mat(be: &CudaBackend, m: &MatView) -> CudaMat {
+    be.upload_mat(m).expect("upload")
+}

@@ -1,0 +1,346 @@
+//! CUDA contract entries of the row kernels: embedding, RMSNorm, add and row gather, and the greedy pick.
+
+use super::super::cases::*;
+use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
+use super::{Planted, device_gate, limits, rd, up, with_fault};
+use crate::KernelError;
+use crate::backend::{Backend, Pick};
+use crate::cuda::{CudaBackend, CudaBuf, Src};
+use rand::{Rng, rngs::StdRng};
+
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+    vec![
+        Box::new(Embed(be.clone())),
+        Box::new(RmsNorm(be.clone())),
+        Box::new(Rows(be.clone())),
+        Box::new(Greedy(be.clone())),
+    ]
+}
+
+struct Embed(CudaBackend);
+
+pub(super) const EMBED_PLANTS: &[Planted] =
+    &[("off-by-one-row", Src::Rows, "FAULT_EMBED_OFF_BY_ONE"), ("clamps-out-of-range", Src::Rows, "FAULT_EMBED_CLAMP")];
+
+impl Kernel for Embed {
+    fn name(&self) -> &'static str {
+        "cuda.embed"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual(
+            "the table row widened exactly (bf16 bits << 16, Q8 fmaf(code, scale, bias)); ids past the table refused on the host",
+        )
+    }
+    fn reference(&self) -> &'static str {
+        "exact widening of the stored row (MatView::get)"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        let t = if scale == Scale::Served { "[128000,2048] bf16" } else { "[1000,64] bf16" };
+        vec![t.into(), "[500,64] q8 (groups of 16)".into()]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "off-by-one-row", what: "gathers row id + 1" },
+            Fault {
+                name: "clamps-out-of-range",
+                what: "the host check is skipped and the kernel reads the last row for an id past the table",
+            },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, EMBED_PLANTS, fault);
+        let (v, h) = if scale == Scale::Served { (128_000, 2048) } else { (1000, 64) };
+        let t = bf16_mat(rng, v, h, 1.0);
+        let tm = be.upload_mat(&t).expect("upload the table");
+        let call = |ids: &[u32], out: &mut CudaBuf| -> Result<(), KernelError> {
+            match fault {
+                Some("clamps-out-of-range") => be
+                    .embed_unchecked(&tm, ids, out)
+                    .map_err(|e| KernelError::Device { kernel: "embed", message: e.to_string() }),
+                _ => be.embed(&tm, ids, out),
+            }
+        };
+        let ids: Vec<u32> =
+            (0..33).map(|i| if i == 0 { v as u32 - 1 } else { rng.random_range(0..v as u32) }).collect();
+        let mut out = be.zeros(33 * h);
+        let ok = call(&ids, &mut out).is_ok();
+        let got = rd(&be, &out);
+        let want: Vec<f32> = ids.iter().flat_map(|&i| row64(&t, i as usize).into_iter().map(|x| x as f32)).collect();
+        let one: Vec<Vec<f32>> = (0..33)
+            .map(|r| {
+                let mut o = be.zeros(h);
+                let _ = call(&ids[r..r + 1], &mut o);
+                rd(&be, &o)
+            })
+            .collect();
+        let inv: usize = WIDTHS
+            .iter()
+            .map(|&w| {
+                let mut o = be.zeros(w * h);
+                let _ = call(&ids[..w], &mut o);
+                let o = rd(&be, &o);
+                (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
+            })
+            .sum();
+        let refused = matches!(call(&[v as u32], &mut be.zeros(h)), Err(KernelError::TokenOutOfRange { .. }));
+        // 8-bit affine tables widen as MatView::get computes them.
+        let q = bf16_mat(rng, 500, 64, 1.0).quantize_q8(16).expect("groups of 16");
+        let qm = be.upload_mat(&q).expect("upload the Q8 table");
+        let qids: Vec<u32> = (0..9).map(|_| rng.random_range(0..500)).collect();
+        let mut qo = be.zeros(9 * 64);
+        let q_ok = be.embed(&qm, &qids, &mut qo).is_ok();
+        let qwant: Vec<f32> =
+            qids.iter().flat_map(|&i| (0..64).map(move |c| (i, c))).map(|(i, c)| q.get(i as usize, c)).collect();
+        let qd = bit_diffs(&rd(&be, &qo), &qwant);
+        vec![
+            Gate::new(
+                "reference",
+                ok && q_ok && bit_diffs(&got, &want) == 0 && qd == 0,
+                format!(
+                    "bf16: {} of {} values differ; q8: {qd} of {} differ",
+                    bit_diffs(&got, &want),
+                    got.len(),
+                    qwant.len()
+                ),
+            ),
+            invariance_gate("33 ids", inv),
+            Gate::new("edges", refused, format!("id {v} past a table of {v}: refused = {refused}")),
+            device_gate(&be),
+        ]
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Rows, &["embed"])
+    }
+}
+
+struct RmsNorm(CudaBackend);
+
+pub(super) const RMS_PLANTS: &[Planted] =
+    &[("eps-dropped", Src::Rows, "FAULT_RMS_NO_EPS"), ("mean-over-width-minus-one", Src::Rows, "FAULT_RMS_WIDTH_M1")];
+
+impl Kernel for RmsNorm {
+    fn name(&self) -> &'static str {
+        "cuda.rmsnorm"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound(
+            "2e-6 of the row's largest output (a warp's f32 sum of squares of <= 6144 values and one IEEE sqrt and divide)",
+        )
+    }
+    fn reference(&self) -> &'static str {
+        "float64 x / sqrt(mean(x^2) + eps) * weight"
+    }
+    fn shapes(&self, _: Scale) -> Vec<String> {
+        vec!["width 2048 (hidden), 64 (head), 6144, 33".into()]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "eps-dropped", what: "eps is not added before the rsqrt" },
+            Fault { name: "mean-over-width-minus-one", what: "the mean divides by width - 1" },
+        ]
+    }
+    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, RMS_PLANTS, fault);
+        let eps = 1e-5f32;
+        let call = |x: &[f32], w: &CudaBuf, width: usize| -> Vec<f32> {
+            let mut o = be.zeros(x.len());
+            be.rmsnorm(&up(&be, x), w, eps, width, &mut o);
+            rd(&be, &o)
+        };
+        let mut gates = Vec::new();
+        for width in [2048, 64, 6144, 33] {
+            let wh: Vec<f32> = uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect();
+            let w = up(&be, &wh);
+            let x = uniform(rng, 33 * width);
+            let out = call(&x, &w, width);
+            let mut err = 0f64;
+            for r in 0..33 {
+                let xr = wide(&x[r * width..(r + 1) * width]);
+                let s = 1.0 / (dot64(&xr, &xr) / width as f64 + eps as f64).sqrt();
+                let want: Vec<f64> = xr.iter().zip(&wh).map(|(v, w)| v * s * *w as f64).collect();
+                err = err.max(max_err(&out[r * width..(r + 1) * width], &want, max_abs(&want)));
+            }
+            gates.push(reference_gate(&format!("width {width}"), err, 2e-6));
+            let one: Vec<Vec<f32>> = (0..33).map(|r| call(&x[r * width..(r + 1) * width], &w, width)).collect();
+            let mut inv = 0;
+            for wd in WIDTHS {
+                let o = call(&x[..wd * width], &w, width);
+                inv += (0..wd).map(|r| bit_diffs(&o[r * width..(r + 1) * width], &one[r])).sum::<usize>();
+            }
+            gates.push(invariance_gate(&format!("width {width}"), inv));
+        }
+        let zero = call(&[0.0; 64], &up(&be, &[1.0; 64]), 64);
+        gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Rows, &["rmsnorm"])
+    }
+}
+
+struct Rows(CudaBackend);
+
+pub(super) const ROWS_PLANTS: &[Planted] = &[("gather-off-by-one", Src::Rows, "FAULT_GATHER_OFF_BY_ONE")];
+
+impl Kernel for Rows {
+    fn name(&self) -> &'static str {
+        "cuda.rows"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual(
+            "add: the f32 sum of each pair; gather_rows: the named rows' values; indices past the buffer refused",
+        )
+    }
+    fn reference(&self) -> &'static str {
+        "exact host f32 add and row copy"
+    }
+    fn shapes(&self, _: Scale) -> Vec<String> {
+        vec!["[40, 2048] add; 33 of 40 rows gathered".into()]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[Fault { name: "gather-off-by-one", what: "gather_rows copies row index + 1" }]
+    }
+    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, ROWS_PLANTS, fault);
+        let (n, w) = (40, 2048);
+        let (x, y) = (uniform(rng, n * w), uniform(rng, n * w));
+        let mut acc = up(&be, &x);
+        be.add(&mut acc, &up(&be, &y));
+        let sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let add_diff = bit_diffs(&rd(&be, &acc), &sum);
+        let idx: Vec<usize> = (0..33).map(|i| if i == 0 { n - 1 } else { rng.random_range(0..n) }).collect();
+        let xb = up(&be, &x);
+        let g = rd(&be, &be.gather_rows(&xb, w, &idx));
+        let want: Vec<f32> = idx.iter().flat_map(|&r| x[r * w..(r + 1) * w].iter().copied()).collect();
+        let gd = bit_diffs(&g, &want);
+        let inv: usize = WIDTHS
+            .iter()
+            .map(|&wd| {
+                let part = rd(&be, &be.gather_rows(&xb, w, &idx[..wd]));
+                (0..wd)
+                    .map(|r| bit_diffs(&part[r * w..(r + 1) * w], &rd(&be, &be.gather_rows(&xb, w, &idx[r..r + 1]))))
+                    .sum::<usize>()
+            })
+            .sum();
+        let bad = rd(&be, &be.gather_rows(&xb, w, &[n]));
+        let refused = bad.iter().all(|v| v.is_nan()) && be.dev.take("gather_rows").is_err();
+        vec![
+            Gate::new(
+                "reference",
+                add_diff == 0 && gd == 0,
+                format!("add: {add_diff} values differ; gather: {gd} differ"),
+            ),
+            invariance_gate("gathers of widths 1..33 vs one row", inv),
+            Gate::new(
+                "edges",
+                refused,
+                format!("a row past the buffer reads back NaN and reports a device error: {refused}"),
+            ),
+            device_gate(&be),
+        ]
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Rows, &["add_inplace", "gather_rows"])
+    }
+}
+
+struct Greedy(CudaBackend);
+
+pub(super) const GREEDY_PLANTS: &[Planted] =
+    &[("ties-to-higher-id", Src::Rows, "FAULT_GREEDY_TIES_HIGH"), ("nan-not-flagged", Src::Rows, "FAULT_GREEDY_NAN")];
+
+impl Kernel for Greedy {
+    fn name(&self) -> &'static str {
+        "cuda.greedy"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::BitEqual("the exact integer rule: first largest logit (ties to the lower id), non-finite rows flagged")
+    }
+    fn reference(&self) -> &'static str {
+        "exact scan"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        vec![if scale == Scale::Served { "128000 and 65536 logits a row".into() } else { "1000 logits a row".into() }]
+    }
+    fn faults(&self) -> &'static [Fault] {
+        &[
+            Fault { name: "ties-to-higher-id", what: "a tie goes to the higher id" },
+            Fault { name: "nan-not-flagged", what: "a NaN logit is skipped without flagging the row" },
+        ]
+    }
+    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, GREEDY_PLANTS, fault);
+        let pick = |rows: &[f32], v: usize| -> Vec<Pick> { be.greedy(&up(&be, rows), v) };
+        let vocabs: &[usize] = if scale == Scale::Served { &[128_000, 65_536] } else { &[1000] };
+        let mut gates = Vec::new();
+        for &v in vocabs {
+            let rows: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, v)).collect();
+            let flat: Vec<f32> = rows.concat();
+            let got = pick(&flat, v);
+            let wrong = rows
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    let best = (0..v).fold(0, |b, j| if r[j] > r[b] { j } else { b });
+                    got.get(*i).is_none_or(|p| p.token as usize != best || p.nonfinite)
+                })
+                .count();
+            gates.push(Gate::new("reference", wrong == 0, format!("{v} logits: 33 random rows, {wrong} wrong")));
+            let one: Vec<Pick> = rows
+                .iter()
+                .map(|r| pick(r, v).first().copied().unwrap_or(Pick { token: 0, nonfinite: true }))
+                .collect();
+            let inv: usize =
+                WIDTHS.iter().map(|&w| pick(&flat[..w * v], v).iter().zip(&one).filter(|(a, b)| a != b).count()).sum();
+            gates.push(invariance_gate(&format!("{v} logits"), inv));
+        }
+        gates.push(edges(&pick));
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Rows, &["greedy"])
+    }
+}
+
+/// Ties (inside one thread's stride and across threads), NaN, infinities, all equal, all non-finite.
+fn edges(pick: &dyn Fn(&[f32], usize) -> Vec<Pick>) -> Gate {
+    let one = |row: &[f32]| pick(row, row.len()).first().copied().unwrap_or(Pick { token: u32::MAX, nonfinite: false });
+    let with = |n: usize, base: f32, set: &[(usize, f32)]| {
+        let mut r = vec![base; n];
+        set.iter().for_each(|&(i, v)| r[i] = v);
+        r
+    };
+    let cases = [
+        (one(&with(16, 0.0, &[(3, 5.0), (9, 5.0)])) == Pick { token: 3, nonfinite: false }, "tie goes to the lower id"),
+        (
+            one(&with(1000, 0.0, &[(700, 5.0), (3, 5.0)])) == Pick { token: 3, nonfinite: false },
+            "tie across threads goes to the lower id",
+        ),
+        (one(&with(16, 1.0, &[(5, f32::NAN)])).nonfinite, "NaN flags the row"),
+        (one(&with(16, 1.0, &[(2, f32::INFINITY)])).nonfinite, "+inf flags the row"),
+        (one(&with(16, 1.0, &[(0, f32::NEG_INFINITY)])).nonfinite, "-inf flags the row"),
+        (one(&[2.0; 16]).token == 0, "all equal picks id 0"),
+        (one(&[f32::NEG_INFINITY; 300]) == Pick { token: 0, nonfinite: true }, "all -inf: id 0, flagged"),
+    ];
+    let failed: Vec<&str> = cases.iter().filter(|c| !c.0).map(|c| c.1).collect();
+    let detail = if failed.is_empty() {
+        "ties, NaN, +inf, -inf, all equal, all -inf".to_string()
+    } else {
+        format!("failed: {}", failed.join(", "))
+    };
+    Gate::new("edges", failed.is_empty(), detail)
+}

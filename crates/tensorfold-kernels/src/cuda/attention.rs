@@ -1,0 +1,256 @@
+//! Launchers of the attention kernels: K/V appends that grow each stream's cache, causal GQA attention over each
+//! stream's keys, and the drafter's non-causal block attention; one kernel pair a layer for all the call's streams.
+//! The checks (shapes, segment table, key counts) are the CPU's and run before any cache changes.
+
+use super::device::{Arg, BLOCK, GRID_YZ, KEY_CHUNK, Src};
+use super::ops::{blocks, int, mul};
+use super::types::{CudaBuf, CudaKv, f32_bytes};
+use super::{CudaBackend, CudaError};
+use crate::backend::{KernelError, Segment};
+use crate::cpu::attention::check_caches;
+use crate::cpu::ops::{check_len, row_positions};
+
+/// Scratch floats one launch of the partial kernel may fill (256 MiB): a call whose rows need more is split into
+/// launches of fewer rows, which changes no row's arithmetic.
+const SCRATCH_FLOATS: usize = 1 << 26;
+
+/// Largest head_dim: the partial kernel keeps the query head and two chunk-sized arrays in shared memory.
+const MAX_HEAD_DIM: usize = 4096;
+
+/// `(head_dim, query heads per KV head)` of a call, refusing shapes GQA cannot map.
+fn geometry(kernel: &'static str, heads: usize, kv_heads: usize, width: usize) -> Result<(usize, usize), KernelError> {
+    let ok = kv_heads > 0
+        && heads > 0
+        && heads <= GRID_YZ
+        && width.is_multiple_of(kv_heads)
+        && heads.is_multiple_of(kv_heads)
+        && (1..=MAX_HEAD_DIM).contains(&(width / kv_heads));
+    if !ok {
+        return Err(KernelError::Shape {
+            kernel,
+            what: "heads (a multiple of kv_heads) and cache width",
+            got: heads,
+            want: kv_heads,
+        });
+    }
+    Ok((width / kv_heads, heads / kv_heads))
+}
+
+/// Every cache a segment names must have the call's row width and hold exactly `start_pos` rows.
+fn check_caches_state(
+    kernel: &'static str,
+    segs: &[Segment],
+    width: usize,
+    cache: impl Fn(usize) -> (usize, usize),
+) -> Result<(), KernelError> {
+    for s in segs {
+        let (w, held) = cache(s.cache);
+        if w != width {
+            return Err(KernelError::Shape { kernel, what: "KV cache width", got: w, want: width });
+        }
+        if held != s.start_pos {
+            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
+        }
+    }
+    Ok(())
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u64, KernelError> {
+    u32::try_from(v).map(u64::from).map_err(|_| KernelError::Segments(format!("{what} {v} is past 2^32")))
+}
+
+/// Appends each segment's K/V rows to its cache, then causal attention of every row over its stream's keys `[0, pos]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    be: &CudaBackend,
+    q: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    heads: usize,
+    kv_heads: usize,
+    segs: &[Segment],
+    caches: &mut [&mut CudaKv],
+    out: &mut CudaBuf,
+) -> Result<(), KernelError> {
+    check_caches(segs, caches.len())?;
+    if segs.is_empty() && q.is_empty() && k.is_empty() && v.is_empty() && out.is_empty() {
+        return Ok(());
+    }
+    let width = caches.first().map_or(0, |c| c.width);
+    let (hd, group) = geometry("attention", heads, kv_heads, width)?;
+    let n_rows = k.len() / width;
+    check_len("attention", "k", k.len(), n_rows * width)?;
+    check_len("attention", "q", q.len(), n_rows * heads * hd)?;
+    check_len("attention", "v", v.len(), n_rows * width)?;
+    check_len("attention", "out", out.len(), n_rows * heads * hd)?;
+    let pos = row_positions(segs, n_rows)?;
+    check_caches_state("attention", segs, width, |i| (caches[i].width, caches[i].len))?;
+    let mut desc = vec![0u64; 4 * n_rows];
+    let mut keys = vec![0usize; n_rows];
+    for (r, &p) in pos.iter().enumerate() {
+        desc[4 * r + 2] = u32_of(p + 1, "key count")?;
+        keys[r] = p + 1;
+    }
+    append(be, k, v, segs, caches).map_err(|e| e.kernel("attention"))?;
+    // Cache addresses only after the appends: growing a cache moves it.
+    for s in segs {
+        let (kp, vp) = caches[s.cache].ptrs();
+        for r in s.first_row..s.first_row + s.rows {
+            (desc[4 * r], desc[4 * r + 1]) = (kp, vp);
+        }
+    }
+    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, out).map_err(|e| e.kernel("attention"))
+}
+
+/// Appends each segment's K/V rows to its cache, which must hold exactly `start_pos` rows (the drafter's context).
+pub(crate) fn kv_append(
+    be: &CudaBackend,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    segs: &[Segment],
+    caches: &mut [&mut CudaKv],
+) -> Result<(), KernelError> {
+    check_caches(segs, caches.len())?;
+    let width = caches.first().map_or(0, |c| c.width);
+    let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
+    check_len("kv_append", "k", k.len(), n_rows * width)?;
+    check_len("kv_append", "v", v.len(), n_rows * width)?;
+    check_caches_state("kv_append", segs, width, |i| (caches[i].width, caches[i].len))?;
+    append(be, k, v, segs, caches).map_err(|e| e.kernel("kv_append"))
+}
+
+/// Grows the named caches (amortized doubling, as a Vec), copies each segment's rows in with one launch, and
+/// advances the host-tracked lengths.
+fn append(
+    be: &CudaBackend,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    segs: &[Segment],
+    caches: &mut [&mut CudaKv],
+) -> Result<(), CudaError> {
+    for s in segs {
+        let c = &mut caches[s.cache];
+        let need = c.len + s.rows;
+        if need > c.cap {
+            c.grow(need.max(2 * c.cap))?;
+        }
+    }
+    let width = caches.first().map_or(0, |c| c.width);
+    let mut table: Vec<u64> = Vec::with_capacity(4 * segs.len());
+    let mut most = 0;
+    for s in segs.iter().filter(|s| s.rows > 0 && width > 0) {
+        let c = &caches[s.cache];
+        let (kp, vp) = c.ptrs();
+        let at = f32_bytes(c.len * width)? as u64;
+        table.extend([kp + at, vp + at, s.first_row as u64, s.rows as u64]);
+        most = most.max(s.rows * width);
+    }
+    if !table.is_empty() {
+        let tm = be.dev.upload(&table)?;
+        let base = tm.as_ref().map_or(0, |m| m.ptr);
+        let f = be.func(Src::Attention, "kv_append")?;
+        let (kp, vp) = (k.ptr()?, v.ptr()?);
+        let gx = blocks(most)?.min(1024);
+        for (i, chunk) in table.chunks(4 * GRID_YZ).enumerate() {
+            let at = base + (i * 4 * GRID_YZ * 8) as u64;
+            let args = [Arg::P(kp), Arg::P(vp), Arg::P(at), Arg::I(int(width, "width")?)];
+            be.dev.launch(&f, (gx, (chunk.len() / 4) as u32, 1), BLOCK, 0, &args)?;
+        }
+    }
+    for s in segs {
+        caches[s.cache].len += s.rows;
+    }
+    Ok(())
+}
+
+/// Non-causal attention of each segment's rows over its cache's `start_pos` rows and all the segment's own k/v
+/// rows (DSpark's block pass); no cache changes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_attention(
+    be: &CudaBackend,
+    q: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    heads: usize,
+    kv_heads: usize,
+    segs: &[Segment],
+    caches: &[&CudaKv],
+    out: &mut CudaBuf,
+) -> Result<(), KernelError> {
+    check_caches(segs, caches.len())?;
+    if segs.is_empty() && q.is_empty() && k.is_empty() && v.is_empty() && out.is_empty() {
+        return Ok(());
+    }
+    let width = caches.first().map_or(0, |c| c.width);
+    let (hd, group) = geometry("block_attention", heads, kv_heads, width)?;
+    let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
+    check_len("block_attention", "q", q.len(), n_rows * heads * hd)?;
+    check_len("block_attention", "k", k.len(), n_rows * width)?;
+    check_len("block_attention", "v", v.len(), n_rows * width)?;
+    check_len("block_attention", "out", out.len(), n_rows * heads * hd)?;
+    row_positions(segs, n_rows)?;
+    check_caches_state("block_attention", segs, width, |i| (caches[i].width, caches[i].len))?;
+    let mut desc = vec![0u64; 4 * n_rows];
+    let mut keys = vec![0usize; n_rows];
+    for s in segs {
+        let (kp, vp) = caches[s.cache].ptrs();
+        let counts = u32_of(s.start_pos, "context length")? | (u32_of(s.rows, "block rows")? << 32);
+        for r in s.first_row..s.first_row + s.rows {
+            desc[4 * r..4 * r + 4].copy_from_slice(&[kp, vp, counts, s.first_row as u64]);
+            keys[r] = s.start_pos + s.rows;
+        }
+    }
+    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, out).map_err(|e| e.kernel("block_attention"))
+}
+
+/// The partial and combine launches over all rows (`desc`: 4 words a row, attention.cu's RowKv), in launches of at
+/// most [`GRID_YZ`] rows that fit the scratch budget.
+fn run(
+    be: &CudaBackend,
+    (q, k, v): (&CudaBuf, &CudaBuf, &CudaBuf),
+    (heads, group, hd, width): (usize, usize, usize, usize),
+    desc: &[u64],
+    keys: &[usize],
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let n_rows = keys.len();
+    if n_rows == 0 {
+        return Ok(());
+    }
+    let max_chunks = keys.iter().copied().max().unwrap_or(0).div_ceil(KEY_CHUNK).max(1);
+    let per_row = mul(mul(heads, max_chunks)?, hd + 2)?;
+    let launch_rows = (SCRATCH_FLOATS / per_row).clamp(1, GRID_YZ).min(n_rows);
+    let part = be.dev.alloc(f32_bytes(mul(launch_rows, per_row)?)?)?;
+    let pp = part.as_ref().map_or(0, |m| m.ptr);
+    let dm = be.dev.upload(desc)?;
+    let dp = dm.as_ref().map_or(0, |m| m.ptr);
+    let (fp, fc) = (be.func(Src::Attention, "attn_partial")?, be.func(Src::Attention, "attn_combine")?);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let smem = ((hd + 2 * KEY_CHUNK) * 4) as u32;
+    let combine_block = (hd.min(256).div_ceil(32) * 32) as u32;
+    let (qp, kp, vp, op) = (q.ptr()?, k.ptr()?, v.ptr()?, out.ptr()?);
+    let (hi, gi, hdi, wi, ci) =
+        (heads as i32, group as i32, hd as i32, int(width, "width")?, int(max_chunks, "chunks")?);
+    for row0 in (0..n_rows).step_by(launch_rows) {
+        let nl = launch_rows.min(n_rows - row0) as u32;
+        let r0 = int(row0, "row")?;
+        let pargs = [
+            Arg::P(qp),
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::P(dp),
+            Arg::I(hi),
+            Arg::I(gi),
+            Arg::I(hdi),
+            Arg::I(wi),
+            Arg::F(scale),
+            Arg::I(ci),
+            Arg::P(pp),
+            Arg::I(r0),
+        ];
+        be.dev.launch(&fp, (ci as u32, hi as u32, nl), BLOCK, smem, &pargs)?;
+        let cargs = [Arg::P(dp), Arg::P(pp), Arg::I(hi), Arg::I(hdi), Arg::I(ci), Arg::P(op), Arg::I(r0)];
+        be.dev.launch(&fc, (hi as u32, nl, 1), combine_block, 0, &cargs)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Shared CUDA helpers of every TensorFold kernel module: integer types, launch constants, bf16 widening, finite tests, the warp butterfly sum.
+// This text is prepended to each module before NVRTC compiles it (cuda/device.rs), so every module sees the same
+// definitions. Modules are compiled with --fmad=false: every multiply and add is rounded exactly as written, and a
+// fused multiply-add happens only where the source says fmaf. The launch constants below are mirrored by the host
+// launchers; change both together.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Warps per block of the warp-per-item kernels (rmsnorm, linear, q/k norm): 8 warps, 256 threads.
+#define WPB 8
+// Rows a linear tile shares its weight loads over (a MoE expert tile holds at most RT rows too).
+#define RT 8
+// Keys one attention block covers: a FIXED chunk, so a row's chunks depend only on its own key count.
+#define KEY_CHUNK 256
+
+#define DT_F32 0
+#define DT_BF16 1
+#define DT_Q8 2
+
+__device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+__device__ __forceinline__ bool finite_f(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+
+__device__ __forceinline__ bool nan_f(float v) { return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u; }
+
+__device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
+
+__device__ __forceinline__ u64 min_u64(u64 a, u64 b) { return a < b ? a : b; }
+
+// Sum over the 32 lanes by a butterfly (offsets 16, 8, 4, 2, 1). Lanes l and l^o add the same two values, and
+// f32 addition is commutative, so every lane ends with the same bits: a fixed tree whatever the launch.
+// Every lane of the warp must call it.
+__device__ __forceinline__ float warp_sum(float v) {
+  v = v + __shfl_xor_sync(0xffffffffu, v, 16);
+  v = v + __shfl_xor_sync(0xffffffffu, v, 8);
+  v = v + __shfl_xor_sync(0xffffffffu, v, 4);
+  v = v + __shfl_xor_sync(0xffffffffu, v, 2);
+  v = v + __shfl_xor_sync(0xffffffffu, v, 1);
+  return v;
+}
+
+// Sum of squares of n values by one warp: lane l accumulates elements l, l+32, ... with fmaf, then warp_sum.
+// The order depends only on n; rmsnorm and the q/k head norm share it.
+__device__ __forceinline__ float row_sumsq(const float* x, int n, int lane) {
+  float s = 0.0f;
+  for (int i = lane; i < n; i += 32) s = fmaf(x[i], x[i], s);
+  return warp_sum(s);
+}
+
+// exp through double, rounded once to f32: the correctly rounded value for nearly every input, as the CPU's
+// libm expf gives, so the device's sigmoid, silu and softmax weights track the CPU's closely.
+__device__ __forceinline__ float exp_f(float x) { return (float)exp((double)x); }

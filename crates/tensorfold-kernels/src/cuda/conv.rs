@@ -1,0 +1,157 @@
+//! Launchers of the short conv kernels over a segment table (one launch a step for all streams) and the rollback
+//! of a conv state to a row of its kept window; the semantics are the CPU's `cpu::conv` exactly.
+
+use super::device::{Arg, BLOCK, GRID_YZ, Src};
+use super::ops::{blocks, int, mul};
+use super::types::{CudaBuf, CudaConv, f32_bytes};
+use super::{CudaBackend, CudaError};
+use crate::backend::{KernelError, Segment};
+use crate::cpu::attention::check_caches;
+use crate::cpu::conv::KEEP_ROWS;
+use crate::cpu::ops::{check_len, row_positions};
+
+/// `out[t, c] = C[t, c] * (sum_i w[c, i] * Bx[t - taps + 1 + i, c] + bias[c])` for each segment's rows, rows before
+/// the segment from its stream's state; then each state holds its segment's last `taps - 1` rows of `B * x`, and a
+/// segment of at most [`KEEP_ROWS`] rows keeps its window for [`conv_keep`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn short_conv(
+    be: &CudaBackend,
+    bcx: &CudaBuf,
+    width: usize,
+    weight: &CudaBuf,
+    bias: Option<&CudaBuf>,
+    segs: &[Segment],
+    states: &mut [&mut CudaConv],
+    out: &mut CudaBuf,
+) -> Result<(), KernelError> {
+    let rows = out.len() / width.max(1);
+    check_len("short_conv", "bcx", bcx.len(), rows * 3 * width)?;
+    check_len("short_conv", "out", out.len(), rows * width)?;
+    row_positions(segs, rows)?;
+    check_caches(segs, states.len())?;
+    let taps = weight.len() / width.max(1);
+    check_len("short_conv", "weight", weight.len(), taps * width)?;
+    if let Some(b) = bias {
+        check_len("short_conv", "bias", b.len(), width)?;
+    }
+    for s in segs {
+        let st = &states[s.cache];
+        if st.width != width || st.taps != taps || taps == 0 {
+            let got = st.hist() * st.width;
+            return Err(KernelError::Shape {
+                kernel: "short_conv",
+                what: "conv state",
+                got,
+                want: taps.saturating_sub(1) * width,
+            });
+        }
+    }
+    let call = Call { bcx, width, taps, weight, bias, rows };
+    launch(be, &call, segs, states, out).map_err(|e| e.kernel("short_conv"))
+}
+
+/// One short_conv call's inputs, checked.
+struct Call<'a> {
+    bcx: &'a CudaBuf,
+    width: usize,
+    taps: usize,
+    weight: &'a CudaBuf,
+    bias: Option<&'a CudaBuf>,
+    rows: usize,
+}
+
+/// Windows, tables and the three launches (outputs, windows, states), in that stream order: the first two read the
+/// states before the last one moves them.
+fn launch(
+    be: &CudaBackend,
+    c: &Call,
+    segs: &[Segment],
+    states: &mut [&mut CudaConv],
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (width, hist) = (c.width, c.taps - 1);
+    let mut temps = Vec::new();
+    let mut table: Vec<u64> = Vec::with_capacity(4 * segs.len());
+    let mut row_seg = vec![0u32; c.rows];
+    let mut most = 0;
+    for (i, s) in segs.iter().enumerate() {
+        let st = &mut states[s.cache];
+        let window = if s.rows <= KEEP_ROWS {
+            st.ensure_window(s.rows)?
+        } else if s.rows < hist {
+            // Too long to keep, yet shorter than the state: the new state still comes from a window.
+            let t = be.dev.alloc(f32_bytes(mul(hist + s.rows, width)?)?)?;
+            let p = t.as_ref().map_or(0, |m| m.ptr);
+            temps.push(t);
+            p
+        } else {
+            0
+        };
+        table.extend([st.state_ptr()?, window, s.first_row as u64, s.rows as u64]);
+        row_seg[s.first_row..s.first_row + s.rows].fill(i as u32);
+        most = most.max((hist + s.rows) * width);
+    }
+    let tm = be.dev.upload(&table)?;
+    let tp = tm.as_ref().map_or(0, |m| m.ptr);
+    let rs = be.dev.upload(&row_seg)?;
+    let (wi, ti) = (int(width, "width")?, int(c.taps, "taps")?);
+    let bias = match c.bias {
+        Some(b) => b.ptr()?,
+        None => 0,
+    };
+    let bcx = c.bcx.ptr()?;
+    let f = be.func(Src::Conv, "conv_out")?;
+    let args = [
+        Arg::P(bcx),
+        Arg::I(wi),
+        Arg::I(ti),
+        Arg::P(c.weight.ptr()?),
+        Arg::P(bias),
+        Arg::P(tp),
+        Arg::P(rs.as_ref().map_or(0, |m| m.ptr)),
+        Arg::I(int(c.rows, "rows")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (blocks(mul(c.rows, width)?)?, 1, 1), BLOCK, 0, &args)?;
+    let spans = [("conv_window", blocks(most)?.clamp(1, 1024)), ("conv_state", blocks(hist * width)?.clamp(1, 1024))];
+    for (name, span) in spans {
+        let f = be.func(Src::Conv, name)?;
+        for (i, chunk) in table.chunks(4 * GRID_YZ).enumerate() {
+            let args = [Arg::P(bcx), Arg::I(wi), Arg::I(ti), Arg::P(tp + (i * 4 * GRID_YZ * 8) as u64)];
+            be.dev.launch(&f, (span, (chunk.len() / 4) as u32, 1), BLOCK, 0, &args)?;
+        }
+    }
+    for s in segs {
+        let st = &mut states[s.cache];
+        if s.rows <= KEEP_ROWS {
+            st.window_rows = Some(s.rows);
+        } else {
+            // As the CPU: a call too long to roll back frees its window.
+            (st.window, st.window_rows) = (None, None);
+        }
+    }
+    // Temporary windows are freed in stream order, after the launches that use them.
+    drop(temps);
+    Ok(())
+}
+
+/// Rolls a state back to just after the first `rows` rows of its last call: the state becomes the window's rows
+/// `[rows, rows + taps - 1)`. Errors (the CPU's message) when that call kept no window or had fewer rows.
+pub(crate) fn conv_keep(c: &mut CudaConv, rows: usize) -> Result<(), KernelError> {
+    let hist = c.hist();
+    let have = c.window_rows.unwrap_or(0);
+    let empty = c.window_rows.is_none() || (hist + have) * c.width == 0;
+    if empty || rows > have {
+        return Err(KernelError::Segments(format!(
+            "conv state cannot roll back to row {rows} of a kept window of {have} rows"
+        )));
+    }
+    let copy = || -> Result<(), CudaError> {
+        let (Some(win), Ok(state)) = (&c.window, c.state_ptr()) else { return Err(CudaError::Unallocated) };
+        let bytes = f32_bytes(hist * c.width)?;
+        c.dev.dtod(state, win.ptr + f32_bytes(rows * c.width)? as u64, bytes)
+    };
+    copy().map_err(|e| e.kernel("conv_keep"))?;
+    c.window_rows = Some(rows);
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! The CUDA device behind a `CudaBackend`: its context and one stream, device memory, kernel modules compiled at
+//! first use (with a planted fault's define when the contract asks for one), launches, and the sticky error that
+//! the trait's infallible methods leave for the next fallible one.
+
+use super::CudaError;
+use super::nvrtc::{self, Image};
+use crate::backend::KernelError;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
+};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Threads of every block the launchers use, except the combine and plan kernels (which say their own).
+pub const BLOCK: u32 = 256;
+/// Warps a block of the warp-per-item kernels (common.cuh's `WPB`).
+pub const WPB: usize = 8;
+/// Rows a linear tile covers (common.cuh's `RT`).
+pub const RT: usize = 8;
+/// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
+pub const KEY_CHUNK: usize = 256;
+/// Largest grid y or z dimension.
+pub const GRID_YZ: usize = 65535;
+
+const COMMON: &str = include_str!("common.cuh");
+
+/// A kernel source: one `.cu` file of this folder, compiled as its own module after `common.cuh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Src {
+    /// `rows.cu`: embed, rmsnorm, add, gather, greedy.
+    Rows,
+    /// `dense.cu`: linear, SwiGLU gate-up, MoE expert tiles.
+    Dense,
+    /// `rope.cu`: q/k norm and rotary embedding.
+    Rope,
+    /// `attention.cu`: K/V append, chunked attention.
+    Attention,
+    /// `conv.cu`: the short conv.
+    Conv,
+    /// `moe.cu`: routing, plan, combine.
+    Moe,
+}
+
+impl Src {
+    /// Module name (the file stem).
+    pub fn name(self) -> &'static str {
+        match self {
+            Src::Rows => "rows",
+            Src::Dense => "dense",
+            Src::Rope => "rope",
+            Src::Attention => "attention",
+            Src::Conv => "conv",
+            Src::Moe => "moe",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Src::Rows => include_str!("rows.cu"),
+            Src::Dense => include_str!("dense.cu"),
+            Src::Rope => include_str!("rope.cu"),
+            Src::Attention => include_str!("attention.cu"),
+            Src::Conv => include_str!("conv.cu"),
+            Src::Moe => include_str!("moe.cu"),
+        }
+    }
+
+    /// The text NVRTC compiles: `common.cuh` then the module.
+    pub fn source(self) -> String {
+        format!("{COMMON}\n{}", self.body())
+    }
+}
+
+/// A planted fault: module `src` compiled with `-D<define>` (the contract's controls; production never sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plant {
+    /// The module the fault lives in.
+    pub src: Src,
+    /// The preprocessor symbol that switches it on (e.g. `FAULT_LINEAR_DROP_LAST`).
+    pub define: &'static str,
+}
+
+/// A kernel argument: every kernel parameter is a pointer, a 64-bit integer, a 32-bit integer or an f32.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device pointer (0 for a null pointer).
+    P(u64),
+    /// A 64-bit unsigned integer.
+    U(u64),
+    /// A 32-bit signed integer.
+    I(i32),
+    /// An f32.
+    F(f32),
+}
+
+/// Device memory of `bytes > 0` bytes, freed (stream-ordered) on drop.
+pub struct Mem {
+    slice: CudaSlice<u8>,
+    /// Device address.
+    pub ptr: u64,
+    /// Size in bytes.
+    pub bytes: usize,
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // The free that follows (CudaSlice's drop) needs this context current on the dropping thread, which may
+        // never have launched anything.
+        let _ = self.slice.context().bind_to_thread();
+    }
+}
+
+/// Compiled modules by source and planted define.
+type Modules = HashMap<(Src, Option<&'static str>), Arc<Loaded>>;
+
+struct Loaded {
+    module: Arc<CudaModule>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+}
+
+/// One device: context, stream, compiled modules, sticky error.
+pub struct Dev {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// NVRTC target, e.g. `sm_90`.
+    pub arch: String,
+    /// The device's name as the driver reports it.
+    pub name: String,
+    cache: Option<PathBuf>,
+    modules: Mutex<Modules>,
+    error: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A driver failure as a [`CudaError`].
+pub fn driver(what: &str, e: DriverError) -> CudaError {
+    CudaError::Driver { what: what.to_string(), message: format!("{e}") }
+}
+
+impl Dev {
+    /// Opens device `ordinal`. Errors by name when the driver or NVRTC library is missing or there is no such device.
+    pub fn open(ordinal: usize) -> Result<Arc<Dev>, CudaError> {
+        // SAFETY: only probes whether the shared libraries can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::NoNvrtc);
+        }
+        result::init().map_err(|e| match e.0 {
+            sys::CUresult::CUDA_ERROR_NO_DEVICE => CudaError::NoDevice { ordinal, count: 0 },
+            _ => driver("cuInit", e),
+        })?;
+        let count = result::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?.max(0) as usize;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: called before any allocation; every operation of this backend is ordered on its one stream, so
+        // cudarc's cross-stream event tracking has nothing to order.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown device".to_string());
+        keep_pool_memory(&ctx);
+        Ok(Arc::new(Dev {
+            ctx,
+            stream,
+            arch: format!("sm_{major}{minor}"),
+            name,
+            cache: nvrtc::cache_dir(),
+            modules: Mutex::default(),
+            error: Mutex::default(),
+        }))
+    }
+
+    fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// `bytes` of uninitialized device memory; `None` for zero bytes (nothing is allocated).
+    pub fn alloc(&self, bytes: usize) -> Result<Option<Mem>, CudaError> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        self.bind()?;
+        // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| driver("cuMemAllocAsync", e))?;
+        let ptr = slice.device_ptr(&self.stream).0;
+        Ok(Some(Mem { slice, ptr, bytes }))
+    }
+
+    /// Device memory holding a copy of `data`.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<Option<Mem>, CudaError> {
+        let m = self.alloc(std::mem::size_of_val(data))?;
+        if let Some(m) = &m {
+            self.htod(m.ptr, data)?;
+        }
+        Ok(m)
+    }
+
+    /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes).
+    pub fn htod<T: Copy>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
+        // returns, so `src` may be dropped afterwards.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(|e| driver("cuMemcpyHtoD", e))
+    }
+
+    /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
+    /// kernel's failure surfaces here).
+    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
+        if !dst.is_empty() {
+            self.bind()?;
+            // SAFETY: `src` holds `size_of_val(dst)` bytes (callers check); the stream is synchronized below
+            // before `dst` is used.
+            unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+                .map_err(|e| driver("cuMemcpyDtoH", e))?;
+        }
+        self.sync()
+    }
+
+    /// Copies `bytes` between device addresses (stream-ordered).
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges hold `bytes` bytes (callers check).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemcpyDtoD", e))
+    }
+
+    /// Sets `bytes` bytes at `dst` to `value` (0x00 gives f32 zeros, 0xff gives NaNs).
+    pub fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds `bytes` bytes (callers check).
+        unsafe { result::memset_d8_async(dst, value, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemsetD8", e))
+    }
+
+    /// Waits for every operation queued so far.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
+    }
+
+    /// Kernel `name` of module `src`, compiled with `define` (a planted fault) or without.
+    pub fn function(&self, src: Src, define: Option<&'static str>, name: &str) -> Result<CudaFunction, CudaError> {
+        let loaded = self.module(src, define)?;
+        let mut funcs = lock(&loaded.funcs);
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        self.bind()?;
+        let f = loaded.module.load_function(name).map_err(|e| driver(&format!("cuModuleGetFunction({name})"), e))?;
+        funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, src: Src, define: Option<&'static str>) -> Result<Arc<Loaded>, CudaError> {
+        // Held across a compile so two threads never compile the same module.
+        let mut modules = lock(&self.modules);
+        if let Some(l) = modules.get(&(src, define)) {
+            return Ok(l.clone());
+        }
+        let l = Arc::new(Loaded { module: self.load(src, define)?, funcs: Mutex::default() });
+        modules.insert((src, define), l.clone());
+        Ok(l)
+    }
+
+    /// The module from the disk cache when a stored image loads, else compiled by NVRTC (and stored).
+    fn load(&self, src: Src, define: Option<&'static str>) -> Result<Arc<CudaModule>, CudaError> {
+        let source = src.source();
+        let opts = nvrtc::options(&self.arch, define);
+        let key = nvrtc::cache_key(&source, &self.arch, &opts);
+        if let Some(dir) = &self.cache
+            && let Some(img) = nvrtc::cached(dir, src.name(), &key)
+            && let Ok(m) = self.load_image(img)
+        {
+            return Ok(m);
+        }
+        let img = nvrtc::compile(src.name(), &source, &self.arch, &opts)?;
+        let module = self.load_image(img.clone())?;
+        if let Some(dir) = &self.cache {
+            nvrtc::store(dir, src.name(), &key, &img);
+        }
+        Ok(module)
+    }
+
+    fn load_image(&self, img: Image) -> Result<Arc<CudaModule>, CudaError> {
+        let ptx = match img {
+            Image::Cubin(b) => Ptx::from_binary(b),
+            Image::Ptx(s) => Ptx::from_src(s),
+        };
+        self.bind()?;
+        self.ctx.load_module(ptx).map_err(|e| driver("cuModuleLoadData", e))
+    }
+
+    /// Launches `f` on the stream with `block` threads a block and `smem` bytes of dynamic shared memory. A grid
+    /// with a zero dimension launches nothing.
+    pub fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // One 8-byte slot an argument; the driver reads each parameter's size from the start of its slot, so a
+        // 32-bit value goes into the slot's first 4 bytes.
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(v) | Arg::U(v) => v,
+                Arg::I(v) => low_bytes(v.to_ne_bytes()),
+                Arg::F(v) => low_bytes(v.to_ne_bytes()),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers are
+        // live allocations of this context (or null where the kernel never reads them), and the kernels stay in
+        // the bounds their launchers checked. The slots outlive the call, which copies them.
+        unsafe {
+            result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
+        }
+        .map_err(|e| driver("cuLaunchKernel", e))
+    }
+
+    /// A kernel's launch limits from the driver (`cuFuncGetAttribute`), for the contract's report.
+    pub fn limits(&self, src: Src, name: &str) -> Result<String, CudaError> {
+        let f = self.function(src, None, name)?;
+        let attr = |r: Result<i32, DriverError>| r.map_err(|e| driver("cuFuncGetAttribute", e));
+        Ok(format!(
+            "{name}: {} registers/thread, {} B static shared, {} B local/thread, at most {} threads/block",
+            attr(f.num_regs())?,
+            attr(f.shared_size_bytes())?,
+            attr(f.local_size_bytes())?,
+            attr(f.max_threads_per_block())?
+        ))
+    }
+
+    /// Records the first failure of an infallible trait method, to be reported by the next fallible one.
+    pub fn note(&self, what: &str, r: Result<(), CudaError>) {
+        if let Err(e) = r {
+            let mut g = lock(&self.error);
+            if g.is_none() {
+                *g = Some(format!("{what}: {e}"));
+            }
+        }
+    }
+
+    /// Whether a failure is waiting to be reported.
+    pub fn pending(&self) -> bool {
+        lock(&self.error).is_some()
+    }
+
+    /// Reports (and clears) a waiting failure as `kernel`'s error.
+    pub fn take(&self, kernel: &'static str) -> Result<(), KernelError> {
+        match lock(&self.error).take() {
+            Some(message) => Err(KernelError::Device { kernel, message }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn low_bytes(b: [u8; 4]) -> u64 {
+    let mut s = [0u8; 8];
+    s[..4].copy_from_slice(&b);
+    u64::from_ne_bytes(s)
+}
+
+/// Keeps freed memory in the device's default pool instead of returning it at every synchronization (the
+/// forward allocates and frees its activations every call). Best effort: a failure changes only speed.
+fn keep_pool_memory(ctx: &CudaContext) {
+    // SAFETY: the device handle belongs to a live context; the attribute takes a u64, which `v` is.
+    unsafe {
+        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
+            let mut v = u64::MAX;
+            let _ = result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut v as *mut u64 as *mut c_void,
+            );
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The CUDA backend (the `cuda` feature): the whole LFM2 / LFM2-MoE forward and the DSpark drafter's kernels on one
+//! NVIDIA GPU, row-invariant, under the kernel contract (docs/cuda.md).
+//!
+//! The driver and NVRTC are loaded at run time (cudarc's dynamic loading), so this builds without a CUDA toolkit and
+//! a machine without a driver or GPU gets a named [`CudaError`], never a panic. Kernel sources are the `.cu` files of
+//! this folder, embedded in the binary and compiled by NVRTC at first use for the device's architecture (cached on
+//! disk, `nvrtc.rs`). Every output element's reduction runs in one order fixed by its own length (a warp per dot,
+//! fixed key chunks for attention), so a row's bits do not depend on the call's width or its other rows.
+
+mod attention;
+mod conv;
+mod device;
+mod moe;
+pub mod nvrtc;
+mod ops;
+mod trait_impl;
+mod types;
+
+pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
+
+pub(crate) use device::{Plant, Src};
+
+use crate::backend::KernelError;
+use cudarc::driver::CudaFunction;
+use device::Dev;
+use std::sync::Arc;
+
+/// Why the CUDA backend cannot run (or a device operation failed).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CudaError {
+    /// The driver library (`libcuda`) could not be loaded: no NVIDIA driver on this machine.
+    #[error("no CUDA driver found (libcuda could not be loaded)")]
+    NoDriver,
+    /// The driver reports fewer devices than the ordinal asked for.
+    #[error("no CUDA device {ordinal} (the driver reports {count})")]
+    NoDevice {
+        /// Device asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// The runtime compiler library (`libnvrtc`) could not be loaded, so no kernel can be built.
+    #[error("no NVRTC library found (libnvrtc could not be loaded): the CUDA kernels cannot be compiled")]
+    NoNvrtc,
+    /// A driver call failed (out of memory, a launch error, a kernel fault surfacing at a synchronization).
+    #[error("CUDA driver error in {what}: {message}")]
+    Driver {
+        /// The call.
+        what: String,
+        /// The driver's error.
+        message: String,
+    },
+    /// NVRTC refused a kernel source.
+    #[error("NVRTC could not compile {module}.cu for {arch}: {log}")]
+    Compile {
+        /// Module (file stem).
+        module: &'static str,
+        /// Target architecture.
+        arch: String,
+        /// Compiler log.
+        log: String,
+    },
+    /// A device buffer whose allocation had failed was used.
+    #[error("a device buffer was used whose allocation had failed")]
+    Unallocated,
+    /// A call's shapes disagree (where the CPU backend would have panicked).
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}
+
+impl CudaError {
+    /// As a kernel's error.
+    pub(crate) fn kernel(self, kernel: &'static str) -> KernelError {
+        KernelError::Device { kernel, message: self.to_string() }
+    }
+}
+
+/// The CUDA backend on one device. Cloning shares the device (context, stream, compiled kernels).
+#[derive(Clone)]
+pub struct CudaBackend {
+    pub(crate) dev: Arc<Dev>,
+    /// A planted fault (the contract's controls only).
+    pub(crate) plant: Option<Plant>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`. Errors: [`CudaError::NoDriver`] (no `libcuda`), [`CudaError::NoNvrtc`] (no
+    /// `libnvrtc`), [`CudaError::NoDevice`], or a driver error. Nothing is compiled until a kernel is first used.
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        // A binding the driver lacks makes cudarc panic; a backend that cannot open must still be a named error.
+        match std::panic::catch_unwind(|| Dev::open(ordinal)) {
+            Ok(r) => r.map(|dev| Self { dev, plant: None }),
+            Err(p) => {
+                let msg =
+                    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                Err(CudaError::Driver { what: "opening the device".into(), message: msg.unwrap_or_default() })
+            }
+        }
+    }
+
+    /// The device's name (e.g. `NVIDIA H200`).
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
+    /// The architecture the kernels are compiled for (e.g. `sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.dev.arch
+    }
+
+    /// The same device with `plant` compiled into its module (the contract's controls).
+    pub(crate) fn planted(&self, plant: Plant) -> Self {
+        Self { dev: self.dev.clone(), plant: Some(plant) }
+    }
+
+    /// Kernel `name` of module `src`, with this backend's planted fault when it lives in `src`.
+    pub(crate) fn func(&self, src: Src, name: &str) -> Result<CudaFunction, CudaError> {
+        let define = self.plant.filter(|p| p.src == src).map(|p| p.define);
+        self.dev.function(src, define, name)
+    }
+
+    /// `len` f32 of uninitialized device memory.
+    pub(crate) fn buf(&self, len: usize) -> Result<CudaBuf, CudaError> {
+        Ok(CudaBuf { mem: self.dev.alloc(types::f32_bytes(len)?)?, len })
+    }
+
+    /// Launch limits of kernels `names` of module `src` (registers, static shared memory, local memory, threads),
+    /// one line each; a kernel that cannot be loaded says why.
+    pub(crate) fn limits(&self, src: Src, names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| self.dev.limits(src, n).unwrap_or_else(|e| format!("{n}: {e}"))).collect()
+    }
+
+    /// A KV cache holding `k` and `v` rows `[n, width]` (tests and the contract build stream states with it).
+    pub fn kv_from_host(&self, width: usize, k: &[f32], v: &[f32]) -> Result<CudaKv, CudaError> {
+        ops::expect(k.len() == v.len() && width > 0 && k.len().is_multiple_of(width), || {
+            format!("KV rows of {} and {} values for width {width}", k.len(), v.len())
+        })?;
+        let mut kv = CudaKv::new(self.dev.clone(), width);
+        kv.grow(k.len() / width)?;
+        if let (Some(dk), Some(dv)) = (&kv.k, &kv.v) {
+            self.dev.htod(dk.ptr, k)?;
+            self.dev.htod(dv.ptr, v)?;
+        }
+        kv.len = k.len() / width;
+        Ok(kv)
+    }
+
+    /// The held K and V rows of a cache, copied to the host.
+    pub fn kv_to_host(&self, kv: &CudaKv) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+        let n = kv.len * kv.width;
+        let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+        let (kp, vp) = kv.ptrs();
+        if n > 0 {
+            self.dev.dtoh(&mut k, kp)?;
+            self.dev.dtoh(&mut v, vp)?;
+        }
+        Ok((k, v))
+    }
+
+    /// A conv state for `width` channels and `taps` taps holding `state` `[taps - 1, width]`.
+    pub fn conv_from_host(&self, width: usize, taps: usize, state: &[f32]) -> Result<CudaConv, CudaError> {
+        let c = CudaConv::new(self.dev.clone(), width, taps);
+        ops::expect(state.len() == c.hist() * width, || format!("conv state of {} values", state.len()))?;
+        self.dev.htod(c.state_ptr()?, state)?;
+        Ok(c)
+    }
+
+    /// A conv state's rows, copied to the host.
+    pub fn conv_to_host(&self, c: &CudaConv) -> Result<Vec<f32>, CudaError> {
+        let mut s = vec![0f32; c.hist() * c.width];
+        self.dev.dtoh(&mut s, c.state_ptr()?)?;
+        Ok(s)
+    }
+
+    /// Runs the embedding without its host check of the ids (the contract's "clamps out-of-range ids" control).
+    pub(crate) fn embed_unchecked(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) -> Result<(), CudaError> {
+        ops::embed_unchecked(self, table, ids, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opening_without_a_driver_is_a_named_error_never_a_panic() {
+        match CudaBackend::new(0) {
+            Ok(b) => assert!(b.arch().starts_with("sm_"), "a device opened: {}", b.device_name()),
+            Err(e) => {
+                let named = matches!(
+                    e,
+                    CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoNvrtc | CudaError::Driver { .. }
+                );
+                assert!(named, "{e}");
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_device_ordinal_is_refused_by_name() {
+        match CudaBackend::new(4096) {
+            Ok(_) => panic!("no machine has 4097 GPUs"),
+            Err(CudaError::NoDevice { ordinal, .. }) => assert_eq!(ordinal, 4096),
+            Err(e) => assert!(matches!(e, CudaError::NoDriver | CudaError::NoNvrtc | CudaError::Driver { .. }), "{e}"),
+        }
+    }
+
+    /// The `FAULT_...` symbols a module's source tests.
+    fn faults_of(src: &str) -> Vec<String> {
+        let mut v: Vec<String> = src
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("FAULT_"))
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn every_module_and_every_planted_fault_compiles_for_sm_90_where_nvrtc_is_present() {
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("libnvrtc not found: compile check skipped");
+            return;
+        }
+        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+            let text = src.source();
+            let defines = faults_of(&text);
+            for define in std::iter::once(None).chain(defines.iter().map(|d| Some(d.as_str()))) {
+                let opts = nvrtc::options("sm_90", define);
+                match nvrtc::compile(src.name(), &text, "sm_90", &opts) {
+                    Ok(nvrtc::Image::Cubin(b)) => assert!(!b.is_empty()),
+                    Ok(nvrtc::Image::Ptx(p)) => assert!(p.contains(".entry")),
+                    Err(e) => panic!("{} with {define:?}: {e}", src.name()),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_module_source_starts_with_its_doc_line_and_the_common_header() {
+        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+            let s = src.source();
+            assert!(s.starts_with("//! "), "{}", src.name());
+            // The host launchers mirror these constants.
+            for (name, v) in [("KEY_CHUNK", device::KEY_CHUNK), ("RT", device::RT), ("WPB", device::WPB)] {
+                assert!(s.contains(&format!("#define {name} {v}\n")), "{name}");
+            }
+            assert_eq!(device::BLOCK as usize, 32 * device::WPB);
+            assert!(!s.contains('\0'));
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! MoE routing on the device: sigmoid scores, top-k by score + expert_bias, the weights, the expert plan (assignments grouped by expert into RT-slot tiles) and the rank-order combine.
+
+// Rust's f32::total_cmp as an integer key: larger key, larger float (NaN above +inf).
+__device__ __forceinline__ int total_key(float v) {
+  int b = __float_as_int(v);
+  return b ^ (int)(((u32)(b >> 31)) >> 1);
+}
+
+__device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
+
+// One thread a row: kk times, the not yet chosen expert with the largest total_key(score + bias) (ties to the lower
+// id) goes to sel[r * kk + rank]; then weights as transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by
+// their rank-order sum + 1e-6 when norm, times rsf.
+extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
+                                     float rsf, int* sel, float* wts) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* l = logits + (u64)r * (u64)ne;
+  int* se = sel + (u64)r * (u64)kk;
+  float* we = wts + (u64)r * (u64)kk;
+  float sum = 0.0f;
+  for (int rank = 0; rank < kk; rank++) {
+    int best = -1;
+    int bk = 0;
+    for (int e = 0; e < ne; e++) {
+      bool taken = false;
+      for (int q = 0; q < rank; q++) taken = taken || se[q] == e;
+      if (taken) continue;
+      float s = sigmoid_f(l[e]);
+#ifdef FAULT_MOE_NO_BIAS
+      float key = s + 0.0f;
+#else
+      float key = s + (ebias ? ebias[e] : 0.0f);
+#endif
+      int tk = total_key(key);
+      if (best < 0 || tk > bk) {
+        best = e;
+        bk = tk;
+      }
+    }
+    se[rank] = best;
+    sum = sum + sigmoid_f(l[best]);
+  }
+  for (int rank = 0; rank < kk; rank++) {
+    int e = se[rank];
+    float s = sigmoid_f(l[e]);
+    float w = norm ? s / (sum + 1e-6f) : s;
+#ifdef FAULT_MOE_WEIGHT_BIAS
+    if (ebias) w = w + ebias[e];
+#endif
+    we[rank] = w * rsf;
+  }
+}
+
+// One block: counts assignments per expert, lays the experts' slots out in expert order (offsets), cuts each
+// expert's slots into tiles of at most RT (tiles[3t..3t+3) = expert, first slot, slots; *ntiles of them, at most
+// `bound`), then fills list[slot] = assignment (row * kk + rank). The order of slots inside an expert may vary from
+// run to run (atomics), but no value depends on it: each slot's row is computed alone.
+extern "C" __global__ void moe_plan(const int* sel, int nassign, int ne, int* counts, int* offsets, int* fill, int* list,
+                                    int* tiles, int* ntiles, int bound) {
+  int t = threadIdx.x;
+  int bs = blockDim.x;
+  for (int e = t; e < ne; e += bs) {
+    counts[e] = 0;
+    fill[e] = 0;
+  }
+  __syncthreads();
+  for (int a = t; a < nassign; a += bs) atomicAdd(&counts[sel[a]], 1);
+  __syncthreads();
+  if (t == 0) {
+    int off = 0;
+    int n = 0;
+    for (int e = 0; e < ne; e++) {
+      offsets[e] = off;
+      for (int s = 0; s < counts[e]; s += RT) {
+        if (n < bound) {
+          tiles[3 * n] = e;
+          tiles[3 * n + 1] = off + s;
+          tiles[3 * n + 2] = counts[e] - s < RT ? counts[e] - s : RT;
+        }
+        n++;
+      }
+      off += counts[e];
+    }
+    *ntiles = n < bound ? n : bound;
+  }
+  __syncthreads();
+  for (int a = t; a < nassign; a += bs) {
+    int e = sel[a];
+    int p = atomicAdd(&fill[e], 1);
+    list[offsets[e] + p] = a;
+  }
+}
+
+// out[r, c] = sum over rank, in rank order from 0, of wts[r, rank] * y[r * kk + rank, c] (the CPU's combine).
+extern "C" __global__ void moe_combine(const float* y, const float* wts, int rows, int kk, int h, float* out) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)rows * (u64)h) return;
+  u64 r = i / (u64)h;
+  u64 c = i % (u64)h;
+  float acc = 0.0f;
+  for (int rank = 0; rank < kk; rank++) {
+    u64 a = r * (u64)kk + (u64)rank;
+    acc = acc + wts[a] * y[a * (u64)h + c];
+  }
+  out[i] = acc;
+}

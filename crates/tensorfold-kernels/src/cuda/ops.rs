@@ -1,0 +1,314 @@
+//! Launchers of the row and dense kernels: weight upload, embedding, RMSNorm, linear, SwiGLU, add, row gather, q/k
+//! norm + RoPE and the greedy pick. Each checks its shapes on the host before anything is launched.
+
+use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB};
+use super::types::{CudaBuf, CudaMat, f32_bytes};
+use super::{CudaBackend, CudaError};
+use crate::backend::{Ffn, KernelError, Pick, RopeParams, Segment};
+use crate::bytes::{Dtype, MatView};
+use crate::cpu::ops::{check_len, rope_inv_freq, row_positions};
+
+/// A shape the CPU would have asserted on, as an error.
+pub(crate) fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), CudaError> {
+    if ok { Ok(()) } else { Err(CudaError::Shape(what())) }
+}
+
+/// `n` as a kernel's 32-bit int.
+pub(crate) fn int(n: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(n).map_err(|_| CudaError::Shape(format!("{what} = {n} is past the kernels' 32-bit range")))
+}
+
+/// Blocks of [`BLOCK`] threads covering `n` items.
+pub(crate) fn blocks(n: usize) -> Result<u32, CudaError> {
+    u32::try_from(n.div_ceil(BLOCK as usize))
+        .map_err(|_| CudaError::Shape(format!("{n} items are too many for one launch")))
+}
+
+/// `a * b`, refusing an overflow.
+pub(crate) fn mul(a: usize, b: usize) -> Result<usize, CudaError> {
+    a.checked_mul(b).ok_or_else(|| CudaError::Shape(format!("{a} x {b} overflows")))
+}
+
+/// Copies a host matrix to the device in its stored dtype (Q8 with its scales and biases).
+pub(crate) fn upload_mat(be: &CudaBackend, m: &MatView) -> Result<CudaMat, CudaError> {
+    let want = mul(mul(m.rows, m.cols)?, m.dtype.size())?;
+    expect(m.bytes.len() == want, || {
+        format!("matrix [{}, {}] has {} bytes, expected {want}", m.rows, m.cols, m.bytes.len())
+    })?;
+    let (group, scales, biases) = match (m.dtype, &m.affine) {
+        (Dtype::Q8, Some(a)) => {
+            let gb = mul(m.rows, m.cols / a.group.max(1))? * 4;
+            let ok = a.group > 0 && m.cols.is_multiple_of(a.group) && a.scales.len() == gb && a.biases.len() == gb;
+            expect(ok, || format!("Q8 matrix [{}, {}]: groups of {} do not fit its scales", m.rows, m.cols, a.group))?;
+            (a.group, be.dev.upload(a.scales.as_slice())?, be.dev.upload(a.biases.as_slice())?)
+        }
+        (Dtype::Q8, None) => return Err(CudaError::Shape("a Q8 matrix without scales and biases".into())),
+        _ => (1, None, None),
+    };
+    let data = be.dev.upload(m.bytes.as_slice())?;
+    Ok(CudaMat { rows: m.rows, cols: m.cols, dtype: m.dtype, group, data, scales, biases })
+}
+
+/// `out[r] = table[ids[r]]` after checking every id on the host (ids past the table are refused by name).
+pub(crate) fn embed(be: &CudaBackend, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) -> Result<(), KernelError> {
+    check_len("embed", "out", out.len(), ids.len() * table.cols)?;
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
+        return Err(KernelError::TokenOutOfRange { id, vocab: table.rows });
+    }
+    embed_unchecked(be, table, ids, out).map_err(|e| e.kernel("embed"))
+}
+
+/// The embedding launch alone (the contract plants "clamps out-of-range ids" by skipping [`embed`]'s check).
+pub(crate) fn embed_unchecked(
+    be: &CudaBackend,
+    table: &CudaMat,
+    ids: &[u32],
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (rows, h) = (ids.len(), table.cols);
+    if rows * h == 0 || table.rows == 0 {
+        return Ok(());
+    }
+    let idm = be.dev.upload(ids)?;
+    let (w, s, b) = table.ptrs()?;
+    let f = be.func(Src::Rows, "embed")?;
+    let args = [
+        Arg::P(w),
+        Arg::P(s),
+        Arg::P(b),
+        Arg::I(int(table.group, "group")?),
+        Arg::I(table.dtype_code()),
+        Arg::I(int(table.rows, "vocab")?),
+        Arg::P(idm.as_ref().map_or(0, |m| m.ptr)),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(h, "width")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
+}
+
+/// Row-wise RMSNorm over `width`.
+pub(crate) fn rmsnorm(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    w: &CudaBuf,
+    eps: f32,
+    width: usize,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    expect(w.len() == width, || format!("rmsnorm: weight has {} values for width {width}", w.len()))?;
+    expect(x.len() == out.len() && width > 0 && x.len().is_multiple_of(width), || {
+        format!("rmsnorm: x has {} values, out {}, width {width}", x.len(), out.len())
+    })?;
+    let rows = x.len() / width;
+    let f = be.func(Src::Rows, "rmsnorm")?;
+    let args = [
+        Arg::P(x.ptr()?),
+        Arg::P(w.ptr()?),
+        Arg::F(eps),
+        Arg::I(int(width, "width")?),
+        Arg::I(int(rows, "rows")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)
+}
+
+/// `out[r] = w x[r] (+ bias)`: one warp an output column, tiles of [`RT`] rows, the row tiles split over launches of
+/// at most [`GRID_YZ`] tiles (which changes no row's arithmetic).
+pub(crate) fn linear(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    w: &CudaMat,
+    bias: Option<&CudaBuf>,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (n, k) = (w.rows, w.cols);
+    expect(x.len() == mul(rows, k)?, || format!("linear: x has {} values, expected [{rows}, {k}]", x.len()))?;
+    expect(out.len() == mul(rows, n)?, || format!("linear: out has {} values, expected [{rows}, {n}]", out.len()))?;
+    expect(bias.is_none_or(|b| b.len() == n), || format!("linear: bias is not [{n}]"))?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let f = be.func(Src::Dense, &w.kernel("linear"))?;
+    let (wp, sp, bp) = w.ptrs()?;
+    let bias = match bias {
+        Some(b) => b.ptr()?,
+        None => 0,
+    };
+    let (xp, op) = (x.ptr()?, out.ptr()?);
+    let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
+    let gx = int(n.div_ceil(WPB), "blocks")? as u32;
+    for row0 in (0..rows).step_by(RT * GRID_YZ) {
+        let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
+        let args = [
+            Arg::P(xp),
+            Arg::I(ri),
+            Arg::I(ki),
+            Arg::I(ni),
+            Arg::P(wp),
+            Arg::P(sp),
+            Arg::P(bp),
+            Arg::I(gi),
+            Arg::P(bias),
+            Arg::P(op),
+            Arg::I(row0 as i32),
+        ];
+        be.dev.launch(&f, (gx, tiles, 1), BLOCK, 0, &args)?;
+    }
+    Ok(())
+}
+
+/// Dense SwiGLU: the fused gate-up kernel writes `silu(w1 x) * (w3 x)`, then the down projection.
+pub(crate) fn swiglu(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    f: &Ffn<CudaMat>,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (inter, h) = (f.w1.rows, f.w1.cols);
+    same_kind(&f.w1, &f.w3)?;
+    expect(f.w2.cols == inter, || format!("swiglu: w2 is [{}, {}] for width {inter}", f.w2.rows, f.w2.cols))?;
+    expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
+    let act = be.buf(mul(rows, inter)?)?;
+    if rows > 0 && inter > 0 {
+        let func = be.func(Src::Dense, &f.w1.kernel("gateup"))?;
+        let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
+        let (xp, ap) = (x.ptr()?, act.ptr()?);
+        let (ri, hi, ii, gi) = (int(rows, "rows")?, int(h, "hidden")?, int(inter, "width")?, int(f.w1.group, "group")?);
+        let gx = int(inter.div_ceil(WPB), "blocks")? as u32;
+        for row0 in (0..rows).step_by(RT * GRID_YZ) {
+            let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
+            let args = [
+                Arg::P(xp),
+                Arg::I(ri),
+                Arg::I(hi),
+                Arg::I(ii),
+                Arg::P(g),
+                Arg::P(gs),
+                Arg::P(gb),
+                Arg::P(u),
+                Arg::P(us),
+                Arg::P(ub),
+                Arg::I(gi),
+                Arg::P(ap),
+                Arg::I(row0 as i32),
+            ];
+            be.dev.launch(&func, (gx, tiles, 1), BLOCK, 0, &args)?;
+        }
+    }
+    linear(be, &act, rows, &f.w2, None, out)
+}
+
+/// Two matrices one fused kernel reads together must agree in shape, dtype and Q8 group.
+pub(crate) fn same_kind(a: &CudaMat, b: &CudaMat) -> Result<(), CudaError> {
+    expect(a.rows == b.rows && a.cols == b.cols && a.dtype == b.dtype && a.group == b.group, || {
+        format!("matrices [{}, {}] {:?} and [{}, {}] {:?} differ", a.rows, a.cols, a.dtype, b.rows, b.cols, b.dtype)
+    })
+}
+
+/// `acc += y` over the shorter length (as the CPU's zip).
+pub(crate) fn add(be: &CudaBackend, acc: &mut CudaBuf, y: &CudaBuf) -> Result<(), CudaError> {
+    let n = acc.len().min(y.len());
+    if n == 0 {
+        return Ok(());
+    }
+    let f = be.func(Src::Rows, "add_inplace")?;
+    be.dev.launch(&f, (blocks(n)?, 1, 1), BLOCK, 0, &[Arg::P(acc.ptr()?), Arg::P(y.ptr()?), Arg::U(n as u64)])
+}
+
+/// Rows `rows` of `x` `[*, width]` as a new buffer; every index is checked on the host.
+pub(crate) fn gather(be: &CudaBackend, x: &CudaBuf, width: usize, rows: &[usize]) -> Result<CudaBuf, CudaError> {
+    let src_rows = x.len().checked_div(width).unwrap_or(0);
+    if let Some(&bad) = rows.iter().find(|&&r| r >= src_rows) {
+        return Err(CudaError::Shape(format!("gather_rows: row {bad} of a buffer of {src_rows} rows")));
+    }
+    let out = be.buf(mul(rows.len(), width)?)?;
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let idm = be.dev.upload(&idx)?;
+    let f = be.func(Src::Rows, "gather_rows")?;
+    let args = [
+        Arg::P(x.ptr()?),
+        Arg::I(int(width, "width")?),
+        Arg::P(idm.as_ref().map_or(0, |m| m.ptr)),
+        Arg::I(int(rows.len(), "rows")?),
+        Arg::I(int(src_rows, "source rows")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (blocks(out.len())?, 1, 1), BLOCK, 0, &args)?;
+    Ok(out)
+}
+
+/// Per-head RMSNorm then RoPE of `x` `[rows, heads * head_dim]` in place, positions from the segment table.
+pub(crate) fn qk_norm_rope(
+    be: &CudaBackend,
+    x: &mut CudaBuf,
+    heads: usize,
+    norm: &CudaBuf,
+    eps: f32,
+    rope: RopeParams,
+    segs: &[Segment],
+) -> Result<(), KernelError> {
+    let hd = rope.head_dim;
+    let width = heads * hd;
+    if width == 0 || hd > 1024 {
+        // Each warp keeps its normed head in shared memory: 8 heads of at most 1024 values a block.
+        return Err(KernelError::Shape {
+            kernel: "qk_norm_rope",
+            what: "head_dim (1 to 1024) x heads",
+            got: width,
+            want: hd.clamp(1, 1024),
+        });
+    }
+    let rows = x.len() / width;
+    check_len("qk_norm_rope", "x", x.len(), rows * width)?;
+    check_len("qk_norm_rope", "norm", norm.len(), hd)?;
+    let pos = row_positions(segs, rows)?;
+    let mut words: Vec<u32> = Vec::with_capacity(rows + hd / 2);
+    for &p in &pos {
+        words.push(u32::try_from(p).map_err(|_| KernelError::Segments(format!("position {p} is past 2^32")))?);
+    }
+    words.extend((0..hd / 2).map(|i| rope_inv_freq(rope.theta, hd, i).to_bits()));
+    let launch = || -> Result<(), CudaError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let m = be.dev.upload(&words)?;
+        let base = m.as_ref().map_or(0, |m| m.ptr);
+        let f = be.func(Src::Rope, "qk_norm_rope")?;
+        let args = [
+            Arg::P(x.ptr()?),
+            Arg::I(int(rows, "rows")?),
+            Arg::I(int(heads, "heads")?),
+            Arg::I(hd as i32),
+            Arg::P(norm.ptr()?),
+            Arg::F(eps),
+            Arg::P(base),
+            Arg::P(base + 4 * rows as u64),
+            Arg::I(rope.interleaved as i32),
+        ];
+        let grid = int(mul(rows, heads)?.div_ceil(WPB), "blocks")? as u32;
+        be.dev.launch(&f, (grid, 1, 1), BLOCK, (WPB * hd * 4) as u32, &args)
+    };
+    launch().map_err(|e| e.kernel("qk_norm_rope"))
+}
+
+/// Greedy pick of each row of `logits` (`ceil(len / vocab)` rows; the last may be short, as the CPU's chunks).
+pub(crate) fn greedy(be: &CudaBackend, logits: &CudaBuf, vocab: usize) -> Result<Vec<Pick>, CudaError> {
+    if vocab == 0 || logits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = logits.len().div_ceil(vocab);
+    let picks = be.dev.alloc(f32_bytes(mul(rows, 2)?)?)?;
+    let pp = picks.as_ref().map_or(0, |m| m.ptr);
+    let f = be.func(Src::Rows, "greedy")?;
+    let args = [Arg::P(logits.ptr()?), Arg::U(logits.len() as u64), Arg::I(int(vocab, "vocab")?), Arg::P(pp)];
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)?;
+    let mut host = vec![0u32; rows * 2];
+    be.dev.dtoh(&mut host, pp)?;
+    Ok(host.chunks_exact(2).map(|p| Pick { token: p[0], nonfinite: p[1] != 0 }).collect())
+}

@@ -1,0 +1,126 @@
+//! Row kernels: embedding gather, RMSNorm, elementwise add, row gather and the greedy pick.
+
+// out[r, c] = table[ids[r], c] widened exactly: bf16 by a 16-bit shift, Q8 as fmaf(code, scale, bias) (MatView::get).
+// One thread an element. The host checked every id against the table before the launch.
+extern "C" __global__ void embed(const void* table, const float* scales, const float* biases, int group, int dtype,
+                                 int vocab, const u32* ids, int rows, int h, float* out) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)rows * (u64)h) return;
+  u64 r = i / (u64)h;
+  u64 c = i % (u64)h;
+  u64 id = ids[r];
+#ifdef FAULT_EMBED_OFF_BY_ONE
+  id = min_u64(id + 1, (u64)(vocab - 1));
+#endif
+#ifdef FAULT_EMBED_CLAMP
+  id = min_u64(id, (u64)(vocab - 1));
+#endif
+  u64 at = id * (u64)h + c;
+  float v;
+  if (dtype == DT_F32) {
+    v = ((const float*)table)[at];
+  } else if (dtype == DT_BF16) {
+    v = bf16_to_f32(((const u16*)table)[at]);
+  } else {
+    u64 g = id * (u64)(h / group) + c / (u64)group;
+    v = fmaf((float)((const u8*)table)[at], scales[g], biases[g]);
+  }
+  out[i] = v;
+}
+
+// Row-wise RMSNorm, one warp a row: x * (1 / sqrt(sumsq / width + eps)) * w, the sum of squares in row_sumsq's
+// fixed order.
+extern "C" __global__ void rmsnorm(const float* x, const float* w, float eps, int width, int rows, float* out) {
+  int warp = threadIdx.x >> 5;
+  int lane = threadIdx.x & 31;
+  int r = blockIdx.x * WPB + warp;
+  if (r >= rows) return;
+  const float* xr = x + (u64)r * (u64)width;
+  float* o = out + (u64)r * (u64)width;
+  float ss = row_sumsq(xr, width, lane);
+  float n = (float)width;
+#ifdef FAULT_RMS_NO_EPS
+  eps = 0.0f;
+#endif
+#ifdef FAULT_RMS_WIDTH_M1
+  n = (float)(width - 1);
+#endif
+  float scale = 1.0f / sqrtf(ss / n + eps);
+  for (int c = lane; c < width; c += 32) o[c] = xr[c] * scale * w[c];
+}
+
+// acc[i] += y[i] for i < n.
+extern "C" __global__ void add_inplace(float* acc, const float* y, u64 n) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] = acc[i] + y[i];
+}
+
+// out[r] = x[idx[r]] for rows of `width`; the host checked every index against src_rows.
+extern "C" __global__ void gather_rows(const float* x, int width, const u32* idx, int n_out, int src_rows, float* out) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)n_out * (u64)width) return;
+  u64 r = i / (u64)width;
+  u64 c = i % (u64)width;
+  u64 s = idx[r];
+#ifdef FAULT_GATHER_OFF_BY_ONE
+  if (s + 1 < (u64)src_rows) s = s + 1;
+#endif
+  out[i] = x[s * (u64)width + c];
+}
+
+// Is (v, i) a better greedy candidate than (bv, bi)? Larger wins; equal values go to the lower id. Exact
+// comparisons only, so any combining order gives the same winner.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+#ifdef FAULT_GREEDY_TIES_HIGH
+  return v > bv || (v == bv && i > bi);
+#else
+  return v > bv || (v == bv && i < bi);
+#endif
+}
+
+// Greedy pick of each row: one block of 256 threads a row (the host launches exactly 256). picks[2r] is the first
+// largest finite logit's id (0 when there is none), picks[2r+1] is 1 when the row holds a NaN or an infinity (or is
+// empty). `total` is the buffer's length; the last row may be shorter than vocab, as the CPU's chunks are.
+extern "C" __global__ void greedy(const float* logits, u64 total, int vocab, u32* picks) {
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  int t = threadIdx.x;
+  u64 row = blockIdx.x;
+  u64 base = row * (u64)vocab;
+  int len = (int)min_u64((u64)vocab, total - base);
+  const float* l = logits + base;
+  float bv = 0.0f;
+  int bi = -1;
+  int nf = 0;
+  for (int i = t; i < len; i += 256) {
+    float v = l[i];
+    if (!finite_f(v)) {
+#ifdef FAULT_GREEDY_NAN
+      if (!nan_f(v)) nf = 1;
+#else
+      nf = 1;
+#endif
+    } else if (bi < 0 || better(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  sv[t] = bv;
+  si[t] = bi;
+  nf = __syncthreads_or(nf);
+  for (int s = 128; s > 0; s >>= 1) {
+    if (t < s) {
+      int oi = si[t + s];
+      float ov = sv[t + s];
+      if (oi >= 0 && (si[t] < 0 || better(ov, oi, sv[t], si[t]))) {
+        sv[t] = ov;
+        si[t] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    picks[2 * row] = si[0] < 0 ? 0u : (u32)si[0];
+    picks[2 * row + 1] = (nf != 0 || len == 0) ? 1u : 0u;
+  }
+}

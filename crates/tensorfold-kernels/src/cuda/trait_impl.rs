@@ -1,0 +1,253 @@
+//! `Backend` for `CudaBackend`: each method delegates to its launcher. Methods the trait lets fail report device
+//! failures as `KernelError::Device`; the infallible ones record a failure (reported by the next fallible call) and
+//! fill their output with NaN, so a failed forward's logits are flagged non-finite and refused, never used.
+
+use super::types::{CudaBuf, CudaConv, CudaKv, CudaMat, f32_bytes};
+use super::{CudaBackend, CudaError, attention, conv, moe, ops};
+use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
+use crate::bytes::MatView;
+
+impl CudaBackend {
+    /// Records `r`'s failure and poisons `out` with NaN (0xff bytes), best effort.
+    fn settle(&self, what: &str, r: Result<(), CudaError>, out: &CudaBuf) {
+        if r.is_err() {
+            if let Ok(p) = out.ptr() {
+                let _ = f32_bytes(out.len()).and_then(|b| self.dev.memset(p, 0xff, b));
+            }
+            self.dev.note(what, r);
+        }
+    }
+
+    /// A buffer of `len` NaN-poisoned values or, when even that fails, one without memory.
+    fn lost(&self, len: usize) -> CudaBuf {
+        let b = self.buf(len).unwrap_or(CudaBuf { mem: None, len });
+        self.settle("allocating a buffer", Err(CudaError::Unallocated), &b);
+        b
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Mat = CudaMat;
+    type Kv = CudaKv;
+    type Conv = CudaConv;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn upload_mat(&self, m: &MatView) -> Result<CudaMat, KernelError> {
+        ops::upload_mat(self, m).map_err(|e| e.kernel("upload_mat"))
+    }
+
+    fn mat_bytes(&self, m: &CudaMat) -> usize {
+        m.bytes()
+    }
+
+    fn upload(&self, data: &[f32]) -> CudaBuf {
+        match self.dev.upload(data) {
+            Ok(mem) => CudaBuf { mem, len: data.len() },
+            Err(e) => {
+                self.dev.note("upload", Err(e));
+                CudaBuf { mem: None, len: data.len() }
+            }
+        }
+    }
+
+    fn zeros(&self, len: usize) -> CudaBuf {
+        let b = self.buf(len).and_then(|b| {
+            self.dev.memset(b.ptr()?, 0, f32_bytes(len)?)?;
+            Ok(b)
+        });
+        match b {
+            Ok(b) => b,
+            Err(e) => {
+                self.dev.note("zeros", Err(e));
+                CudaBuf { mem: None, len }
+            }
+        }
+    }
+
+    fn read(&self, b: &CudaBuf) -> Vec<f32> {
+        let mut host = vec![f32::NAN; b.len()];
+        if self.dev.pending() {
+            return host;
+        }
+        let r = b.ptr().and_then(|p| self.dev.dtoh(&mut host, p));
+        if r.is_err() {
+            host.fill(f32::NAN);
+            self.dev.note("read", r);
+        }
+        host
+    }
+
+    fn new_kv(&self, width: usize) -> CudaKv {
+        CudaKv::new(self.dev.clone(), width)
+    }
+
+    fn kv_len(&self, kv: &CudaKv) -> usize {
+        kv.len
+    }
+
+    fn kv_reserve(&self, kv: &mut CudaKv, tokens: usize) {
+        let r = kv.grow(tokens);
+        self.dev.note("kv_reserve", r);
+    }
+
+    fn kv_truncate(&self, kv: &mut CudaKv, len: usize) {
+        kv.len = kv.len.min(len);
+    }
+
+    fn kv_bytes(&self, kv: &CudaKv) -> usize {
+        kv.k.as_ref().map_or(0, |m| m.bytes) + kv.v.as_ref().map_or(0, |m| m.bytes)
+    }
+
+    fn new_conv(&self, channels: usize, taps: usize) -> CudaConv {
+        CudaConv::new(self.dev.clone(), channels, taps)
+    }
+
+    fn conv_keep(&self, c: &mut CudaConv, rows: usize) -> Result<(), KernelError> {
+        self.dev.take("conv_keep")?;
+        conv::conv_keep(c, rows)
+    }
+
+    fn conv_bytes(&self, c: &CudaConv) -> usize {
+        c.bytes()
+    }
+
+    fn conv_drop_window(&self, c: &mut CudaConv) {
+        (c.window, c.window_rows) = (None, None);
+    }
+
+    fn embed(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) -> Result<(), KernelError> {
+        self.dev.take("embed")?;
+        ops::embed(self, table, ids, out)
+    }
+
+    fn rmsnorm(&self, x: &CudaBuf, weight: &CudaBuf, eps: f32, width: usize, out: &mut CudaBuf) {
+        let r = ops::rmsnorm(self, x, weight, eps, width, out);
+        self.settle("rmsnorm", r, out);
+    }
+
+    fn linear(&self, x: &CudaBuf, rows: usize, w: &CudaMat, bias: Option<&CudaBuf>, out: &mut CudaBuf) {
+        let r = ops::linear(self, x, rows, w, bias, out);
+        self.settle("linear", r, out);
+    }
+
+    fn gather_rows(&self, x: &CudaBuf, width: usize, rows: &[usize]) -> CudaBuf {
+        match ops::gather(self, x, width, rows) {
+            Ok(b) => b,
+            Err(e) => {
+                self.dev.note("gather_rows", Err(e));
+                self.lost(rows.len() * width)
+            }
+        }
+    }
+
+    fn add(&self, acc: &mut CudaBuf, y: &CudaBuf) {
+        let r = ops::add(self, acc, y);
+        self.settle("add", r, acc);
+    }
+
+    fn qk_norm_rope(
+        &self,
+        x: &mut CudaBuf,
+        heads: usize,
+        norm: &CudaBuf,
+        eps: f32,
+        rope: RopeParams,
+        segs: &[Segment],
+    ) -> Result<(), KernelError> {
+        self.dev.take("qk_norm_rope")?;
+        ops::qk_norm_rope(self, x, heads, norm, eps, rope, segs)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &mut [&mut CudaKv],
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("attention")?;
+        attention::attention(self, q, k, v, heads, kv_heads, segs, caches, out)
+    }
+
+    fn kv_append(
+        &self,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        segs: &[Segment],
+        caches: &mut [&mut CudaKv],
+    ) -> Result<(), KernelError> {
+        self.dev.take("kv_append")?;
+        attention::kv_append(self, k, v, segs, caches)
+    }
+
+    fn block_attention(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        heads: usize,
+        kv_heads: usize,
+        segs: &[Segment],
+        caches: &[&CudaKv],
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("block_attention")?;
+        attention::block_attention(self, q, k, v, heads, kv_heads, segs, caches, out)
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CudaBuf,
+        width: usize,
+        weight: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        segs: &[Segment],
+        states: &mut [&mut CudaConv],
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("short_conv")?;
+        conv::short_conv(self, bcx, width, weight, bias, segs, states, out)
+    }
+
+    fn swiglu(&self, x: &CudaBuf, rows: usize, ffn: &Ffn<CudaMat>, out: &mut CudaBuf) {
+        let r = ops::swiglu(self, x, rows, ffn, out);
+        self.settle("swiglu", r, out);
+    }
+
+    fn moe(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        gate: &CudaMat,
+        expert_bias: Option<&CudaBuf>,
+        experts: &[Ffn<CudaMat>],
+        p: MoeParams,
+        out: &mut CudaBuf,
+    ) {
+        let r = moe::moe(self, x, rows, gate, expert_bias, experts, p, out);
+        self.settle("moe", r, out);
+    }
+
+    fn greedy(&self, logits: &CudaBuf, vocab: usize) -> Vec<Pick> {
+        let rows = logits.len().checked_div(vocab).map_or(0, |_| logits.len().div_ceil(vocab));
+        let flagged = || vec![Pick { token: 0, nonfinite: true }; rows];
+        if self.dev.pending() {
+            return flagged();
+        }
+        match ops::greedy(self, logits, vocab) {
+            Ok(p) => p,
+            Err(e) => {
+                self.dev.note("greedy", Err(e));
+                flagged()
+            }
+        }
+    }
+}
