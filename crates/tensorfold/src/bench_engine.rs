@@ -14,7 +14,6 @@ use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::sampler::{SamplingParams, token_sha256};
 use tensorfold_engine::solo::{SoloConfig, generate};
 use tensorfold_engine::{Engine, Event, FinishReason, ModelTarget, Request, Stats};
-use tensorfold_kernels::CpuBackend;
 
 /// Options of `bench engine`.
 #[derive(clap::Args)]
@@ -49,6 +48,12 @@ pub struct Args {
     /// Context copies: shortest recurring suffix (0: copies off, only the drafter drafts).
     #[arg(long, default_value_t = 8)]
     copy_min: usize,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
+    device: crate::Device,
+    /// GPU number with `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
     /// Prompts as JSON lines (one JSON string a line), tokenized with the model's tokenizer; request i
     /// takes line i mod n (default: random token ids).
     #[arg(long)]
@@ -75,15 +80,25 @@ fn collect(rx: Receiver<Event>) -> anyhow::Result<Reply> {
     anyhow::bail!("the engine stopped before the request finished")
 }
 
-/// Runs the benchmark.
+/// Runs the benchmark on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    crate::on_device(a.device, a.gpu, a)
+}
+
+impl crate::OnBackend for Args {
+    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
+        run_on(backend, self)
+    }
+}
+
+fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         !a.grid.levels.is_empty() && a.grid.levels.iter().all(|&l| l > 0),
         "--levels needs numbers above 0"
     );
     anyhow::ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
     let src = default_model::source(a.model.clone());
-    let open = || tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()));
+    let open = || tensorfold_model::open(&src, backend.clone()).with_context(|| format!("opening {}", src.describe()));
     let solo_model = open()?.model;
     let mut loaded = open()?;
     if a.max_draft > 0 {
@@ -108,8 +123,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ..EngineConfig::default()
     };
     println!(
-        "model: {}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  max_draft: {}  tokens: {}  reps: {}",
+        "model: {}  backend: {}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  max_draft: {}  tokens: {}  reps: {}",
         src.describe(),
+        backend.name(),
         tensorfold_kernels::cpu::threads(),
         tensorfold_kernels::simd::level(),
         cfg.parallel,

@@ -1,6 +1,6 @@
 //! `tensorfold generate`: one prompt, streamed to stdout, then prompt/decode counts and speeds.
 
-use crate::{Device, Verify, check_device, default_model};
+use crate::{Device, Verify, default_model};
 use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,7 +10,6 @@ use tensorfold_engine::core::MAX_DRAFT;
 use tensorfold_engine::drafted::{self, DraftSettings};
 use tensorfold_engine::sampler::{SamplingParams, resolve_seed, token_sha256};
 use tensorfold_engine::solo::{SoloConfig, generate};
-use tensorfold_kernels::CpuBackend;
 use tensorfold_model::text::ChatMessage;
 
 /// Arguments of `tensorfold generate`.
@@ -84,13 +83,25 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
+    /// GPU number with `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
 }
 
-/// Runs the command.
+impl crate::OnBackend for Args {
+    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
+        run_on(backend, self)
+    }
+}
+
+/// Runs the command on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    check_device(a.device)?;
+    crate::on_device(a.device, a.gpu, a)
+}
+
+fn run_on<B: tensorfold_kernels::Backend + 'static>(backend: B, a: Args) -> anyhow::Result<ExitCode> {
     let src = default_model::source(a.model.clone());
-    let mut loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
+    let mut loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
     if !a.no_drafts {
         default_model::attach_drafter(
             &mut loaded.model,

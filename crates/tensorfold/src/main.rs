@@ -73,7 +73,7 @@ pub enum Device {
     /// The CPU backend (threads + SIMD).
     #[default]
     Cpu,
-    /// An NVIDIA GPU: `exact` and `contract --backend cuda` in builds with the `cuda` feature; refused by name elsewhere.
+    /// An NVIDIA GPU (`--gpu N` picks one) in builds with the `cuda` feature; refused by name elsewhere.
     Cuda,
 }
 
@@ -114,8 +114,32 @@ pub fn check_verify<B: tensorfold_kernels::Backend>(
 pub fn check_device(d: Device) -> anyhow::Result<()> {
     match d {
         Device::Cpu => Ok(()),
-        Device::Cuda => anyhow::bail!(
-            "--device cuda: this build has no CUDA backend (the `cuda` feature lands with the CUDA backend)"
-        ),
+        Device::Cuda if cfg!(feature = "cuda") => Ok(()),
+        Device::Cuda => {
+            anyhow::bail!("--device cuda: this build has no CUDA backend (build with `--features cuda`)")
+        }
+    }
+}
+
+/// A command body that runs on any backend (the CPU, or a GPU in `cuda` builds).
+pub trait OnBackend {
+    /// Runs on `backend`.
+    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode>;
+}
+
+/// Runs `job` on the CPU, or on GPU `gpu` for `--device cuda` (refused by name without the `cuda` feature or
+/// without a driver or that GPU).
+pub fn on_device(d: Device, gpu: usize, job: impl OnBackend) -> anyhow::Result<ExitCode> {
+    check_device(d)?;
+    match d {
+        Device::Cpu => job.run(tensorfold_kernels::CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => {
+            let be = tensorfold_kernels::CudaBackend::new(gpu).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+            tracing::info!("CUDA device {gpu}: {} ({})", be.device_name(), be.arch());
+            job.run(be)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => unreachable!("check_device refused it (gpu {gpu})"),
     }
 }

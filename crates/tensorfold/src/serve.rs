@@ -84,6 +84,9 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
+    /// GPU number with `--device cuda`.
+    #[arg(long, default_value_t = 0, env = "TENSORFOLD_GPU")]
+    gpu: usize,
 }
 
 /// Runs the server until SIGINT/SIGTERM.
@@ -145,42 +148,79 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         stream_guard: !a.no_round_guard,
         planted: None,
     };
-    let src = default_model::source(a.model.clone());
-    let drafter = if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) };
-    let (context, max_tokens, verify, max_draft) = (a.context, a.max_tokens, a.verify, cfg.max_draft);
-    let drafter_bits = a.drafter_bits.unwrap_or_default();
-    let load = move || -> Result<(Ready, Engine), String> {
-        tracing::info!("loading {} ...", src.describe());
-        let mut loaded =
-            tensorfold_model::open(&src, CpuBackend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
-        default_model::attach_drafter(&mut loaded.model, drafter, drafter_bits).map_err(|e| e.to_string())?;
-        if max_draft > 0 {
-            crate::check_verify(verify, &loaded.model).map_err(|e| e.to_string())?;
-        }
-        let max = loaded.model.cfg.max_positions;
-        if context.is_some_and(|c| c > max) {
-            tracing::warn!(
-                "--context {} exceeds the model's max_position_embeddings; using {max}",
-                context.unwrap_or(0)
-            );
-        }
-        loaded.model.cfg.max_positions = context.unwrap_or(max).min(max);
-        let ctx = loaded.model.cfg.max_positions;
-        tracing::info!(
-            "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes",
-            loaded.model.cfg.family.as_str(),
-            loaded.model.cfg.layers.len(),
-            loaded.model.weight_bytes() as f64 / (1 << 20) as f64,
-            cfg.parallel
-        );
-        let text = loaded.text.map(Arc::new);
-        let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, cfg);
-        Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: max_tokens }, engine))
+    let plan = LoadPlan {
+        src: default_model::source(a.model.clone()),
+        drafter: if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) },
+        drafter_bits: a.drafter_bits.unwrap_or_default(),
+        context: a.context,
+        max_tokens: a.max_tokens,
+        verify: a.verify,
+        cfg,
+        device: a.device,
+        gpu: a.gpu,
     };
+    let load = move || plan.load();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let served = rt.block_on(tensorfold_server::serve(opts, load));
     // A signal during loading must not wait for the load to finish.
     rt.shutdown_background();
     served.map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the server loads once it listens: the model and drafter on `--device`, then the engine.
+struct LoadPlan {
+    src: tensorfold_model::Source,
+    drafter: Option<tensorfold_model::Source>,
+    drafter_bits: tensorfold_model::drafter::DrafterBits,
+    context: Option<usize>,
+    max_tokens: usize,
+    verify: Verify,
+    cfg: EngineConfig,
+    device: Device,
+    gpu: usize,
+}
+
+impl LoadPlan {
+    /// Opens on the CPU, or on GPU `gpu` (refused by name without the `cuda` feature or a driver).
+    fn load(self) -> Result<(Ready, Engine), String> {
+        match self.device {
+            Device::Cpu => self.load_on(CpuBackend),
+            #[cfg(feature = "cuda")]
+            Device::Cuda => {
+                let be = tensorfold_kernels::CudaBackend::new(self.gpu).map_err(|e| format!("--device cuda: {e}"))?;
+                tracing::info!("CUDA device {}: {} ({})", self.gpu, be.device_name(), be.arch());
+                self.load_on(be)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => Err(format!("--device cuda (gpu {}): this build has no CUDA backend", self.gpu)),
+        }
+    }
+
+    fn load_on<B: tensorfold_kernels::Backend + 'static>(self, backend: B) -> Result<(Ready, Engine), String> {
+        let src = &self.src;
+        tracing::info!("loading {} on {} ...", src.describe(), backend.name());
+        let mut loaded =
+            tensorfold_model::open(src, backend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
+        default_model::attach_drafter(&mut loaded.model, self.drafter, self.drafter_bits).map_err(|e| e.to_string())?;
+        if self.cfg.max_draft > 0 {
+            crate::check_verify(self.verify, &loaded.model).map_err(|e| e.to_string())?;
+        }
+        let max = loaded.model.cfg.max_positions;
+        if let Some(c) = self.context.filter(|&c| c > max) {
+            tracing::warn!("--context {c} exceeds the model's max_position_embeddings; using {max}");
+        }
+        loaded.model.cfg.max_positions = self.context.unwrap_or(max).min(max);
+        let ctx = loaded.model.cfg.max_positions;
+        tracing::info!(
+            "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes",
+            loaded.model.cfg.family.as_str(),
+            loaded.model.cfg.layers.len(),
+            loaded.model.weight_bytes() as f64 / (1 << 20) as f64,
+            self.cfg.parallel
+        );
+        let text = loaded.text.map(Arc::new);
+        let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, self.cfg);
+        Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: self.max_tokens }, engine))
+    }
 }
