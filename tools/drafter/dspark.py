@@ -290,6 +290,7 @@ def draft_block(drafter: DSparkDrafter, embed_weight, head_weight, ctx_rows, anc
     confidence head). picks[k] is the draft for position a + k + 1.
     """
     dt = drafter.fc.weight.dtype
+    dev = drafter.fc.weight.device
     B = block_size or drafter.block_size
     a = int(anchor_pos)
     if ctx_rows.shape[0] != a:
@@ -304,7 +305,7 @@ def draft_block(drafter: DSparkDrafter, embed_weight, head_weight, ctx_rows, anc
 
     with torch.no_grad():
         tokens = [int(anchor_token)] + [drafter.mask_token_id] * (B - 1)
-        h = embed[torch.tensor(tokens)]  # [B, d]
+        h = embed[torch.tensor(tokens, device=embed.device)]  # [B, d]
         for layer in drafter.layers:
             at = layer.self_attn
             x = layer.input_layernorm(h)
@@ -317,7 +318,7 @@ def draft_block(drafter: DSparkDrafter, embed_weight, head_weight, ctx_rows, anc
             v_ctx = at.v_proj(ctx).view(a, KV, D)
             keys = torch.cat([k_ctx, k_blk], dim=0)  # [a + B, KV, D]
             vals = torch.cat([v_ctx, v_blk], dim=0)
-            attn = torch.zeros(B, H, D, dtype=dt)
+            attn = torch.zeros(B, H, D, dtype=dt, device=dev)
             for head_i in range(H):
                 g = head_i // group  # GQA: query head h reads KV head h / (H / KV)
                 logits = q[:, head_i, :] @ keys[:, g, :].T / math.sqrt(D)  # [B, a + B], non-causal
@@ -330,8 +331,8 @@ def draft_block(drafter: DSparkDrafter, embed_weight, head_weight, ctx_rows, anc
         w1 = drafter.markov_head.markov_w1.weight  # [V, r]
         w2 = drafter.markov_head.markov_w2.weight  # [V, r]
         scores = torch.empty_like(raw)
-        picks = torch.empty(B, dtype=torch.int64)
-        conf = torch.empty(B, dtype=dt) if drafter.confidence_head is not None else None
+        picks = torch.empty(B, dtype=torch.int64, device=dev)
+        conf = torch.empty(B, dtype=dt, device=dev) if drafter.confidence_head is not None else None
         prev = int(anchor_token)
         for k in range(B):
             scores[k] = raw[k] + w2 @ w1[prev]
