@@ -37,6 +37,10 @@ pub fn generate<B: Backend + 'static>(
     if cfg.chunk == 0 {
         return Err(SoloError::ZeroChunk);
     }
+    if cfg.max_tokens == 0 {
+        // As the solo loop: nothing to generate is an empty reply, not an error.
+        return Ok((Vec::new(), Stats::default(), FinishReason::Length));
+    }
     if prompt.len().saturating_add(cfg.max_tokens) > cfg.context {
         return Err(SoloError::ContextExceeded {
             prompt: prompt.len(),
@@ -69,14 +73,16 @@ pub fn generate<B: Backend + 'static>(
         draft: true,
     };
     let id = core.submit(req, tx).map_err(|e| SoloError::Stream(e.to_string()))?;
-    let mut out = Vec::new();
+    let (mut out, mut stopped) = (Vec::new(), false);
     loop {
         let more = core.step();
         for ev in rx.try_iter() {
             match ev {
-                Event::Token(t) => {
+                // A window commits several tokens at once: after a stop, the rest of it is dropped.
+                Event::Token(t) if !stopped => {
                     out.push(t);
                     if !on_token(t) {
+                        stopped = true;
                         core.cancel(id);
                     }
                 }

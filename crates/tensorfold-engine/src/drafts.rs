@@ -36,11 +36,6 @@ impl Guard {
         true
     }
 
-    /// Whether drafting is paused this round (without counting the round).
-    pub fn paused(&self) -> bool {
-        self.pause > 0
-    }
-
     /// Records a verified window: `accepted` of its drafts were kept.
     pub fn record(&mut self, accepted: usize) {
         if accepted > 0 {

@@ -128,8 +128,6 @@ pub struct Stats {
     pub windows: usize,
     /// `accepted_at[k]`: windows whose draft k (0-based) was accepted (acceptance per position).
     pub accepted_at: Vec<usize>,
-    /// `drafted_at[k]`: windows that carried a draft k.
-    pub drafted_at: Vec<usize>,
 }
 
 impl Stats {

@@ -89,9 +89,10 @@ impl CostModel {
         if max == 0 || streams == 0 {
             return 0;
         }
+        // The other streams' rows commit a token each whatever the depth: they count in the rate too.
         let rate = |d: usize| {
             let cost = self.round_cost(other_rows + streams * (1 + d)).unwrap_or(1.0);
-            streams as f64 * self.expected_tokens(d) / cost
+            (streams as f64 * self.expected_tokens(d) + other_rows as f64) / cost
         };
         let best = (1..=max).fold(1, |b, d| if rate(d) > rate(b) { d } else { b });
         if self.rounds % PROBE_EVERY == PROBE_EVERY - 1 { (best + 1).min(max) } else { best }
@@ -107,14 +108,15 @@ impl CostModel {
         for (r, c) in conf.iter().enumerate() {
             let mut a = 1.0;
             for (j, &p) in c.iter().enumerate() {
-                a *= p.clamp(0.0, 1.0) as f64;
+                // A non-finite confidence says nothing: it counts as no chance of acceptance.
+                a *= if p.is_finite() { p.clamp(0.0, 1.0) as f64 } else { 0.0 };
                 pairs.push((a, r, j));
             }
         }
         // Survival is non-increasing within a stream, so a stable sort admits each stream's drafts in order.
         pairs.sort_by(|x, y| y.0.total_cmp(&x.0));
-        let sps = |rows: usize| 1.0 / self.round_cost(other_rows + rows).unwrap_or(1.0);
-        let (mut rows, mut tau) = (n, n as f64);
+        let sps = |rows: usize| 1.0 / self.round_cost(rows).unwrap_or(1.0);
+        let (mut rows, mut tau) = (n + other_rows, (n + other_rows) as f64);
         let mut best = tau * sps(rows);
         let mut take = vec![0usize; n];
         for (a, r, j) in pairs {
@@ -178,7 +180,7 @@ struct CountGuard {
 
 /// The shared-round guard: for each stream count, committed tokens over wall time in plain and drafted
 /// rounds; it starts plain, measures 16 plain and 4 drafted rounds, runs the faster mode for 512 rounds
-/// (doubling, up to 64 times, while the same mode wins), then measures the other mode again. Drafted must
+/// (doubling while the same mode wins, up to 64x: 6 doublings), then measures the other mode again. Drafted must
 /// beat plain by 5%. A mode's first round (which still carries the other mode's rows) is not measured.
 #[derive(Clone, Debug, Default)]
 pub struct RoundGuard {

@@ -10,6 +10,7 @@ use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock, PlantedFault};
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::sampler::{SamplingParams, draw};
+use tensorfold_engine::schedule::VerifyMode;
 use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
 use tensorfold_kernels::{CpuBackend, Segment};
 use tensorfold_model::drafter::{DraftBlock, DrafterBits, open_drafter_with};
@@ -105,6 +106,8 @@ enum Script {
     HalfRight,
     /// The oracle, but nothing at every third position.
     Sometimes,
+    /// Every draft wrong.
+    Wrong,
 }
 
 #[derive(Clone)]
@@ -141,12 +144,15 @@ impl Target for Scripted {
                     return Vec::new();
                 }
                 let mut b: Vec<u32> = reply.iter().skip(done).take(8).copied().collect();
-                if self.script == Script::HalfRight {
-                    b.iter_mut().skip(4).for_each(|t| *t = (*t + 1) % self.inner.vocab as u32);
-                }
+                let skip = match self.script {
+                    Script::HalfRight => 4,
+                    Script::Wrong => 0,
+                    _ => b.len(),
+                };
+                b.iter_mut().skip(skip).for_each(|t| *t = (*t + 1) % self.inner.vocab as u32);
                 b
             })
-            .map(|tokens| DraftBlock { tokens, confidence: Vec::new(), scores: Vec::new() })
+            .map(|tokens| DraftBlock { confidence: vec![0.9; tokens.len()], tokens, scores: Vec::new() })
             .collect();
         Some(Ok(blocks))
     }
@@ -177,7 +183,7 @@ fn scripted_drafters_are_lossless_and_the_oracle_is_always_accepted() {
         let t = scripted(script, &reqs);
         let (drafted, stats) = run(t.clone(), cfg(), &reqs);
         let (undrafted, _) = run(t.clone(), cfg(), &plain(&reqs));
-        for (i, r) in reqs.iter().enumerate() {
+        for i in 0..reqs.len() {
             assert_eq!(drafted[i], t.replies[i].1, "request {i}: drafted vs serial");
             assert_eq!(undrafted[i], drafted[i], "request {i}: drafted vs plain");
             let s = &stats[i];
@@ -186,7 +192,10 @@ fn scripted_drafters_are_lossless_and_the_oracle_is_always_accepted() {
                 Script::HalfRight => {
                     assert!(s.accepted_at.iter().skip(4).all(|&n| n == 0), "request {i}: nothing past draft 4 kept")
                 }
-                Script::Sometimes => assert!(s.windows < r.max_tokens, "request {i}: some rounds drafted"),
+                Script::Sometimes => {
+                    assert!(s.windows > 0 && s.accepted == s.drafted, "request {i}: drafted, all kept")
+                }
+                Script::Wrong => unreachable!("not in this list"),
             }
         }
         if script == Script::Oracle {
@@ -348,4 +357,31 @@ fn a_non_finite_drafter_score_fails_only_its_stream_as_draft_nonfinite() {
     assert!(e0.unwrap_or_default().contains("DraftNonfinite"));
     let (r1, _) = fin(&rx[1]).expect("finished");
     assert_eq!(r1, tensorfold_engine::FinishReason::Length);
+}
+
+#[test]
+fn a_stream_paused_by_its_guard_drafts_again_after_the_pause() {
+    let reqs = requests(64, 500);
+    let t = scripted(Script::Wrong, &reqs);
+    let (drafted, stats) = run(t.clone(), cfg(), &reqs);
+    for (i, s) in stats.iter().enumerate() {
+        assert_eq!(drafted[i], t.replies[i].1);
+        // Two empty windows, a pause of 4 rounds, two more, a pause of 8, ...: more than two windows in 20+.
+        assert!(s.windows > 2 && s.accepted == 0, "request {i}: {} windows", s.windows);
+        assert!(s.windows < drafted[i].len(), "request {i}: the pauses skip rounds");
+    }
+}
+
+#[test]
+fn scheduled_and_fixed_verify_stay_within_max_draft_and_stay_lossless() {
+    let reqs = requests(64, 600);
+    let t = scripted(Script::Oracle, &reqs);
+    for verify in [VerifyMode::Scheduled, VerifyMode::Fixed] {
+        let c = EngineConfig { verify, max_draft: 2, ..cfg() };
+        let (drafted, stats) = run(t.clone(), c, &reqs);
+        for (i, s) in stats.iter().enumerate() {
+            assert_eq!(drafted[i], t.replies[i].1, "{verify:?} request {i}");
+            assert!(s.windows > 0 && s.accepted_at.len() <= 2, "{verify:?} request {i}: {:?}", s.accepted_at);
+        }
+    }
 }

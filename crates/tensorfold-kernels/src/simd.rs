@@ -186,8 +186,8 @@ mod x86 {
         }
     }
 
-    /// Widens a Q8 row into f32 (chunks of at most 4096 elements) and runs the f32 body on each chunk,
-    /// carrying the 16 lanes across chunks so the summation order is the canonical one.
+    /// Widens a whole Q8 row into f32 with the portable path's FMA, then runs the f32 body on it: the
+    /// summation order is the canonical one.
     unsafe fn q8<const R: usize>(level: Level, xs: &[&[f32]; R], w: WRow) -> [f32; R] {
         let n = w.len();
         let mut wide = vec![0f32; n];

@@ -4,9 +4,9 @@
 
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
-use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_kernels::{CpuBackend, KernelError, Segment};
 use tensorfold_model::drafter::{DraftBlock, DrafterError, open_drafter};
-use tensorfold_model::{LogitRows, Model, Source, StreamState, open};
+use tensorfold_model::{ForwardError, LogitRows, Model, Source, StreamState, open};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -66,6 +66,7 @@ fn the_block_pass_matches_the_pytorch_reference() {
     for (k, &a) in r.anchors.iter().enumerate() {
         let s = consumed(&m, &r.tokens[..a], 64);
         let blk = draft_one(&m, &s, r.tokens[a]);
+        assert_eq!((blk.scores.len(), blk.confidence.len()), (bs * v, bs), "a whole block at anchor {a}");
         assert_eq!(blk.tokens, r.picks[k * bs..(k + 1) * bs], "picks at anchor {a}");
         let want = &r.scores[k * bs * v..(k + 1) * bs * v];
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -99,8 +100,7 @@ fn batched_chunked_and_rolled_back_contexts_draft_the_same_bits() {
 }
 
 #[test]
-fn a_context_left_at_the_window_end_drafts_differently() {
-    // Planted fault: skip the drafter's rollback; the stale context must change the block.
+fn a_drafter_context_left_at_the_window_end_is_refused_and_a_wrong_one_drafts_differently() {
     let (m, r) = (model(), reference());
     let mut s = consumed(&m, &r.tokens[..7], 64);
     let seg = [Segment { first_row: 0, rows: 5, start_pos: 7, cache: 0 }];
@@ -108,8 +108,15 @@ fn a_context_left_at_the_window_end_drafts_differently() {
     let stale = s.draft.clone().expect("drafter state");
     m.keep(&mut s, 9).expect("keep");
     let good = draft_one(&m, &s, r.tokens[9]);
-    s.draft = Some(stale);
-    assert!(m.draft(&[&s], &[r.tokens[9]], true).is_err() || draft_one(&m, &s, r.tokens[9]) != good);
+    // Planted fault 1: the drafter's rollback skipped: 12 context rows at position 9 are refused by name.
+    let mut unrolled = s.clone();
+    unrolled.draft = Some(stale);
+    let err = m.draft(&[&unrolled], &[r.tokens[9]], true).expect_err("a context longer than the position");
+    assert!(matches!(err, ForwardError::Kernel(KernelError::KeyCount { .. })), "{err:?}");
+    // Planted fault 2: a context of the right length from other tokens changes the block.
+    let mut other = s.clone();
+    other.draft = consumed(&m, &r.tokens[10..19], 64).draft;
+    assert_ne!(draft_one(&m, &other, r.tokens[9]), good);
 }
 
 #[test]
@@ -181,6 +188,7 @@ fn eight_bit_drafter_linears_are_a_quarter_of_f32_and_stay_close_to_the_referenc
     let mut same = 0;
     for (k, &a) in r.anchors.iter().enumerate() {
         let blk = draft_one(&m, &consumed(&m, &r.tokens[..a], 64), r.tokens[a]);
+        assert_eq!(blk.scores.len(), bs * v);
         let want = &r.scores[k * bs * v..(k + 1) * bs * v];
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
         let err = blk.scores.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs())) / scale;

@@ -25,9 +25,6 @@ static FILES: &[(&str, &[u8])] = embed!("lfm2-moe-pycode":
 /// `models/lfm2-moe-pycode-dspark`: its DSpark drafter (bf16).
 static DRAFTER: &[(&str, &[u8])] = embed!("lfm2-moe-pycode-dspark": "config.json", "model.safetensors");
 
-/// The embedded default's drafter.
-static DRAFTER_FILES: Option<&[(&str, &[u8])]> = Some(DRAFTER);
-
 /// The model directory given, or the embedded default.
 pub fn source(dir: Option<PathBuf>) -> Source {
     match dir {
@@ -37,11 +34,11 @@ pub fn source(dir: Option<PathBuf>) -> Source {
 }
 
 /// The drafter to attach: `--drafter DIR`, else the embedded default's own drafter when the model is the
-/// embedded default (none yet for a model directory given without `--drafter`).
+/// embedded default (none for a model directory given without `--drafter`).
 pub fn drafter_source(model: &Option<PathBuf>, drafter: Option<PathBuf>) -> Option<Source> {
     match (drafter, model) {
         (Some(d), _) => Some(Source::Dir(d)),
-        (None, None) => DRAFTER_FILES.map(Source::Embedded),
+        (None, None) => Some(Source::Embedded(DRAFTER)),
         (None, Some(_)) => None,
     }
 }

@@ -49,14 +49,16 @@ impl<T: Target> Core<T> {
             _ => self.costs.depth(drafting.len(), other, self.cfg.max_draft),
         };
         let scheduled: Vec<usize> = if self.cfg.verify == VerifyMode::Scheduled {
+            // Blocks without confidences (copies, a drafter without the head) follow the depth rule.
             let confs: Vec<Vec<f32>> = drafting.iter().map(|&l| self.lanes[l].conf.clone()).collect();
-            self.costs.scheduled(&confs, other)
+            let take = self.costs.scheduled(&confs, other);
+            take.into_iter().zip(&confs).map(|(k, c)| if c.is_empty() { usize::MAX } else { k }).collect()
         } else {
             Vec::new()
         };
         for (lane, rows) in plan.iter_mut() {
             let s = &mut self.lanes[*lane];
-            if *budget == 0 || !drafting.contains(lane) || (self.cfg.stream_guard && !s.guard.allow()) {
+            if *budget == 0 || !drafting.contains(lane) {
                 continue;
             }
             let pos = self.target.pos(&s.state);
@@ -66,17 +68,26 @@ impl<T: Target> Core<T> {
             if drafts.is_empty() {
                 drafts = std::mem::take(&mut s.block);
                 let k = drafting.iter().position(|l| l == lane).and_then(|k| scheduled.get(k).copied());
-                drafts.truncate(k.map_or(max, |k| k.min(room).min(*budget)));
+                drafts.truncate(k.map_or(max, |k| k.min(max)));
             }
             *budget -= drafts.len();
             rows.extend(drafts);
         }
     }
 
-    /// Whether lane `i` drafts this round at all (a request that allows it, drafting on, guard open).
+    /// Whether lane `i` drafts this round at all (set once a round by [`Core::open_lanes`]).
     pub(super) fn may_draft(&self, i: usize) -> bool {
-        let s = &self.lanes[i];
-        s.pending.is_some() && s.req.draft && self.cfg.max_draft > 0 && (!self.cfg.stream_guard || !s.guard.paused())
+        self.lanes[i].open
+    }
+
+    /// Decides once a round which lanes may draft: a decoding request that allows it, drafting on, and its
+    /// stream guard open (asking the guard counts one round of a pause down).
+    pub(super) fn open_lanes(&mut self, mode: Mode) {
+        let (on, guarded) = (self.cfg.max_draft > 0 && mode == Mode::Drafted, self.cfg.stream_guard);
+        for s in &mut self.lanes {
+            let wants = s.pending.is_some() && s.req.draft;
+            s.open = wants && (!guarded || s.guard.allow()) && on;
+        }
     }
 
     /// One drafter block pass over every stream that drafts this round and has no context copy (one batched
@@ -142,11 +153,9 @@ impl<T: Target> Core<T> {
             s.stats.drafted += n;
             s.stats.accepted += accepted;
             s.stats.windows += 1;
-            if s.stats.drafted_at.len() < n {
-                s.stats.drafted_at.resize(n, 0);
-                s.stats.accepted_at.resize(n, 0);
+            if s.stats.accepted_at.len() < accepted {
+                s.stats.accepted_at.resize(accepted, 0);
             }
-            s.stats.drafted_at[..n].iter_mut().for_each(|c| *c += 1);
             s.stats.accepted_at[..accepted].iter_mut().for_each(|c| *c += 1);
             self.counters.draft_windows += 1;
             if self.counters.accepted_at.len() < accepted {

@@ -157,6 +157,8 @@ struct Stream<S> {
     block: Vec<u32>,
     /// The drafter's confidence in each draft of `block` (empty without a confidence head).
     conf: Vec<f32>,
+    /// This round, the stream may draft (set by `open_lanes`).
+    open: bool,
     generated: usize,
     bytes: usize,
     stats: Stats,
@@ -322,6 +324,7 @@ impl<T: Target> Core<T> {
                 guard: Guard::default(),
                 block: Vec::new(),
                 conf: Vec::new(),
+                open: false,
                 generated: 0,
                 bytes: w.bytes,
                 stats,
@@ -367,6 +370,7 @@ impl<T: Target> Core<T> {
         let t0 = self.clock.now();
         let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
         let mode = self.round_mode(decoding);
+        self.open_lanes(mode);
         if mode == Mode::Drafted {
             self.draft_blocks();
         }

@@ -302,6 +302,12 @@ macro_rules! delegate_target {
         fn stream_bytes(&self, tokens: usize) -> usize {
             self.inner.stream_bytes(tokens)
         }
+        fn reserve(&self, s: &mut Self::State, tokens: usize) {
+            self.inner.reserve(s, tokens)
+        }
+        fn snapshot(&self, s: &Self::State) -> Self::State {
+            self.inner.snapshot(s)
+        }
     };
 }
 

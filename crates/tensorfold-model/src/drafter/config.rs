@@ -80,6 +80,25 @@ fn size(o: &Map<String, Value>, field: &'static str) -> Result<usize, DrafterCon
         .ok_or_else(|| unsupported(field, v, "must be a positive integer"))
 }
 
+/// A finite number above `above` (`default` when absent), else refused by name.
+fn positive(o: &Map<String, Value>, field: &'static str, default: f64, above: f64) -> Result<f64, DrafterConfigError> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && *x > above)
+            .ok_or_else(|| unsupported(field, v, format!("must be a finite number above {above}"))),
+    }
+}
+
+/// A boolean (false when absent), else refused by name.
+fn flag(o: &Map<String, Value>, field: &'static str) -> Result<bool, DrafterConfigError> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(v) => v.as_bool().ok_or_else(|| unsupported(field, v, "must be a bool")),
+    }
+}
+
 fn same(field: &'static str, drafter: usize, target: usize) -> Result<(), DrafterConfigError> {
     if drafter == target { Ok(()) } else { Err(DrafterConfigError::Mismatch { field, drafter, target }) }
 }
@@ -93,7 +112,7 @@ fn admit(o: &Map<String, Value>, t: &ModelConfig) -> Result<DrafterConfig, Draft
     }
     for flag in ["attention_bias", "mlp_bias"] {
         if let Some(b) = o.get(flag).filter(|b| b.as_bool() == Some(true)) {
-            return Err(unsupported(if flag == "mlp_bias" { "mlp_bias" } else { "attention_bias" }, b, "no biases"));
+            return Err(unsupported(flag, b, "no biases"));
         }
     }
     if let Some(r) = o.get("rope_scaling").filter(|r| !r.is_null()) {
@@ -151,14 +170,14 @@ fn admit(o: &Map<String, Value>, t: &ModelConfig) -> Result<DrafterConfig, Draft
         kv_heads,
         head_dim,
         inter: size(o, "intermediate_size")?,
-        eps: o.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
-        rope_theta: o.get("rope_theta").and_then(Value::as_f64).unwrap_or(1e6),
+        eps: positive(o, "rms_norm_eps", 1e-6, 0.0)? as f32,
+        rope_theta: positive(o, "rope_theta", 1e6, 1.0)?,
         vocab,
         block,
         mask_id,
         taps,
         markov_rank: size(o, "markov_rank")?,
-        confidence: o.get("enable_confidence_head").and_then(Value::as_bool).unwrap_or(false),
+        confidence: flag(o, "enable_confidence_head")?,
         interleaved: !neox,
     })
 }

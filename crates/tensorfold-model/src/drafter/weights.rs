@@ -46,11 +46,16 @@ pub struct DrafterWeights<B: Backend> {
     pub confidence: Option<(B::Mat, B::Mat, f32)>,
 }
 
-/// The table with any `model.` prefix stripped from its names.
-fn strip_prefix(table: &TensorTable) -> TensorTable {
-    let tensors =
-        table.tensors.iter().map(|(k, v)| (k.strip_prefix("model.").unwrap_or(k).to_string(), v.clone())).collect();
-    TensorTable { tensors, files: table.files.clone() }
+/// The table with any `model.` prefix stripped from its names; a name stored both ways is refused.
+fn strip_prefix(table: &TensorTable) -> Result<TensorTable, WeightError> {
+    let mut tensors = std::collections::BTreeMap::new();
+    for (k, v) in &table.tensors {
+        let name = k.strip_prefix("model.").unwrap_or(k).to_string();
+        if tensors.insert(name.clone(), v.clone()).is_some() {
+            return Err(WeightError::Unexpected(format!("{name} (stored both with and without `model.`)")));
+        }
+    }
+    Ok(TensorTable { tensors, files: table.files.clone() })
 }
 
 /// Weight format of the drafter's linears (`--drafter-bits`).
@@ -94,7 +99,7 @@ pub fn bind<B: Backend>(
     backend: &B,
     bits: DrafterBits,
 ) -> Result<DrafterWeights<B>, WeightError> {
-    let table = strip_prefix(table);
+    let table = strip_prefix(table)?;
     let mut b = Binder::new(&table, backend);
     let (d, m, r, v) = (c.hidden, c.taps.len(), c.markov_rank, c.vocab);
     let fc = split_columns(&mut b, "fc.weight", d, m, d, bits)?;
