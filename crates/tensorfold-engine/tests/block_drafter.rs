@@ -17,27 +17,7 @@ use tensorfold_model::drafter::{DraftBlock, DrafterBits, open_drafter_with};
 use tensorfold_model::{ForwardError, Source};
 
 fn run<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
-    let mut core = Core::new(target, cfg, Box::new(FixedClock(Instant::now())));
-    let rx: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = channel();
-            core.submit(r.clone(), tx).expect("admitted");
-            rx
-        })
-        .collect();
-    while core.step() {}
-    rx.into_iter()
-        .map(|rx| {
-            let ev: Vec<Event> = rx.try_iter().collect();
-            let toks = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
-            let stats = ev
-                .iter()
-                .find_map(|e| if let Event::Finished { stats, .. } = e { Some(stats.clone()) } else { None })
-                .expect("finished");
-            (toks, stats)
-        })
-        .unzip()
+    common::run_all(target, cfg, reqs)
 }
 
 /// Six requests, greedy and sampled, of different lengths (so streams leave at different rounds).

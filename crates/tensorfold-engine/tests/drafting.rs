@@ -2,6 +2,8 @@
 //! reply and the independent serial reference, token for token, greedy and sampled, on the fake target
 //! and on the real fixture model (where rejected drafts roll back KV rows and conv states).
 
+mod common;
+
 use std::sync::mpsc::channel;
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
@@ -12,28 +14,7 @@ use tensorfold_kernels::CpuBackend;
 use tensorfold_model::Source;
 
 fn run<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
-    let mut core = Core::new(target, cfg, Box::new(FixedClock(Instant::now())));
-    let rx: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = channel();
-            core.submit(r.clone(), tx).expect("admitted");
-            rx
-        })
-        .collect();
-    while core.step() {}
-    let mut toks = Vec::new();
-    let mut stats = Vec::new();
-    for rx in rx {
-        let ev: Vec<Event> = rx.try_iter().collect();
-        toks.push(ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect());
-        stats.push(
-            ev.iter()
-                .find_map(|e| if let Event::Finished { stats, .. } = e { Some(stats.clone()) } else { None })
-                .expect("finished"),
-        );
-    }
-    (toks, stats)
+    common::run_all(target, cfg, reqs)
 }
 
 /// The serial reference on the fake target, without the core.

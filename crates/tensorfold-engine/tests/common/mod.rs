@@ -12,6 +12,66 @@ use tensorfold_engine::{Event, FinishReason, Request, RequestId, Stats, Target};
 use tensorfold_kernels::Segment;
 use tensorfold_model::ForwardError;
 
+/// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft).
+#[macro_export]
+macro_rules! delegate_target {
+    ($inner:ty) => {
+        type State = <$inner as Target>::State;
+        fn vocab(&self) -> usize {
+            self.inner.vocab()
+        }
+        fn context(&self) -> usize {
+            self.inner.context()
+        }
+        fn eos_ids(&self) -> Vec<u32> {
+            self.inner.eos_ids()
+        }
+        fn new_state(&self) -> Self::State {
+            self.inner.new_state()
+        }
+        fn pos(&self, s: &Self::State) -> usize {
+            self.inner.pos(s)
+        }
+        fn state_bytes(&self, s: &Self::State) -> usize {
+            self.inner.state_bytes(s)
+        }
+        fn stream_bytes(&self, tokens: usize) -> usize {
+            self.inner.stream_bytes(tokens)
+        }
+        fn reserve(&self, s: &mut Self::State, tokens: usize) {
+            self.inner.reserve(s, tokens)
+        }
+        fn snapshot(&self, s: &Self::State) -> Self::State {
+            self.inner.snapshot(s)
+        }
+    };
+}
+
+/// Runs `reqs` through a core over `target` with a fixed clock until idle: each reply's tokens and stats.
+pub fn run_all<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
+    let mut core = Core::new(target, cfg, Box::new(FixedClock(std::time::Instant::now())));
+    let rx: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            core.submit(r.clone(), tx).expect("admitted");
+            rx
+        })
+        .collect();
+    while core.step() {}
+    rx.into_iter()
+        .map(|rx| {
+            let ev: Vec<Event> = rx.try_iter().collect();
+            let toks = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
+            let stats = ev
+                .iter()
+                .find_map(|e| if let Event::Finished { stats, .. } = e { Some(stats.clone()) } else { None })
+                .expect("finished");
+            (toks, stats)
+        })
+        .unzip()
+}
+
 /// splitmix64: the tests' seeded source of prompts and parameters.
 pub fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -209,29 +269,7 @@ impl<T: Target> Recording<T> {
 }
 
 impl<T: Target> Target for Recording<T> {
-    type State = T::State;
-
-    fn vocab(&self) -> usize {
-        self.inner.vocab()
-    }
-    fn context(&self) -> usize {
-        self.inner.context()
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.inner.eos_ids()
-    }
-    fn new_state(&self) -> T::State {
-        self.inner.new_state()
-    }
-    fn pos(&self, s: &T::State) -> usize {
-        self.inner.pos(s)
-    }
-    fn state_bytes(&self, s: &T::State) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.inner.stream_bytes(tokens)
-    }
+    delegate_target!(T);
     fn forward(
         &self,
         tokens: &[u32],
@@ -274,41 +312,6 @@ impl Poisoned {
     fn hit(&self, h: &[u32]) -> bool {
         h.starts_with(&self.poison) && h.len() >= self.poison.len() + self.after
     }
-}
-
-/// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft).
-#[macro_export]
-macro_rules! delegate_target {
-    ($inner:ty) => {
-        type State = <$inner as Target>::State;
-        fn vocab(&self) -> usize {
-            self.inner.vocab()
-        }
-        fn context(&self) -> usize {
-            self.inner.context()
-        }
-        fn eos_ids(&self) -> Vec<u32> {
-            self.inner.eos_ids()
-        }
-        fn new_state(&self) -> Self::State {
-            self.inner.new_state()
-        }
-        fn pos(&self, s: &Self::State) -> usize {
-            self.inner.pos(s)
-        }
-        fn state_bytes(&self, s: &Self::State) -> usize {
-            self.inner.state_bytes(s)
-        }
-        fn stream_bytes(&self, tokens: usize) -> usize {
-            self.inner.stream_bytes(tokens)
-        }
-        fn reserve(&self, s: &mut Self::State, tokens: usize) {
-            self.inner.reserve(s, tokens)
-        }
-        fn snapshot(&self, s: &Self::State) -> Self::State {
-            self.inner.snapshot(s)
-        }
-    };
 }
 
 impl Target for Poisoned {
