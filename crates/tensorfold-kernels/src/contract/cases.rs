@@ -1,5 +1,6 @@
 //! Shared pieces of the contract's gates: random inputs, float64 helpers, bit comparisons.
 
+use crate::backend::{Ffn, MoeParams};
 use crate::bytes::MatView;
 use crate::contract::Gate;
 use rand::{Rng, rngs::StdRng};
@@ -118,4 +119,44 @@ pub fn attention64(qh: &[f32], keys: &[(&[f32], &[f32])], g: usize, hd: usize) -
         (0..hd).map(|d| keys.iter().zip(&e).map(|((_, v), p)| p * v[g * hd + d] as f64).sum::<f64>() / z).collect();
     let vmax = keys.iter().flat_map(|(_, v)| &v[g * hd..(g + 1) * hd]).fold(0f64, |m, x| m.max(x.abs() as f64));
     (want, (2 * keys.len() + 16) as f64 * f64::powi(2.0, -24) * vmax)
+}
+
+/// Distinct MoE experts as overlapping row windows of two random matrices (served shapes would be 1.2 GB on the
+/// host), f32 or bf16.
+pub fn moe_experts(rng: &mut StdRng, h: usize, e: usize, inter: usize, f32: bool) -> Vec<Ffn<MatView>> {
+    let mat = |rng: &mut StdRng, n, k| if f32 { f32_mat(rng, n, k, 0.05) } else { bf16_mat(rng, n, k, 0.05) };
+    let up = mat(rng, inter + 7 * e + 7, h);
+    let down = mat(rng, h + 3 * e, inter);
+    (0..e)
+        .map(|i| Ffn {
+            w1: up.row_range(7 * i, inter).expect("window"),
+            w3: up.row_range(7 * i + 5, inter).expect("window"),
+            w2: down.row_range(3 * i, h).expect("window"),
+        })
+        .collect()
+}
+
+/// float64 MoE of one row: sigmoid router, top-k by score + bias (ties to the lower id), weights by score
+/// (normalized when `norm_topk_prob`, times `routed_scaling_factor`), SwiGLU experts summed.
+pub fn moe64(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: MoeParams) -> Vec<f64> {
+    let s: Vec<f64> = (0..gate.rows).map(|e| 1.0 / (1.0 + (-dot64(x, &row64(gate, e))).exp())).collect();
+    let mut order: Vec<usize> = (0..s.len()).collect();
+    order.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)).then(a.cmp(&b)));
+    order.truncate(p.top_k);
+    let sum: f64 = order.iter().map(|&e| s[e]).sum();
+    let mut out = vec![0f64; x.len()];
+    for e in order {
+        let w = if p.norm_topk_prob { s[e] / (sum + 1e-6) } else { s[e] } * p.routed_scaling_factor as f64;
+        let f = &ex[e];
+        let a: Vec<f64> = (0..f.w1.rows)
+            .map(|i| {
+                let g = dot64(x, &row64(&f.w1, i));
+                g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
+            })
+            .collect();
+        for (j, o) in out.iter_mut().enumerate() {
+            *o += w * dot64(&a, &row64(&f.w2, j));
+        }
+    }
+    out
 }

@@ -2,7 +2,7 @@
 
 use super::cases::*;
 use super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use crate::backend::{Ffn, MoeParams};
+use crate::backend::MoeParams;
 use crate::bytes::MatView;
 use crate::cpu::{moe, ops};
 use crate::simd::{self, Level, WRow};
@@ -322,43 +322,6 @@ fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize)> {
 }
 
 struct Moe;
-impl Moe {
-    /// Distinct experts as overlapping row windows of two random matrices (served shapes would be 1.2 GB).
-    fn experts(rng: &mut StdRng, h: usize, e: usize, inter: usize) -> Vec<Ffn<MatView>> {
-        let up = bf16_mat(rng, inter + 7 * e + 7, h, 0.05);
-        let down = bf16_mat(rng, h + 3 * e, inter, 0.05);
-        (0..e)
-            .map(|i| Ffn {
-                w1: up.row_range(7 * i, inter).expect("window"),
-                w3: up.row_range(7 * i + 5, inter).expect("window"),
-                w2: down.row_range(3 * i, h).expect("window"),
-            })
-            .collect()
-    }
-
-    fn reference(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: MoeParams) -> Vec<f64> {
-        let s: Vec<f64> = (0..gate.rows).map(|e| 1.0 / (1.0 + (-dot64(x, &row64(gate, e))).exp())).collect();
-        let mut order: Vec<usize> = (0..s.len()).collect();
-        order.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)).then(a.cmp(&b)));
-        order.truncate(p.top_k);
-        let sum: f64 = order.iter().map(|&e| s[e]).sum();
-        let mut out = vec![0f64; x.len()];
-        for e in order {
-            let w = if p.norm_topk_prob { s[e] / (sum + 1e-6) } else { s[e] } * p.routed_scaling_factor as f64;
-            let f = &ex[e];
-            let a: Vec<f64> = (0..f.w1.rows)
-                .map(|i| {
-                    let g = dot64(x, &row64(&f.w1, i));
-                    g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
-                })
-                .collect();
-            for (j, o) in out.iter_mut().enumerate() {
-                *o += w * dot64(&a, &row64(&f.w2, j));
-            }
-        }
-        out
-    }
-}
 impl Kernel for Moe {
     fn name(&self) -> &'static str {
         "cpu.moe"
@@ -388,7 +351,7 @@ impl Kernel for Moe {
             let p = MoeParams { top_k: k, ..p };
             let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
             let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
-            let ex = Self::experts(rng, h, ne, inter);
+            let ex = moe_experts(rng, h, ne, inter, false);
             let call = |x: &[f32], rows: usize, out: &mut [f32]| match fault {
                 Some("select-without-bias") => moe::moe(x, rows, &gate, None, &ex, p, out),
                 Some("weight-with-bias") => {
@@ -413,7 +376,7 @@ impl Kernel for Moe {
             call(&x[..2 * h], 2, &mut out);
             let mut err = 0f64;
             for r in 0..2 {
-                let want = Self::reference(&wide(&x[r * h..(r + 1) * h]), &gate, &bias, &ex, p);
+                let want = moe64(&wide(&x[r * h..(r + 1) * h]), &gate, &bias, &ex, p);
                 err = err.max(max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want)));
             }
             gates.push(reference_gate(&format!("hidden {h}, {ne} experts"), err, 1e-5));

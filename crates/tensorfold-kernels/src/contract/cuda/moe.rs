@@ -26,45 +26,6 @@ struct Moe(CudaBackend);
 pub(super) const MOE_PLANTS: &[Planted] =
     &[("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"), ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS")];
 
-/// Distinct experts as overlapping row windows of two random matrices (served shapes would be 1.2 GB on the host).
-fn experts(rng: &mut StdRng, h: usize, e: usize, inter: usize, dtype: &str) -> Vec<Ffn<MatView>> {
-    let mat =
-        |rng: &mut StdRng, n, k| if dtype == "f32" { f32_mat(rng, n, k, 0.05) } else { bf16_mat(rng, n, k, 0.05) };
-    let upm = mat(rng, inter + 7 * e + 7, h);
-    let down = mat(rng, h + 3 * e, inter);
-    (0..e)
-        .map(|i| Ffn {
-            w1: upm.row_range(7 * i, inter).expect("window"),
-            w3: upm.row_range(7 * i + 5, inter).expect("window"),
-            w2: down.row_range(3 * i, h).expect("window"),
-        })
-        .collect()
-}
-
-/// float64 MoE of one row: sigmoid router, top-k by score + bias (ties to the lower id), weights by score.
-fn reference(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: MoeParams) -> Vec<f64> {
-    let s: Vec<f64> = (0..gate.rows).map(|e| 1.0 / (1.0 + (-dot64(x, &row64(gate, e))).exp())).collect();
-    let mut order: Vec<usize> = (0..s.len()).collect();
-    order.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)).then(a.cmp(&b)));
-    order.truncate(p.top_k);
-    let sum: f64 = order.iter().map(|&e| s[e]).sum();
-    let mut out = vec![0f64; x.len()];
-    for e in order {
-        let w = if p.norm_topk_prob { s[e] / (sum + 1e-6) } else { s[e] } * p.routed_scaling_factor as f64;
-        let f = &ex[e];
-        let a: Vec<f64> = (0..f.w1.rows)
-            .map(|i| {
-                let g = dot64(x, &row64(&f.w1, i));
-                g / (1.0 + (-g).exp()) * dot64(x, &row64(&f.w3, i))
-            })
-            .collect();
-        for (j, o) in out.iter_mut().enumerate() {
-            *o += w * dot64(&a, &row64(&f.w2, j));
-        }
-    }
-    out
-}
-
 /// One shape's device weights and host references.
 struct MoeCase {
     h: usize,
@@ -88,7 +49,7 @@ impl MoeCase {
         let h = self.h;
         (0..rows)
             .map(|r| {
-                let want = reference(&wide(&x[r * h..(r + 1) * h]), &self.gate, bias, &self.ex, p);
+                let want = moe64(&wide(&x[r * h..(r + 1) * h]), &self.gate, bias, &self.ex, p);
                 max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want))
             })
             .fold(0.0, f64::max)
@@ -130,7 +91,7 @@ impl Kernel for Moe {
             let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
             let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
             let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
-            let ex = experts(rng, h, ne, inter, dtype);
+            let ex = moe_experts(rng, h, ne, inter, dtype == "f32");
             let upm = |m: &MatView| be.upload_mat(m).expect("upload");
             let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
             let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
