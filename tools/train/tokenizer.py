@@ -14,7 +14,6 @@ import os
 import sys
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
@@ -22,8 +21,9 @@ from common import (  # noqa: E402
 )
 
 sys.path.insert(0, FIXTURES)
-from fixture_tokenizer import CHAT_TEMPLATE, ROUNDTRIP_STRINGS, SPECIAL_TOKENS as LFM2_SPECIALS  # noqa: E402
+from fixture_tokenizer import ROUNDTRIP_STRINGS, SPECIAL_TOKENS as LFM2_SPECIALS  # noqa: E402
 from fixture_tokenizer import check_hf_tokenizer  # noqa: E402
+import fixture_tokenizer  # noqa: E402
 
 import corpus as corpus_mod  # noqa: E402
 
@@ -32,47 +32,11 @@ MASK_ID = SPECIAL_TOKENS.index(MASK_TOKEN)
 
 
 def train_tokenizer(texts, vocab):
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = None
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|startoftext|> $A:0",
-        pair="<|startoftext|> $A:0 <|startoftext|> $B:1",
-        special_tokens=[("<|startoftext|>", BOS_ID)],
-    )
-    return tok
+    return fixture_tokenizer.train_tokenizer(texts, vocab, SPECIAL_TOKENS)
 
 
 def tokenizer_config_dict():
-    return {
-        "bos_token": "<|startoftext|>",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|pad|>",
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": {
-            str(i): {
-                "content": s,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for i, s in enumerate(SPECIAL_TOKENS)
-        },
-    }
+    return fixture_tokenizer.tokenizer_config_dict(SPECIAL_TOKENS, model_max_length=4096)
 
 
 def check_tokenizer(tok, vocab):

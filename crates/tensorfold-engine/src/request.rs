@@ -134,8 +134,14 @@ impl Stats {
     /// Mean accepted length: committed tokens per verify window with drafts (accepted drafts plus the
     /// target's own token), or 0 without such windows.
     pub fn mean_accepted_length(&self) -> f64 {
-        if self.windows == 0 { 0.0 } else { (self.accepted + self.windows) as f64 / self.windows as f64 }
+        mean_accepted_length(self.accepted as u64, self.windows as u64)
     }
+}
+
+/// Committed tokens per verify window with drafts: `(accepted + windows) / windows` (each window commits its
+/// accepted drafts and the target's own token), or 0 without windows.
+pub fn mean_accepted_length(accepted: u64, windows: u64) -> f64 {
+    if windows == 0 { 0.0 } else { (accepted + windows) as f64 / windows as f64 }
 }
 
 /// What the engine tells a request's owner, in order: `Prefilled`, `Token`s, then one `Finished`.

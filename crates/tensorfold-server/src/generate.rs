@@ -67,7 +67,7 @@ impl Outcome {
 
     /// Mean accepted length: committed tokens per verify window with drafts (0 without drafts).
     pub fn mean_accepted_length(&self) -> f64 {
-        if self.windows == 0 { 0.0 } else { (self.accepted + self.windows) as f64 / self.windows as f64 }
+        tensorfold_engine::request::mean_accepted_length(self.accepted as u64, self.windows as u64)
     }
 }
 

@@ -334,7 +334,7 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
             metrics::counter!("tensorfold_accepted_by_position_total", "position" => k.to_string()).absolute(*n);
         }
         if m.draft_windows > 0 {
-            let mean = (m.accepted_tokens + m.draft_windows) as f64 / m.draft_windows as f64;
+            let mean = tensorfold_engine::request::mean_accepted_length(m.accepted_tokens, m.draft_windows);
             metrics::gauge!("tensorfold_mean_accepted_length").set(mean);
         }
     }

@@ -241,7 +241,7 @@ impl Row {
     }
 
     fn print(&mut self, level: usize, temp: f32, mode: &str) {
-        let mean = if self.windows > 0 { (self.accepted + self.windows) as f64 / self.windows as f64 } else { 0.0 };
+        let mean = tensorfold_engine::request::mean_accepted_length(self.accepted as u64, self.windows as u64);
         println!(
             "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {} of {}",
             median(&mut self.aggregate),
