@@ -96,6 +96,8 @@ struct Scripted {
     /// (prompt, plain reply) of every request.
     replies: Vec<(Vec<u32>, Vec<u32>)>,
     script: Script,
+    /// A request (by prompt) whose drafter call fails as a non-finite score, alone or in a batch.
+    poison: Option<Vec<u32>>,
 }
 
 impl Target for Scripted {
@@ -113,6 +115,9 @@ impl Target for Scripted {
         self.inner.keep(s, pos)
     }
     fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+        if let Some(stream) = states.iter().position(|s| self.poison.as_ref().is_some_and(|p| s.starts_with(p))) {
+            return Some(Err(ForwardError::DraftNonfinite { stream, row: 0 }));
+        }
         let blocks = states
             .iter()
             .zip(anchors)
@@ -153,7 +158,7 @@ fn serial(t: &FakeTarget, r: &Request) -> Vec<u32> {
 fn scripted(script: Script, reqs: &[Request]) -> Scripted {
     let inner = FakeTarget::new();
     let replies = reqs.iter().map(|r| (r.prompt.clone(), serial(&inner, r))).collect();
-    Scripted { inner, replies, script }
+    Scripted { inner, replies, script, poison: None }
 }
 
 #[test]
@@ -362,6 +367,38 @@ fn scheduled_and_fixed_verify_stay_within_max_draft_and_stay_lossless() {
         for (i, s) in stats.iter().enumerate() {
             assert_eq!(drafted[i], t.replies[i].1, "{verify:?} request {i}");
             assert!(s.windows > 0 && s.accepted_at.len() <= 2, "{verify:?} request {i}: {:?}", s.accepted_at);
+        }
+    }
+}
+
+#[test]
+fn a_drafter_failure_in_a_batched_block_pass_fails_only_its_stream() {
+    let reqs = requests(64, 700);
+    let t = Scripted { poison: Some(reqs[2].prompt.clone()), ..scripted(Script::Oracle, &reqs) };
+    let mut core = Core::new(t.clone(), cfg(), Box::new(FixedClock(Instant::now())));
+    let rx: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            core.submit(r.clone(), tx).expect("admitted");
+            rx
+        })
+        .collect();
+    while core.step() {}
+    for (i, rx) in rx.iter().enumerate() {
+        let ev: Vec<Event> = rx.try_iter().collect();
+        let toks: Vec<u32> = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
+        let (reason, error) = ev
+            .iter()
+            .find_map(
+                |e| if let Event::Finished { reason, error, .. } = e { Some((*reason, error.clone())) } else { None },
+            )
+            .expect("finished");
+        if i == 2 {
+            assert_eq!(reason, tensorfold_engine::FinishReason::Error);
+            assert!(error.unwrap_or_default().contains("DraftNonfinite"));
+        } else {
+            assert_eq!(toks, t.replies[i].1, "request {i} is untouched by request 2's drafter failure");
         }
     }
 }
