@@ -84,6 +84,33 @@ def argmax_last(logits: torch.Tensor) -> int:
     return int(row.argmax().item())  # torch.argmax: first (lowest) index among ties
 
 
+def batched(model, b: int, args, vocab: int, sync) -> dict:
+    """Greedy decode of --decode tokens for b streams in one batch (distinct random prompts of the decode prompt's
+    length, seeds seed+1..seed+b; no padding needed); aggregate tok/s = b * steps / seconds of the steps."""
+    n = args.decode_prompt_len
+    ids = torch.stack([random_ids(n, args.seed + 1 + i, vocab) for i in range(b)]).to(args.device)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    gen = [tok]
+    sync()
+    t = time.perf_counter()
+    while len(gen) < args.decode:
+        out = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
+        past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        gen.append(tok)
+    sync()
+    s = time.perf_counter() - t
+    steps = len(gen) - 1
+    rows = torch.cat(gen, dim=1).tolist()
+    rec = {"what": f"decode x{b}", "tokens": b * len(gen), "steps": steps, "seconds": round(s, 6),
+           "tok_per_s": round(b * steps / s, 3), "streams": b,
+           "token_sha256_first_stream": token_sha256(rows[0])}
+    if torch.cuda.is_available() and args.device.startswith("cuda"):
+        rec["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    err(f"decode x{b}: {steps} steps in {s:.3f} s, {b * steps / s:.1f} aggregate tok/s")
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="Hugging Face model folder")
@@ -102,6 +129,8 @@ def main():
         help="transformers experts_implementation (default: transformers' own choice, grouped_mm in 5.17)",
     )
     ap.add_argument("--no-teacher-check", action="store_true", help="skip the untimed uncached cross-check")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: sdpa attention, synchronized timing)")
+    ap.add_argument("--batches", default="", help="comma-separated stream counts for batched greedy decode ('' = none)")
     args = ap.parse_args()
 
     if args.decode < 2:
@@ -112,12 +141,17 @@ def main():
     dtype = getattr(torch, args.dtype)
 
     rss_before_load = peak_rss_mib()
-    kw = {"dtype": dtype, "attn_implementation": "eager"}
+    cuda = args.device.startswith("cuda")
+    kw = {"dtype": dtype, "attn_implementation": "sdpa" if cuda else "eager"}
     if args.experts_impl != "default":
         kw["experts_implementation"] = args.experts_impl
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.model, **kw)
+    model = AutoModelForCausalLM.from_pretrained(args.model, **kw).to(args.device)
     model.eval()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
     load_s = time.perf_counter() - t
     cfg = model.config
     vocab = cfg.vocab_size
@@ -148,6 +182,7 @@ def main():
         rows.append(rec)
 
     def fwd(ids: torch.Tensor, past=None, keep=1):
+        ids = ids.to(args.device)
         return model(input_ids=ids.view(1, -1), past_key_values=past, use_cache=True, logits_to_keep=keep)
 
     with torch.inference_mode():
@@ -155,8 +190,10 @@ def main():
         for n in lens:
             ids = random_ids(n, args.seed, vocab)
             fwd(ids[:WARMUP_TOKENS])
+            sync()
             t = time.perf_counter()
             out = fwd(ids)
+            sync()
             s = time.perf_counter() - t
             argmax_last(out.logits)
             del out
@@ -222,7 +259,7 @@ def main():
             "first_token_from_prompt_forward": True,
         }
         if not args.no_teacher_check:
-            seq = torch.tensor(prompt + gen[:-1], dtype=torch.int64)
+            seq = torch.tensor(prompt + gen[:-1], dtype=torch.int64, device=args.device)
             logits = model(input_ids=seq.view(1, -1), use_cache=False, logits_to_keep=len(gen)).logits[0]
             teacher = logits.argmax(-1).tolist()
             bad = [i for i, (a, b) in enumerate(zip(teacher, gen)) if a != b]
@@ -230,6 +267,8 @@ def main():
             del logits
         emit(rec)
         err(f"decode {steps} steps: {s:.3f} s, {steps / s:.2f} tok/s, token_sha256 {rec['token_sha256']}")
+        for b in [int(x) for x in args.batches.split(",") if x.strip()]:
+            emit(batched(model, b, args, vocab, sync))
 
     # ---- table
     print()
@@ -240,10 +279,12 @@ def main():
     print(f"{'what':<8} {'tokens':>7} {'seconds':>10} {'tok/s':>10} {'peak RSS MiB':>13}  note")
     for r in rows:
         note = ""
-        if r["what"] == "decode":
+        if r["what"].startswith("decode x"):
+            note = f"{r['streams']} streams in one batch, aggregate"
+        elif r["what"] == "decode":
             note = f"{r['steps']} steps after a {r['prompt_tokens']}-token prompt; token_sha256 {r['token_sha256'][:16]}"
         print(f"{r['what']:<8} {r['tokens']:>7} {r['seconds']:>10.3f} {r['tok_per_s']:>10.2f} {r['peak_rss_mib']:>13.1f}  {note}")
-    d = rows[-1]
+    d = [r for r in rows if r["what"] == "decode"][-1]
     print(f"decode prompt: {d['prompt_tokens']} ids ({d['prompt_source']}), prompt_sha256 {d['prompt_sha256']}")
     print(f"generated ids: {','.join(map(str, d['generated_ids']))}")
     print(f"token_sha256: {d['token_sha256']}")

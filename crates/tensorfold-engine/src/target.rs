@@ -52,8 +52,8 @@ pub trait Target: Send + 'static {
 
 /// A loaded LFM2 model with its end-of-sequence ids.
 pub struct ModelTarget<B: Backend> {
-    /// The model.
-    pub model: Model<B>,
+    /// The model (shared: a benchmark's solo runs may use the same weights).
+    pub model: std::sync::Arc<Model<B>>,
     /// End-of-sequence ids.
     pub eos: Vec<u32>,
 }

@@ -62,7 +62,7 @@ fn fixture_target_with(bits: DrafterBits) -> ModelTarget<CpuBackend> {
     let src = Source::Dir(root.join("dspark-tiny"));
     let d = open_drafter_with(&src, &l.model.cfg, &l.model.backend, bits).expect("drafter");
     l.model.drafter = Some(d);
-    ModelTarget { model: l.model, eos: l.eos_ids }
+    ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
 }
 
 #[test]
@@ -320,7 +320,7 @@ fn a_non_finite_drafter_score_fails_only_its_stream_as_draft_nonfinite() {
     let err = l.model.draft(&[&s], &[11], false).expect_err("NaN scores are refused");
     assert!(matches!(err, ForwardError::DraftNonfinite { stream: 0, row: 0 }), "{err:?}");
     // In the lane core: the drafting stream fails by name; a `draft: false` stream beside it finishes.
-    let target = ModelTarget { model: l.model, eos: l.eos_ids };
+    let target = ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids };
     let reqs = requests(512, 400);
     let mixed = [reqs[0].clone(), Request { draft: false, ..reqs[1].clone() }];
     let mut core = Core::new(target, cfg(), Box::new(FixedClock(Instant::now())));

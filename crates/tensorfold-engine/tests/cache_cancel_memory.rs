@@ -24,7 +24,7 @@ fn cfg() -> EngineConfig {
 fn fixture() -> ModelTarget<CpuBackend> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
     let loaded = open(&Source::Dir(dir), CpuBackend).expect("the fixture opens");
-    ModelTarget { model: loaded.model, eos: loaded.eos_ids }
+    ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids }
 }
 
 fn sampled(seed: u64) -> SamplingParams {

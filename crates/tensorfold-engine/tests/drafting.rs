@@ -82,7 +82,7 @@ fn drafted_replies_equal_plain_replies_on_the_fixture_model_through_rejections_a
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
     let load = || {
         let l = tensorfold_model::open(&Source::Dir(dir.clone()), CpuBackend).expect("fixture opens");
-        ModelTarget { model: l.model, eos: l.eos_ids }
+        ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
     };
     let reqs: Vec<Request> =
         requests(40).into_iter().map(|r| Request { prompt: r.prompt.iter().map(|t| t + 100).collect(), ..r }).collect();
@@ -98,7 +98,7 @@ fn drafted_replies_equal_plain_replies_on_the_fixture_model_through_rejections_a
 fn a_rejected_window_leaves_the_model_state_equal_to_feeding_only_the_kept_rows() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-dense-bf16");
     let l = tensorfold_model::open(&Source::Dir(dir), CpuBackend).expect("fixture opens");
-    let t = ModelTarget { model: l.model, eos: l.eos_ids };
+    let t = ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids };
     let seg = |start, rows| tensorfold_kernels::Segment { first_row: 0, rows, start_pos: start, cache: 0 };
     let mut a = t.new_state();
     let mut b = t.new_state();
@@ -131,7 +131,7 @@ fn a_resumed_drafting_stream_equals_a_fresh_plain_one_and_stays_within_its_reser
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
     let load = || {
         let l = tensorfold_model::open(&Source::Dir(dir.clone()), CpuBackend).expect("fixture opens");
-        ModelTarget { model: l.model, eos: l.eos_ids }
+        ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
     };
     let first = requests(90).remove(0);
     let second = Request { prompt: [first.prompt.clone(), vec![30, 31, 32]].concat(), ..first.clone() };

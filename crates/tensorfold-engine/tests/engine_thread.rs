@@ -19,7 +19,7 @@ use tensorfold_model::{Source, open};
 fn fixture() -> ModelTarget<CpuBackend> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
     let loaded = open(&Source::Dir(dir), CpuBackend).expect("the fixture opens");
-    ModelTarget { model: loaded.model, eos: loaded.eos_ids }
+    ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids }
 }
 
 /// A reply as the engine delivered it.

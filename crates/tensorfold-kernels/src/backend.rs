@@ -217,4 +217,38 @@ pub trait Backend: Send + Sync {
     );
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
+
+    /// Measured copy bandwidth of the memory this backend's weights live in, in bytes moved (read plus write) per
+    /// second: the best of 5 copies of 512 MiB (the decode floor's denominator; METHOD: measure the ceiling).
+    /// The default times a host `memcpy`.
+    fn copy_bandwidth(&self) -> f64 {
+        host_copy_bandwidth()
+    }
+
+    /// Device memory high-water marks in bytes since the backend opened: `(allocated, reserved by the pool)`;
+    /// `None` where memory is the host's (read the process's peak RSS instead).
+    fn memory_high(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// Per-kernel counters gathered since the last call, as a table, where the backend keeps them (the CUDA
+    /// backend with `TENSORFOLD_CUDA_PROFILE` set); `None` elsewhere. A measuring aid, never on by default.
+    fn take_profile(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Best of 5 host copies of 512 MiB, in bytes moved (read + write) per second.
+pub fn host_copy_bandwidth() -> f64 {
+    let n = 512 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        dst.copy_from_slice(&src);
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * n as f64 / best
 }

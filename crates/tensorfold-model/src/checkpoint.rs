@@ -32,6 +32,9 @@ pub enum CheckpointError {
     /// A tensor dtype we cannot run.
     #[error("tensor {name} has dtype {dtype}; supported are BF16, F16 and F32")]
     Dtype { name: String, dtype: String },
+    /// A synthetic checkpoint's spec is refused (unknown shape, bad seed, config refused).
+    #[error("synthetic checkpoint: {0}")]
+    Synthetic(String),
 }
 
 /// Where a checkpoint's files come from.
@@ -41,6 +44,8 @@ pub enum Source {
     Dir(PathBuf),
     /// Files compiled into the binary: `(file name, bytes)`.
     Embedded(&'static [(&'static str, &'static [u8])]),
+    /// A config with seeded random weights made in memory (`crate::synthetic`); it has no tokenizer.
+    Synthetic(Arc<crate::synthetic::Synthetic>),
 }
 
 impl Source {
@@ -49,6 +54,7 @@ impl Source {
         match self {
             Source::Dir(p) => p.display().to_string(),
             Source::Embedded(_) => "<embedded default model>".into(),
+            Source::Synthetic(s) => s.name.clone(),
         }
     }
 
@@ -64,6 +70,7 @@ impl Source {
                 }
             }
             Source::Embedded(files) => Ok(files.iter().find(|(n, _)| *n == name).map(|(_, b)| b.to_vec())),
+            Source::Synthetic(s) => Ok((name == "config.json").then(|| s.config.clone())),
         }
     }
 
@@ -87,6 +94,7 @@ impl Source {
                 let a: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(*b);
                 a
             })),
+            Source::Synthetic(_) => Ok(None),
         }
     }
 }
@@ -136,6 +144,11 @@ pub struct TensorTable {
 impl TensorTable {
     /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
     pub fn open(src: &Source) -> Result<Self, CheckpointError> {
+        if let Source::Synthetic(s) = src {
+            let cfg = crate::config::ModelConfig::parse(&s.config)
+                .map_err(|e| CheckpointError::Synthetic(format!("{}: {e}", s.name)))?;
+            return Ok(s.table(&cfg));
+        }
         let files = match src.read("model.safetensors.index.json")? {
             Some(idx) => shard_files(&idx)?,
             None => vec!["model.safetensors".to_string()],

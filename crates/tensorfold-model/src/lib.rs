@@ -5,6 +5,7 @@ pub mod drafter;
 pub mod exact;
 pub mod forward;
 pub mod load;
+pub mod synthetic;
 pub mod text;
 pub mod weights;
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use tensorfold_engine::sampler::token_sha256;
 use tensorfold_engine::solo::prefill;
-use tensorfold_kernels::{Backend, CpuBackend, Segment};
+use tensorfold_kernels::{Backend, Segment};
 use tensorfold_model::weights::{FfnWeights, MixerWeights};
 use tensorfold_model::{LogitRows, Model};
 
@@ -31,27 +31,37 @@ pub struct Grid {
     pub temperatures: Vec<f32>,
 }
 
+/// Options of `bench forward`.
+#[derive(clap::Args)]
+pub struct ForwardArgs {
+    /// Model directory or `synthetic:SHAPE[@SEED]` (default: the embedded default).
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Prompt lengths to time a whole prefill at.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    prompt_lens: Vec<usize>,
+    /// Greedy decode steps after a 512-token prompt.
+    #[arg(long, default_value_t = 64)]
+    decode: usize,
+    /// Read the decode prompt from a file of comma-separated ids (default: seeded random ids).
+    #[arg(long)]
+    prompt_ids: Option<std::path::PathBuf>,
+    /// Prefill chunk (rows per call).
+    #[arg(long, default_value_t = 2048)]
+    chunk: usize,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
+    device: crate::Device,
+    /// GPU number with `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+}
+
 /// Benchmarks.
 #[derive(clap::Subcommand)]
 pub enum What {
     /// Prefill and decode speed of the forward, peak memory, and the decode floor.
-    Forward {
-        /// Model directory (default: the embedded default).
-        #[arg(long)]
-        model: Option<std::path::PathBuf>,
-        /// Prompt lengths to time a whole prefill at.
-        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
-        prompt_lens: Vec<usize>,
-        /// Greedy decode steps after a 512-token prompt.
-        #[arg(long, default_value_t = 64)]
-        decode: usize,
-        /// Read the decode prompt from a file of comma-separated ids (default: seeded random ids).
-        #[arg(long)]
-        prompt_ids: Option<std::path::PathBuf>,
-        /// Prefill chunk (rows per call).
-        #[arg(long, default_value_t = 2048)]
-        chunk: usize,
-    },
+    Forward(ForwardArgs),
     /// Shared-round throughput of the threaded engine at several concurrency levels, every concurrent reply
     /// checked equal to its solo run.
     Engine(bench_engine::Args),
@@ -61,23 +71,38 @@ pub enum What {
 
 /// Runs a benchmark.
 pub fn run(w: What) -> anyhow::Result<ExitCode> {
-    let (model, prompt_lens, decode, prompt_ids, chunk) = match w {
-        What::Forward { model, prompt_lens, decode, prompt_ids, chunk } => {
-            (model, prompt_lens, decode, prompt_ids, chunk)
-        }
-        What::Engine(a) => return bench_engine::run(a),
-        What::Serve(a) => return bench_serve::run(a),
-    };
-    let src = default_model::source(model);
-    let loaded = tensorfold_model::open(&src, CpuBackend).with_context(|| format!("opening {}", src.describe()))?;
+    match w {
+        What::Forward(a) => crate::on_device(a.device, a.gpu, a),
+        What::Engine(a) => bench_engine::run(a),
+        What::Serve(a) => bench_serve::run(a),
+    }
+}
+
+impl crate::OnBackend for ForwardArgs {
+    fn run<B: Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
+        forward(backend, self)
+    }
+}
+
+fn forward<B: Backend + Clone + 'static>(backend: B, a: ForwardArgs) -> anyhow::Result<ExitCode> {
+    let src = default_model::source(a.model)?;
+    let t = Instant::now();
+    let loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
     let m = &loaded.model;
+    println!(
+        "model: {}  backend: {}  threads: {}  simd: {:?}  loaded in {:.1} s",
+        src.describe(),
+        m.backend.name(),
+        rayon_threads(),
+        tensorfold_kernels::simd::level(),
+        t.elapsed().as_secs_f64()
+    );
     let vocab = m.cfg.vocab as u32;
     let ids = |n: usize| -> Vec<u32> {
         (0..n as u64).map(|i| (splitmix(i ^ 0x5eed) % (vocab as u64 - 10)) as u32 + 10).collect()
     };
-    println!("model: {}  threads: {}  simd: {:?}", src.describe(), rayon_threads(), tensorfold_kernels::simd::level());
     // Exactness first.
-    let prompt = match prompt_ids {
+    let prompt = match a.prompt_ids {
         Some(f) => std::fs::read_to_string(&f)?
             .trim()
             .split(',')
@@ -85,12 +110,16 @@ pub fn run(w: What) -> anyhow::Result<ExitCode> {
             .collect::<Result<Vec<_>, _>>()?,
         None => ids(512),
     };
-    let (tokens, decode_secs) = greedy_decode(m, &prompt, decode.max(2), chunk)?;
+    let (tokens, decode_secs) = greedy_decode(m, &prompt, a.decode.max(2), a.chunk)?;
+    if let Some(p) = m.backend.take_profile() {
+        println!("{p}");
+    }
     let mut seq = prompt.clone();
     seq.extend_from_slice(&tokens[..tokens.len().saturating_sub(1)]);
     let mut state = m.new_state();
     let seg = Segment { first_row: 0, rows: seq.len(), start_pos: 0, cache: 0 };
     let picks = m.forward(&seq, &[seg], &mut [&mut state], LogitRows::All)?.picks;
+    drop(state);
     let teacher: Vec<u32> = picks[prompt.len() - 1..].iter().map(|p| p.token).collect();
     if teacher != tokens {
         bail!("exactness: decoded tokens differ from the whole prefill's greedy picks; no speed is reported");
@@ -101,34 +130,53 @@ pub fn run(w: What) -> anyhow::Result<ExitCode> {
         token_sha256(&tokens)
     );
     println!("prompt_sha256 {}", token_sha256(&prompt));
-    for &n in &prompt_lens {
+    for &n in &a.prompt_lens {
         let p = ids(n);
         let t = Instant::now();
-        prefill(m, &p, chunk)?;
+        prefill(m, &p, a.chunk)?;
         let s = t.elapsed().as_secs_f64();
-        println!("prefill {n:>5} tokens: {s:>8.3} s  {:>9.1} tok/s", n as f64 / s);
+        println!("prefill {n:>5} tokens: {s:>8.3} s  {:>9.1} tok/s (chunks of {})", n as f64 / s, a.chunk);
     }
     let steps = tokens.len().saturating_sub(1);
+    let step_s = decode_secs / steps.max(1) as f64;
     println!(
-        "decode  {steps:>5} steps:  {decode_secs:>8.3} s  {:>9.1} tok/s (after a {}-token prompt)",
-        steps as f64 / decode_secs,
+        "decode  {steps:>5} steps:  {decode_secs:>8.3} s  {:>9.1} tok/s (one stream, after a {}-token prompt)",
+        1.0 / step_s,
         prompt.len()
     );
-    println!("peak RSS: {:.1} MiB (before the bandwidth probe's buffers)", peak_rss_kib() as f64 / 1024.0);
+    match m.backend.memory_high() {
+        Some((used, reserved)) => println!(
+            "peak device memory: {:.2} GiB allocated, {:.2} GiB reserved by the pool (weights {:.2} GiB)",
+            gib(used),
+            gib(reserved),
+            gib(m.weight_bytes())
+        ),
+        None => println!("peak RSS: {:.1} MiB (before the bandwidth probe's buffers)", peak_rss_kib() as f64 / 1024.0),
+    }
     let bytes = step_bytes(m);
-    let bw = copy_bandwidth();
+    let bw = m.backend.copy_bandwidth();
+    let floor_s = bytes as f64 / bw;
     println!(
-        "floor: {:.1} MiB of weights read per decode step / {:.2} GB/s memcpy (read+write) = {:.1} steps/s at most",
+        "floor: {:.1} MiB of weights read per decode step / {:.2} GB/s copy (read+write) = {:.3} ms a step, {:.1} steps/s at most; this run: {:.3} ms a step, {:.1}% of the floor",
         bytes as f64 / (1 << 20) as f64,
         bw / 1e9,
-        bw / bytes as f64
+        floor_s * 1e3,
+        1.0 / floor_s,
+        step_s * 1e3,
+        100.0 * floor_s / step_s
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
 }
 
 /// Greedy decode of `n` tokens after `prompt`; returns the tokens and the seconds of the steps after the first.
 fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usize) -> anyhow::Result<(Vec<u32>, f64)> {
     let (mut state, logits) = prefill(m, prompt, chunk)?;
+    // A profile (TENSORFOLD_CUDA_PROFILE) then covers the decode steps only.
+    let _ = m.backend.take_profile();
     let mut tok = tensorfold_engine::sampler::greedy_pick(&logits)?;
     let mut out = vec![tok];
     let t = Instant::now();
@@ -164,21 +212,6 @@ fn step_bytes<B: Backend>(m: &Model<B>) -> usize {
         };
     }
     n
-}
-
-/// Best of 5 copies of 512 MiB, in bytes moved (read + write) per second.
-fn copy_bandwidth() -> f64 {
-    let n = 512 << 20;
-    let src = vec![1u8; n];
-    let mut dst = vec![0u8; n];
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        best = best.min(t.elapsed().as_secs_f64());
-        std::hint::black_box(&dst);
-    }
-    2.0 * n as f64 / best
 }
 
 fn peak_rss_kib() -> u64 {

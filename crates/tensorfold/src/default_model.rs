@@ -25,12 +25,20 @@ static FILES: &[(&str, &[u8])] = embed!("lfm2-moe-pycode":
 /// `models/lfm2-moe-pycode-dspark`: its DSpark drafter (bf16).
 static DRAFTER: &[(&str, &[u8])] = embed!("lfm2-moe-pycode-dspark": "config.json", "model.safetensors");
 
-/// The model directory given, or the embedded default.
-pub fn source(dir: Option<PathBuf>) -> Source {
-    match dir {
-        Some(d) => Source::Dir(d),
+/// Prefix of `--model` that asks for a synthetic checkpoint: `synthetic:SHAPE[@SEED]`.
+pub const SYNTHETIC: &str = "synthetic:";
+
+/// The model directory given, a synthetic checkpoint (`synthetic:lfm2.5-24b-a2b`, `synthetic:lfm2-8b-a1b` or
+/// `synthetic:path/config.json`, each with an optional `@SEED`), or the embedded default. Errors: an unknown shape
+/// or a bad seed, by name.
+pub fn source(dir: Option<PathBuf>) -> anyhow::Result<Source> {
+    Ok(match dir {
+        Some(d) => match d.to_str().and_then(|s| s.strip_prefix(SYNTHETIC)) {
+            Some(spec) => Source::Synthetic(std::sync::Arc::new(tensorfold_model::synthetic::Synthetic::parse(spec)?)),
+            None => Source::Dir(d),
+        },
         None => Source::Embedded(FILES),
-    }
+    })
 }
 
 /// The drafter to attach: `--drafter DIR`, else the embedded default's own drafter when the model is the

@@ -52,7 +52,7 @@ fn run_cuda(a: &Args) -> anyhow::Result<ExitCode> {
 
 /// Opens the model on `backend` and runs every check.
 fn run_on<B: Backend>(backend: B, a: &Args) -> anyhow::Result<ExitCode> {
-    let src = default_model::source(a.model.clone());
+    let src = default_model::source(a.model.clone())?;
     let loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
     let bytes = std::fs::read(&a.reference).with_context(|| format!("reading {}", a.reference.display()))?;
     let reference = Reference::parse(&bytes)?;

@@ -100,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn run_on<B: tensorfold_kernels::Backend + 'static>(backend: B, a: Args) -> anyhow::Result<ExitCode> {
-    let src = default_model::source(a.model.clone());
+    let src = default_model::source(a.model.clone())?;
     let mut loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
     if !a.no_drafts {
         default_model::attach_drafter(
@@ -164,7 +164,7 @@ fn run_on<B: tensorfold_kernels::Backend + 'static>(backend: B, a: Args) -> anyh
     };
     let summary = if loaded.model.drafter.is_some() {
         crate::check_verify(a.verify, &loaded.model)?;
-        let target = ModelTarget { model: loaded.model, eos: loaded.eos_ids.clone() };
+        let target = ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids.clone() };
         let settings = DraftSettings {
             max_draft: a.max_draft.min(MAX_DRAFT),
             copy_min: a.copy_min,

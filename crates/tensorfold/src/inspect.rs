@@ -7,7 +7,7 @@ use tensorfold_model::load::{ffn_plan, layer_plan, summarize};
 
 /// Runs the command.
 pub fn run(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let src = default_model::source(dir);
+    let src = default_model::source(dir)?;
     let s = summarize(&src)?;
     let c = &s.cfg;
     println!("model:       {}", src.describe());

@@ -37,6 +37,15 @@ enum Command {
     },
     /// Run the kernel contract: references, row invariance, edge cases and planted controls.
     Contract(contract_cmd::Args),
+    /// Write a synthetic checkpoint (a shape's config with seeded random bf16 weights) as a model directory, for
+    /// peers (transformers) to load the same weights `--model synthetic:SHAPE` makes in memory.
+    Synth {
+        /// `SHAPE[@SEED]`: `lfm2.5-24b-a2b`, `lfm2-8b-a1b` or a config.json path.
+        shape: String,
+        /// Directory to write (`config.json`, `model.safetensors`).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Benchmarks (commands that print figures; never tests).
     Bench {
         #[command(subcommand)]
@@ -56,6 +65,7 @@ fn main() -> ExitCode {
         Command::Exact(a) => exact::run(a),
         Command::Inspect { dir } => inspect::run(dir),
         Command::Contract(a) => contract_cmd::run(a),
+        Command::Synth { shape, out } => synth(&shape, &out),
         Command::Bench { what } => bench::run(what),
     };
     match result {
@@ -65,6 +75,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tensorfold synth`: generates the tensors and writes them.
+fn synth(spec: &str, out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let s = tensorfold_model::synthetic::Synthetic::parse(spec)?;
+    let cfg = tensorfold_model::ModelConfig::parse(&s.config)?;
+    let t = std::time::Instant::now();
+    let table = s.table(&cfg);
+    tensorfold_model::synthetic::write(out, &s.config, &table)?;
+    println!(
+        "{}: {} tensors, {:.2} GiB, written to {} in {:.1} s",
+        s.name,
+        table.tensors.len(),
+        table.total_bytes() as f64 / (1u64 << 30) as f64,
+        out.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The device flag shared by every command.

@@ -149,7 +149,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         planted: None,
     };
     let plan = LoadPlan {
-        src: default_model::source(a.model.clone()),
+        src: default_model::source(a.model.clone())?,
         drafter: if a.no_drafts { None } else { default_model::drafter_source(&a.model, a.drafter.clone()) },
         drafter_bits: a.drafter_bits.unwrap_or_default(),
         context: a.context,
@@ -220,7 +220,7 @@ impl LoadPlan {
             self.cfg.parallel
         );
         let text = loaded.text.map(Arc::new);
-        let engine = Engine::start(ModelTarget { model: loaded.model, eos: loaded.eos_ids }, self.cfg);
+        let engine = Engine::start(ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids }, self.cfg);
         Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: self.max_tokens }, engine))
     }
 }

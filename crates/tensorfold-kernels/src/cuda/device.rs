@@ -132,6 +132,15 @@ pub struct Dev {
     cache: Option<PathBuf>,
     modules: Mutex<Modules>,
     error: Mutex<Option<String>>,
+    /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
+    profile: Option<Mutex<Profile>>,
+}
+
+/// Per-kernel launch counts and synchronized wall time (a measuring aid: every launch is bracketed by syncs).
+#[derive(Default)]
+struct Profile {
+    names: HashMap<usize, String>,
+    stats: HashMap<String, (u64, f64)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +187,7 @@ impl Dev {
             cache: nvrtc::cache_dir(),
             modules: Mutex::default(),
             error: Mutex::default(),
+            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|_| Mutex::default()),
         }))
     }
 
@@ -267,6 +277,9 @@ impl Dev {
         }
         self.bind()?;
         let f = loaded.module.load_function(name).map_err(|e| driver(&format!("cuModuleGetFunction({name})"), e))?;
+        if let Some(p) = &self.profile {
+            lock(p).names.insert(f.cu_function() as usize, name.to_string());
+        }
         funcs.insert(name.to_string(), f.clone());
         Ok(f)
     }
@@ -335,13 +348,39 @@ impl Dev {
             })
             .collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let t0 = match &self.profile {
+            Some(_) => Some((self.sync()?, std::time::Instant::now()).1),
+            None => None,
+        };
         // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers are
         // live allocations of this context (or null where the kernel never reads them), and the kernels stay in
         // the bounds their launchers checked. The slots outlive the call, which copies them.
         unsafe {
             result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
         }
-        .map_err(|e| driver("cuLaunchKernel", e))
+        .map_err(|e| driver("cuLaunchKernel", e))?;
+        if let (Some(p), Some(t0)) = (&self.profile, t0) {
+            self.sync()?;
+            let mut p = lock(p);
+            let name = p.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_default();
+            let e = p.stats.entry(name).or_default();
+            (e.0, e.1) = (e.0 + 1, e.1 + t0.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// The profile table (kernel, launches, total ms, µs a launch; largest first), cleared; `None` unless
+    /// `TENSORFOLD_CUDA_PROFILE` was set when the device opened.
+    pub fn take_profile(&self) -> Option<String> {
+        let mut p = lock(self.profile.as_ref()?);
+        let mut rows: Vec<(String, (u64, f64))> = p.stats.drain().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let total: f64 = rows.iter().map(|r| r.1.1).sum();
+        let mut out = format!("kernel profile (synchronized per launch), {:.3} ms in all:\n", total * 1e3);
+        for (name, (n, s)) in rows {
+            out += &format!("  {name:<32} {n:>8} launches {:>10.3} ms {:>9.1} us each\n", s * 1e3, s * 1e6 / n as f64);
+        }
+        Some(out)
     }
 
     /// A kernel's launch limits from the driver (`cuFuncGetAttribute`), for the contract's report.
@@ -385,6 +424,47 @@ fn low_bytes(b: [u8; 4]) -> u64 {
     let mut s = [0u8; 8];
     s[..4].copy_from_slice(&b);
     u64::from_ne_bytes(s)
+}
+
+impl Dev {
+    /// Best of 5 device-to-device copies of 512 MiB, in bytes moved (read + write) per second.
+    pub fn copy_bandwidth(&self) -> Result<f64, CudaError> {
+        let n = 512usize << 20;
+        let (src, dst) = (self.alloc(n)?, self.alloc(n)?);
+        let (Some(src), Some(dst)) = (src, dst) else { return Err(CudaError::Unallocated) };
+        // Random-looking bytes, not zeros (METHOD: zeros can run faster than real data).
+        self.memset(src.ptr, 0x5a, n)?;
+        self.dtod(dst.ptr, src.ptr, n)?;
+        self.sync()?;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            self.dtod(dst.ptr, src.ptr, n)?;
+            self.sync()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * n as f64 / best)
+    }
+
+    /// The default pool's high-water marks: `(used, reserved)` bytes.
+    pub fn pool_high(&self) -> Result<(usize, usize), CudaError> {
+        self.bind()?;
+        let attr = |a: sys::CUmemPool_attribute| -> Result<usize, CudaError> {
+            let mut v = 0u64;
+            // SAFETY: the device handle belongs to a live context; both attributes are u64.
+            unsafe {
+                let pool = result::device::get_default_mem_pool(self.ctx.cu_device())
+                    .map_err(|e| driver("cuDeviceGetDefaultMemPool", e))?;
+                result::mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut c_void)
+                    .map_err(|e| driver("cuMemPoolGetAttribute", e))?;
+            }
+            Ok(v as usize)
+        };
+        Ok((
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        ))
+    }
 }
 
 /// Keeps freed memory in the device's default pool instead of returning it at every synchronization (the

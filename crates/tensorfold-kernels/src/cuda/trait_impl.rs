@@ -236,6 +236,18 @@ impl Backend for CudaBackend {
         self.settle("moe", r, out);
     }
 
+    fn copy_bandwidth(&self) -> f64 {
+        self.dev.copy_bandwidth().unwrap_or(f64::NAN)
+    }
+
+    fn memory_high(&self) -> Option<(usize, usize)> {
+        self.dev.pool_high().ok()
+    }
+
+    fn take_profile(&self) -> Option<String> {
+        self.dev.take_profile()
+    }
+
     fn greedy(&self, logits: &CudaBuf, vocab: usize) -> Vec<Pick> {
         let rows = logits.len().checked_div(vocab).map_or(0, |_| logits.len().div_ceil(vocab));
         let flagged = || vec![Pick { token: 0, nonfinite: true }; rows];

@@ -1,0 +1,210 @@
+//! Synthetic checkpoints: every tensor a config asks for, filled with seeded random bf16 values in memory, so the
+//! released shapes (LFM2.5-24B-A2B, LFM2-8B-A1B) can be benchmarked without their weights.
+//!
+//! The values are uniform in `[-a, a]` with `a = sqrt(3 / fan_in)` (unit variance through each linear), norms are
+//! 1.0 and expert biases small f32 values, so activations stay finite over 40 layers and routing spreads over the
+//! experts. Names and layouts are the released ones (experts one by one), so [`write`] gives a directory that
+//! transformers and our loader both open.
+
+use crate::checkpoint::{CheckpointError, StoredDtype, TensorEntry, TensorTable};
+use crate::config::{Mixer, ModelConfig};
+use rayon::prelude::*;
+use std::path::Path;
+use tensorfold_kernels::HostBytes;
+
+/// Shapes we ship as presets: `(name, config.json)`.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("lfm2.5-24b-a2b", include_str!("shapes/lfm2.5-24b-a2b.json")),
+    ("lfm2-8b-a1b", include_str!("shapes/lfm2-8b-a1b.json")),
+];
+
+/// A synthetic checkpoint: a config and the seed its values come from.
+#[derive(Clone, Debug)]
+pub struct Synthetic {
+    /// What it was asked as (a preset name or a config path) and the seed, for logs.
+    pub name: String,
+    /// `config.json` bytes.
+    pub config: Vec<u8>,
+    /// Seed of every value.
+    pub seed: u64,
+}
+
+/// How a tensor is filled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fill {
+    /// bf16 uniform in `[-a, a]`.
+    Uniform(f32),
+    /// bf16 ones (RMSNorm weights).
+    Ones,
+    /// f32 uniform in `[-a, a]` (expert biases, stored f32 as released).
+    UniformF32(f32),
+}
+
+impl Synthetic {
+    /// Parses `SPEC[@SEED]`: SPEC is a preset name ([`PRESETS`]) or a `config.json` path; the seed defaults to 0.
+    /// Errors: an unknown preset or unreadable file, named.
+    pub fn parse(spec: &str) -> Result<Self, CheckpointError> {
+        let (what, seed) = match spec.rsplit_once('@') {
+            Some((w, s)) => {
+                let seed = s.parse::<u64>().map_err(|_| CheckpointError::Synthetic(format!("seed {s:?} is not a u64")))?;
+                (w, seed)
+            }
+            None => (spec, 0),
+        };
+        let config = match PRESETS.iter().find(|(n, _)| *n == what) {
+            Some((_, json)) => json.as_bytes().to_vec(),
+            None if what.ends_with(".json") => std::fs::read(what)
+                .map_err(|source| CheckpointError::Io { path: what.to_string(), source })?,
+            None => {
+                let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+                return Err(CheckpointError::Synthetic(format!(
+                    "no shape {what:?}: give one of {names:?} or a config.json path"
+                )));
+            }
+        };
+        Ok(Self { name: format!("synthetic:{what}@{seed}"), config, seed })
+    }
+
+    /// Every tensor of `cfg`, generated (in parallel) from the seed.
+    pub fn table(&self, cfg: &ModelConfig) -> TensorTable {
+        let specs = tensors(cfg);
+        let tensors = specs
+            .into_iter()
+            .map(|(name, shape, fill)| {
+                let entry = make(&name, &shape, fill, self.seed);
+                (name, entry)
+            })
+            .collect();
+        TensorTable { tensors, files: vec![self.name.clone()] }
+    }
+}
+
+/// The tensors a config needs: `(name, shape, fill)` in the released naming.
+fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
+    let (h, v) = (cfg.hidden, cfg.vocab);
+    let lin = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
+    let mut t = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, h], Fill::Uniform(3f32.sqrt())),
+        ("model.embedding_norm.weight".to_string(), vec![h], Fill::Ones),
+    ];
+    if !cfg.tied {
+        t.push(("lm_head.weight".to_string(), vec![v, h], lin(h)));
+    }
+    let ffn = |t: &mut Vec<(String, Vec<usize>, Fill)>, p: &str, inter: usize| {
+        t.push((format!("{p}.w1.weight"), vec![inter, h], lin(h)));
+        t.push((format!("{p}.w3.weight"), vec![inter, h], lin(h)));
+        t.push((format!("{p}.w2.weight"), vec![h, inter], lin(inter)));
+    };
+    for (i, mixer) in cfg.layers.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        t.push((format!("{p}.operator_norm.weight"), vec![h], Fill::Ones));
+        t.push((format!("{p}.ffn_norm.weight"), vec![h], Fill::Ones));
+        match mixer {
+            Mixer::Conv => {
+                t.push((format!("{p}.conv.in_proj.weight"), vec![3 * h, h], lin(h)));
+                t.push((format!("{p}.conv.conv.weight"), vec![h, 1, cfg.conv_taps], lin(cfg.conv_taps)));
+                t.push((format!("{p}.conv.out_proj.weight"), vec![h, h], lin(h)));
+                if cfg.conv_bias {
+                    t.push((format!("{p}.conv.in_proj.bias"), vec![3 * h], lin(h)));
+                    t.push((format!("{p}.conv.conv.bias"), vec![h], lin(h)));
+                    t.push((format!("{p}.conv.out_proj.bias"), vec![h], lin(h)));
+                }
+            }
+            Mixer::Attention => {
+                let (qd, kd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+                t.push((format!("{p}.self_attn.q_proj.weight"), vec![qd, h], lin(h)));
+                t.push((format!("{p}.self_attn.k_proj.weight"), vec![kd, h], lin(h)));
+                t.push((format!("{p}.self_attn.v_proj.weight"), vec![kd, h], lin(h)));
+                t.push((format!("{p}.self_attn.out_proj.weight"), vec![h, qd], lin(qd)));
+                t.push((format!("{p}.self_attn.q_layernorm.weight"), vec![cfg.head_dim], Fill::Ones));
+                t.push((format!("{p}.self_attn.k_layernorm.weight"), vec![cfg.head_dim], Fill::Ones));
+            }
+        }
+        let f = format!("{p}.feed_forward");
+        match &cfg.moe {
+            Some(m) if cfg.is_moe_layer(i) => {
+                t.push((format!("{f}.gate.weight"), vec![m.experts, h], lin(h)));
+                if m.use_expert_bias {
+                    t.push((format!("{f}.expert_bias"), vec![m.experts], Fill::UniformF32(0.01)));
+                }
+                for e in 0..m.experts {
+                    ffn(&mut t, &format!("{f}.experts.{e}"), m.inter);
+                }
+            }
+            _ => ffn(&mut t, &f, cfg.dense_inter),
+        }
+    }
+    t
+}
+
+/// Values a splitmix64 output yields: four 16-bit uniforms.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a of a tensor's name: each tensor draws its own stream.
+fn name_key(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3))
+}
+
+/// Uniform in `[-a, a)` from 16 random bits.
+fn uniform(bits: u64, a: f32) -> f32 {
+    ((bits & 0xffff) as f32 / 32768.0 - 1.0) * a
+}
+
+/// One tensor's entry, its values a function of (seed, name, index) only.
+fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> TensorEntry {
+    let n: usize = shape.iter().product();
+    let key = splitmix(seed ^ name_key(name));
+    let (dtype, bytes) = match fill {
+        Fill::Ones => (StoredDtype::Bf16, HostBytes::from_bf16_bits(&vec![half::bf16::ONE.to_bits(); n])),
+        Fill::Uniform(a) => {
+            let mut v = vec![0u16; n];
+            // Blocks of 4 values share one draw; 64 Ki values a task.
+            v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+                for (j, quad) in chunk.chunks_mut(4).enumerate() {
+                    let r = splitmix(key ^ ((c << 14) + j) as u64);
+                    for (q, x) in quad.iter_mut().enumerate() {
+                        *x = half::bf16::from_f32(uniform(r >> (16 * q), a)).to_bits();
+                    }
+                }
+            });
+            (StoredDtype::Bf16, HostBytes::from_bf16_bits(&v))
+        }
+        Fill::UniformF32(a) => {
+            let v: Vec<f32> = (0..n).map(|i| uniform(splitmix(key ^ i as u64), a)).collect();
+            (StoredDtype::F32, HostBytes::from_f32(&v))
+        }
+    };
+    TensorEntry { dtype, shape: shape.to_vec(), bytes }
+}
+
+/// Writes `table` and `config` as a model directory (`config.json` and one `model.safetensors`) that transformers
+/// and `--model DIR` open. Errors: I/O or serialization, with the path.
+pub fn write(dir: &Path, config: &[u8], table: &TensorTable) -> Result<(), CheckpointError> {
+    let io = |path: &Path| {
+        let p = path.display().to_string();
+        move |source| CheckpointError::Io { path: p, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let cfg_path = dir.join("config.json");
+    std::fs::write(&cfg_path, config).map_err(io(&cfg_path))?;
+    let views = table.tensors.iter().map(|(name, e)| {
+        let dt = match e.dtype {
+            StoredDtype::Bf16 => safetensors::Dtype::BF16,
+            StoredDtype::F16 => safetensors::Dtype::F16,
+            StoredDtype::F32 => safetensors::Dtype::F32,
+        };
+        let view = safetensors::tensor::TensorView::new(dt, e.shape.clone(), e.bytes.as_slice())
+            .expect("a generated tensor's bytes match its shape");
+        (name.clone(), view)
+    });
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path).map_err(|e| CheckpointError::Safetensors {
+        file: path.display().to_string(),
+        message: e.to_string(),
+    })
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 7's benchmarks in one call on the GPU machine: synthetic checkpoints of LFM2.5-24B-A2B's and LFM2-8B-A1B's
+# shapes (seeded random bf16 weights made in memory, `--model synthetic:SHAPE`): `bench forward` (exactness first,
+# then prefill, one-stream decode, peak device memory, the bandwidth floor), `bench engine` (shared-round decode at
+# 1..64 streams, replies checked against solo runs), a per-kernel profile of decode steps, and transformers on the
+# same 8B weights (`tensorfold synth` writes them). Runs the binary built with `--features cuda`, stripped and gzip'd
+# to carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
+#
+#   tools/cuda/bench_shapes.sh [STEPS]   STEPS: any of f24 e24 p24 f8 e8 hf8 (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/tensorfold-bench}
+mkdir -p "$OUT" carry/bin
+[ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
+BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
+STEPS=${1:-f24 e24 p24 f8 e8 hf8}
+for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export LD_LIBRARY_PATH XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} RUST_LOG=${RUST_LOG:-warn}
+summary=()
+run() { # name, timeout, command...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$(date +%s)
+    echo "== $name: $*" | tee -a "$OUT/$name.log"
+    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    summary+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
+    tail -30 "$OUT/$name.log"
+}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader)" | tee "$OUT/host.log"
+free -g | tee -a "$OUT/host.log"
+
+M24=synthetic:lfm2.5-24b-a2b
+M8=synthetic:lfm2-8b-a1b
+has f24 && run f24 240 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 2048,32768 --decode 128
+has e24 && run e24 240 "$BIN" bench engine --device cuda --model $M24 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
+has p24 && TENSORFOLD_CUDA_PROFILE=1 run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens "" --decode 16
+has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens 2048,32768 --decode 128
+has e8 && run e8 180 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
+if has hf8; then
+    run synth8 120 "$BIN" synth lfm2-8b-a1b --out /tmp/lfm2-8b-a1b-synthetic
+    run hf8 240 python3 tools/peers/hf_bench.py --model /tmp/lfm2-8b-a1b-synthetic --device cuda --prompt-lens 2048 \
+        --decode 256 --decode-prompt-len 48 --batches 4,8,16,64 --no-teacher-check
+fi
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+for f in f24 f8; do [ -f "$OUT/$f.log" ] && grep -E "exactness|prefill|decode|peak|floor" "$OUT/$f.log"; done
+for f in e24 e8; do [ -f "$OUT/$f.log" ] && grep -E "^ +[0-9]+ |equal:" "$OUT/$f.log"; done
+[ -f "$OUT/hf8.log" ] && grep -E "^(prefill|decode)" "$OUT/hf8.log"
