@@ -6,14 +6,14 @@
 # same 8B weights (`tensorfold synth` writes them). Runs the binary built with `--features cuda`, stripped and gzip'd
 # to carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
 #
-#   tools/cuda/bench_shapes.sh [STEPS]   STEPS: any of f24 e24 p24 f8 e8 hf8 (default: all)
+#   tools/cuda/bench_shapes.sh [STEPS]   STEPS: any of check f24 e24 p24 f8 e8 hf8 (default: all; check = tools/cuda/check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/tensorfold-bench}
 mkdir -p "$OUT" carry/bin
 [ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
 BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
-STEPS=${1:-f24 e24 p24 f8 e8 hf8}
+STEPS=${1:-check f24 e24 p24 f8 e8 hf8}
 for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
@@ -33,12 +33,14 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader)" | tee "$OUT/host.log"
 free -g | tee -a "$OUT/host.log"
 
+has check && { OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-100} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1; summary+=("check rc=$?"); grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"; }
 M24=synthetic:lfm2.5-24b-a2b
 M8=synthetic:lfm2-8b-a1b
-has f24 && run f24 240 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 2048,32768 --decode 128
+LENS=${LENS:-2048,32768}
+has f24 && run f24 240 "$BIN" bench forward --device cuda --model $M24 --prompt-lens $LENS --decode 128
 has e24 && run e24 240 "$BIN" bench engine --device cuda --model $M24 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
-has p24 && TENSORFOLD_CUDA_PROFILE=1 run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens "" --decode 16
-has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens 2048,32768 --decode 128
+has p24 && TENSORFOLD_CUDA_PROFILE=1 run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 16 --decode 16
+has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens $LENS --decode 128
 has e8 && run e8 180 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
 if has hf8; then
     run synth8 120 "$BIN" synth lfm2-8b-a1b --out /tmp/lfm2-8b-a1b-synthetic

@@ -103,6 +103,11 @@ pub trait Backend: Send + Sync {
     fn upload(&self, data: &[f32]) -> Self::Buf;
     /// A zeroed buffer of `len` elements.
     fn zeros(&self, len: usize) -> Self::Buf;
+    /// A buffer of `len` elements for an output the next kernel writes whole (no zeroing pass on a device; every
+    /// kernel's contract entry checks that it writes each output element). Defaults to [`Backend::zeros`].
+    fn scratch(&self, len: usize) -> Self::Buf {
+        self.zeros(len)
+    }
     /// Copies a device buffer back to the host.
     fn read(&self, b: &Self::Buf) -> Vec<f32>;
     /// An empty KV cache whose rows hold `width = kv_heads * head_dim` keys and as many values.

@@ -235,10 +235,10 @@ impl<B: Backend> Model<B> {
         let (b, w) = (&self.backend, &self.weights);
         let rows = tokens.len();
         let h = c.hidden;
-        let mut x = b.zeros(rows * h);
+        let mut x = b.scratch(rows * h);
         b.embed(&w.embed, tokens, &mut x)?;
-        let mut normed = b.zeros(rows * h);
-        let mut mixed = b.zeros(rows * h);
+        let mut normed = b.scratch(rows * h);
+        let mut mixed = b.scratch(rows * h);
         let all: Vec<usize> = (0..rows).collect();
         let mut taps: Vec<(usize, B::Buf)> = Vec::new();
         for (i, layer) in w.layers.iter().enumerate() {
@@ -246,9 +246,9 @@ impl<B: Backend> Model<B> {
             match &layer.mixer {
                 MixerWeights::Conv(cw) => {
                     let mut st: Vec<&mut B::Conv> = states.iter_mut().map(|s| conv_of(&mut s.layers[i])).collect();
-                    let mut bcx = b.zeros(rows * 3 * h);
+                    let mut bcx = b.scratch(rows * 3 * h);
                     b.linear(&normed, rows, &cw.in_proj, cw.in_bias.as_ref(), &mut bcx);
-                    let mut y = b.zeros(rows * h);
+                    let mut y = b.scratch(rows * h);
                     b.short_conv(&bcx, h, &cw.kernel, cw.kernel_bias.as_ref(), segs, &mut st, &mut y)?;
                     b.linear(&y, rows, &cw.out_proj, cw.out_bias.as_ref(), &mut mixed);
                 }
@@ -327,13 +327,13 @@ impl<B: Backend> Model<B> {
         let rows = segs.iter().map(|s| s.rows).sum::<usize>();
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let rope = RopeParams { theta: c.rope_theta, head_dim: c.head_dim, interleaved: false };
-        let (mut q, mut k, mut v) = (b.zeros(rows * qd), b.zeros(rows * kd), b.zeros(rows * kd));
+        let (mut q, mut k, mut v) = (b.scratch(rows * qd), b.scratch(rows * kd), b.scratch(rows * kd));
         b.linear(normed, rows, &aw.q, None, &mut q);
         b.linear(normed, rows, &aw.k, None, &mut k);
         b.linear(normed, rows, &aw.v, None, &mut v);
         b.qk_norm_rope(&mut q, c.heads, &aw.q_norm, c.norm_eps, rope, segs)?;
         b.qk_norm_rope(&mut k, c.kv_heads, &aw.k_norm, c.norm_eps, rope, segs)?;
-        let mut a = b.zeros(rows * qd);
+        let mut a = b.scratch(rows * qd);
         b.attention(&q, &k, &v, c.heads, c.kv_heads, segs, kv, &mut a)?;
         b.linear(&a, rows, &aw.o, None, out);
         Ok(())
@@ -349,9 +349,9 @@ impl<B: Backend> Model<B> {
             LogitRows::Rows(r) => r,
         };
         let picked = b.gather_rows(x, c.hidden, &rows);
-        let mut normed = b.zeros(rows.len() * c.hidden);
+        let mut normed = b.scratch(rows.len() * c.hidden);
         b.rmsnorm(&picked, &w.final_norm, c.norm_eps, c.hidden, &mut normed);
-        let mut logits = b.zeros(rows.len() * c.vocab);
+        let mut logits = b.scratch(rows.len() * c.vocab);
         b.linear(&normed, rows.len(), w.head.as_ref().unwrap_or(&w.embed), None, &mut logits);
         let picks = b.greedy(&logits, c.vocab);
         ForwardOut { rows, logits: b.read(&logits), picks }

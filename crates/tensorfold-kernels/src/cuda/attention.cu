@@ -133,10 +133,30 @@ extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, c
   float l = block_sum(p, red);  // its barriers also publish ps
   int nk = keys - start < KEY_CHUNK ? keys - start : KEY_CHUNK;
   float* out = part + (((u64)(row - (u64)row0) * (u64)heads + (u64)h) * (u64)max_chunks + (u64)chunk) * (u64)(hd + 2);
-  for (int d = t; d < hd; d += KEY_CHUNK) {
-    float o = 0.0f;
-    for (int i = 0; i < nk; i++) o = fmaf(ps[i], kv_row(r, r.v, vin, start + i, width, off)[d], o);
-    out[2 + d] = o;
+  if (hd > KEY_CHUNK) {
+    for (int d = t; d < hd; d += KEY_CHUNK) {
+      float o = 0.0f;
+      for (int i = 0; i < nk; i++) o = fmaf(ps[i], kv_row(r, r.v, vin, start + i, width, off)[d], o);
+      out[2 + d] = o;
+    }
+  } else {
+    // G = KEY_CHUNK / hd groups of hd threads: group g sums keys g, g+G, ... in key order (G chains in flight, not
+    // one), then thread d adds the G group sums in group order. The order depends only on nk and hd.
+    int groups = KEY_CHUNK / hd;
+    int g = t / hd;
+    int d = t - g * hd;
+    if (g < groups) {
+      float o = 0.0f;
+#pragma unroll 4
+      for (int i = g; i < nk; i += groups) o = fmaf(ps[i], kv_row(r, r.v, vin, start + i, width, off)[d], o);
+      red[t] = o;  // red is free after block_sum's last barrier
+    }
+    __syncthreads();
+    if (t < hd) {
+      float o = 0.0f;
+      for (int q = 0; q < groups; q++) o = o + red[q * hd + t];
+      out[2 + t] = o;
+    }
   }
   if (t == 0) {
     out[0] = m;

@@ -43,7 +43,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Sum of squares of n values by one warp: lane l accumulates elements l, l+32, ... with fmaf, then warp_sum.
-// The order depends only on n; rmsnorm and the q/k head norm share it.
+// The order depends only on n (the q/k head norm's; rmsnorm spreads a row over a block).
 __device__ __forceinline__ float row_sumsq(const float* x, int n, int lane) {
   float s = 0.0f;
   for (int i = lane; i < n; i += 32) s = fmaf(x[i], x[i], s);

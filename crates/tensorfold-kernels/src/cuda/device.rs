@@ -132,6 +132,8 @@ pub struct Dev {
     cache: Option<PathBuf>,
     modules: Mutex<Modules>,
     error: Mutex<Option<String>>,
+    /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
+    consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
     profile: Option<Mutex<Profile>>,
 }
@@ -187,6 +189,7 @@ impl Dev {
             cache: nvrtc::cache_dir(),
             modules: Mutex::default(),
             error: Mutex::default(),
+            consts: Mutex::default(),
             profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|_| Mutex::default()),
         }))
     }
@@ -214,6 +217,22 @@ impl Dev {
             self.htod(m.ptr, data)?;
         }
         Ok(m)
+    }
+
+    /// The device address of a copy of `words`, uploaded on first use and kept (keyed by the words themselves, so a
+    /// hit is always the same contents): tables that do not change between calls skip a host-to-device copy.
+    pub fn constant(&self, words: &[u64]) -> Result<u64, CudaError> {
+        let mut c = lock(&self.consts);
+        if let Some(m) = c.get(words) {
+            return Ok(m.ptr);
+        }
+        if c.len() >= 4096 {
+            c.clear(); // frees are stream-ordered: kernels queued before still read valid memory
+        }
+        let m = self.upload(words)?.ok_or(CudaError::Unallocated)?;
+        let ptr = m.ptr;
+        c.insert(words.to_vec(), m);
+        Ok(ptr)
     }
 
     /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes).

@@ -8,24 +8,26 @@ __device__ __forceinline__ int total_key(float v) {
 
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
-// One thread a row: kk times, the not yet chosen expert with the largest total_key(score + bias) (ties to the lower
-// id) goes to sel[r * kk + rank]; then weights as transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by
-// their rank-order sum + 1e-6 when norm, times rsf.
+// One warp a row: kk times, the not yet chosen expert with the largest total_key(score + bias) (ties to the lower
+// id) goes to sel[r * kk + rank] (lane l scans experts l, l+32, ...; a butterfly argmax picks the winner, which is
+// the same expert whatever the fold order: keys are exact and ties go to the lower id); then weights as
+// transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by their rank-order sum + 1e-6 when norm, times
+// rsf. At most 1024 experts (a lane's taken mask has 32 bits; the host checks).
 extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
                                      float rsf, int* sel, float* wts) {
-  int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
+  int lane = threadIdx.x & 31;
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;  // whole warps leave together
   const float* l = logits + (u64)r * (u64)ne;
   int* se = sel + (u64)r * (u64)kk;
   float* we = wts + (u64)r * (u64)kk;
+  u32 taken = 0;  // bit i: expert lane + 32 i was chosen
   float sum = 0.0f;
   for (int rank = 0; rank < kk; rank++) {
     int best = -1;
     int bk = 0;
-    for (int e = 0; e < ne; e++) {
-      bool taken = false;
-      for (int q = 0; q < rank; q++) taken = taken || se[q] == e;
-      if (taken) continue;
+    for (int e = lane, i = 0; e < ne; e += 32, i++) {
+      if (taken & (1u << i)) continue;
       float s = sigmoid_f(l[e]);
 #ifdef FAULT_MOE_NO_BIAS
       float key = s + 0.0f;
@@ -38,9 +40,19 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
         bk = tk;
       }
     }
-    se[rank] = best;
+    for (int o = 16; o > 0; o >>= 1) {
+      int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      int ok = __shfl_xor_sync(0xffffffffu, bk, o);
+      if (ob >= 0 && (best < 0 || ok > bk || (ok == bk && ob < best))) {
+        best = ob;
+        bk = ok;
+      }
+    }
+    if ((best & 31) == lane) taken |= 1u << (best >> 5);
+    if (lane == 0) se[rank] = best;
     sum = sum + sigmoid_f(l[best]);
   }
+  if (lane != 0) return;
   for (int rank = 0; rank < kk; rank++) {
     int e = se[rank];
     float s = sigmoid_f(l[e]);

@@ -26,6 +26,7 @@ pub(crate) fn moe(
     expect(x.len() == mul(rows, h)? && out.len() == x.len(), || format!("moe: x/out are not [{rows}, {h}]"))?;
     expect(experts.len() == ne, || format!("moe: {} experts for a router of {ne}", experts.len()))?;
     expect(expert_bias.is_none_or(|b| b.len() == ne), || format!("moe: expert_bias is not [{ne}]"))?;
+    expect(ne <= 1024, || format!("moe: {ne} experts; the routing kernel takes at most 1024"))?;
     let kk = p.top_k.min(ne);
     if rows == 0 {
         return Ok(());
@@ -63,7 +64,7 @@ pub(crate) fn moe(
         Arg::P(sel),
         Arg::P(wts.ptr()?),
     ];
-    be.dev.launch(&route, (int(rows.div_ceil(128), "blocks")? as u32, 1, 1), 128, 0, &args)?;
+    be.dev.launch(&route, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)?;
     let plan = be.func(Src::Moe, "moe_plan")?;
     let args = [
         Arg::P(sel),
@@ -78,9 +79,7 @@ pub(crate) fn moe(
         Arg::I(int(bound, "tiles")?),
     ];
     be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
-    let table = expert_table(experts)?;
-    let tm = be.dev.upload(&table)?;
-    let tab = tm.as_ref().map_or(0, |m| m.ptr);
+    let tab = be.dev.constant(&expert_table(experts)?)?;
     let plan = Plan { tab, tiles, ntiles, list, kk: kki, bound };
     let act = be.buf(mul(nassign, inter)?)?;
     let y = be.buf(mul(nassign, h)?)?;

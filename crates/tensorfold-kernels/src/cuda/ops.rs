@@ -110,7 +110,7 @@ pub(crate) fn rmsnorm(
         Arg::I(int(rows, "rows")?),
         Arg::P(out.ptr()?),
     ];
-    be.dev.launch(&f, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)
 }
 
 /// `out[r] = w x[r] (+ bias)`: one warp an output column, tiles of [`RT`] rows, the row tiles split over launches of

@@ -30,14 +30,30 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
 
 // Row-wise RMSNorm, one warp a row: x * (1 / sqrt(sumsq / width + eps)) * w, the sum of squares in row_sumsq's
 // fixed order.
-extern "C" __global__ void rmsnorm(const float* x, const float* w, float eps, int width, int rows, float* out) {
-  int warp = threadIdx.x >> 5;
-  int lane = threadIdx.x & 31;
-  int r = blockIdx.x * WPB + warp;
-  if (r >= rows) return;
+// One block of 256 threads a row (a decode step's single row then has 8 warps of loads in flight, not one): thread
+// t accumulates with fmaf the squares of elements t, t+256, ... in increasing order, each warp folds by warp_sum,
+// and thread 0 adds the 8 warp sums in warp order. The order depends only on width.
+extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int width, int rows,
+                                                          float* out) {
+  __shared__ float red[WPB];
+  __shared__ float total;
+  int t = threadIdx.x;
+  int r = blockIdx.x;
+  if (r >= rows) return;  // the whole block leaves together
   const float* xr = x + (u64)r * (u64)width;
   float* o = out + (u64)r * (u64)width;
-  float ss = row_sumsq(xr, width, lane);
+  float s = 0.0f;
+  for (int i = t; i < width; i += 32 * WPB) s = fmaf(xr[i], xr[i], s);
+  s = warp_sum(s);
+  if ((t & 31) == 0) red[t >> 5] = s;
+  __syncthreads();
+  if (t == 0) {
+    float a = 0.0f;
+    for (int i = 0; i < WPB; i++) a = a + red[i];
+    total = a;
+  }
+  __syncthreads();
+  float ss = total;
   float n = (float)width;
 #ifdef FAULT_RMS_NO_EPS
   eps = 0.0f;
@@ -46,7 +62,7 @@ extern "C" __global__ void rmsnorm(const float* x, const float* w, float eps, in
   n = (float)(width - 1);
 #endif
   float scale = 1.0f / sqrtf(ss / n + eps);
-  for (int c = lane; c < width; c += 32) o[c] = xr[c] * scale * w[c];
+  for (int c = t; c < width; c += 32 * WPB) o[c] = xr[c] * scale * w[c];
 }
 
 // acc[i] += y[i] for i < n.

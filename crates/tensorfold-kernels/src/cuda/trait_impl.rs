@@ -68,6 +68,16 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn scratch(&self, len: usize) -> CudaBuf {
+        match self.buf(len) {
+            Ok(b) => b,
+            Err(e) => {
+                self.dev.note("scratch", Err(e));
+                CudaBuf { mem: None, len }
+            }
+        }
+    }
+
     fn read(&self, b: &CudaBuf) -> Vec<f32> {
         let mut host = vec![f32::NAN; b.len()];
         if self.dev.pending() {

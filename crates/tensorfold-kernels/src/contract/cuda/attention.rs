@@ -3,7 +3,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, device_gate, limits, rd, split, up, with_fault};
+use super::{Planted, poisoned, device_gate, limits, rd, split, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, Segment};
 use crate::cuda::{CudaBackend, CudaKv, Src};
@@ -91,7 +91,7 @@ impl AttnCase {
         caches: &mut [CudaKv],
     ) -> Result<Vec<f32>, KernelError> {
         let (qw, kw) = (self.heads * self.hd, self.kw());
-        let mut out = be.zeros((b - a) * qw);
+        let mut out = poisoned(be, (b - a) * qw);
         let mut refs: Vec<&mut CudaKv> = caches.iter_mut().collect();
         let (q, k, v) =
             (up(be, &self.q[a * qw..b * qw]), up(be, &self.k[a * kw..b * kw]), up(be, &self.v[a * kw..b * kw]));
@@ -315,7 +315,7 @@ impl Kernel for BlockAttention {
             (0..n).map(|i| Segment { first_row: i * bs, rows: bs, start_pos: held[i], cache: i }).collect();
         let call = |a: usize, b: usize, segs: &[Segment], caches: &[&CudaKv]| -> Result<Vec<f32>, KernelError> {
             let (qw, kw) = (heads * hd, kw);
-            let mut out = be.zeros((b - a) * qw);
+            let mut out = poisoned(&be, (b - a) * qw);
             let (q, k, v) =
                 (up(&be, &case.q[a * qw..b * qw]), up(&be, &case.k[a * kw..b * kw]), up(&be, &case.v[a * kw..b * kw]));
             be.block_attention(&q, &k, &v, heads, kvh, segs, caches, &mut out)?;

@@ -2,7 +2,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, dense_names, device_gate, limits, rd, up, warp_dot_bound, with_fault};
+use super::{Planted, poisoned, dense_names, device_gate, limits, rd, up, warp_dot_bound, with_fault};
 use crate::backend::{Backend, Ffn};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, Src};
@@ -57,7 +57,7 @@ impl Linear {
         let wm = be.upload_mat(w).expect("upload the matrix");
         let x = uniform(rng, 2 * k);
         let bias = uniform(rng, n);
-        let (mut out, mut outb) = (be.zeros(2 * n), be.zeros(2 * n));
+        let (mut out, mut outb) = (poisoned(be, 2 * n), poisoned(be, 2 * n));
         let xb = up(be, &x);
         be.linear(&xb, 2, &wm, None, &mut out);
         be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
@@ -87,7 +87,7 @@ impl Linear {
         let n = wn.rows;
         let xs = uniform(rng, 33 * k);
         let call = |x: &[f32], rows: usize| {
-            let mut o = be.zeros(rows * n);
+            let mut o = poisoned(be, rows * n);
             be.linear(&up(be, x), rows, &wm, None, &mut o);
             rd(be, &o)
         };
@@ -208,7 +208,7 @@ impl Kernel for Swiglu {
             let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
             let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
             let call = |x: &[f32], rows: usize| {
-                let mut o = be.zeros(rows * h);
+                let mut o = poisoned(&be, rows * h);
                 be.swiglu(&up(&be, x), rows, &fm, &mut o);
                 rd(&be, &o)
             };

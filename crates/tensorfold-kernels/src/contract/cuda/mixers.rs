@@ -3,7 +3,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, device_gate, limits, rd, split, up, with_fault};
+use super::{Planted, poisoned, device_gate, limits, rd, split, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, RopeParams, Segment};
 use crate::cpu::{CpuConv, conv, ops};
@@ -112,7 +112,7 @@ impl QkRope {
         }
         // Position 0 leaves each head exactly as the rmsnorm kernel normalizes it (width head_dim).
         let at0 = call(&x[..w], &[Segment { first_row: 0, rows: 1, start_pos: 0, cache: 0 }]).unwrap_or_default();
-        let mut normed = be.zeros(w);
+        let mut normed = poisoned(be, w);
         be.rmsnorm(&up(be, &x[..w]), &norm, eps, hd, &mut normed);
         let same = bit_diffs(&at0, &rd(be, &normed)) == 0;
         let uncovered = matches!(
@@ -165,7 +165,7 @@ impl ConvCase {
     ) -> Result<Vec<f32>, KernelError> {
         let rows = segs.iter().map(|s| s.rows).sum::<usize>();
         let (w3, width) = (3 * self.width, self.width);
-        let mut out: CudaBuf = be.zeros(rows * width);
+        let mut out: CudaBuf = poisoned(be, rows * width);
         let mut refs: Vec<&mut CudaConv> = states.iter_mut().collect();
         let (wb, bb) = (up(be, &self.w), up(be, &self.b));
         be.short_conv(

@@ -2,7 +2,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, dense_names, device_gate, limits, rd, up, with_fault};
+use super::{Planted, poisoned, dense_names, device_gate, limits, rd, up, with_fault};
 use crate::backend::{Backend, Ffn, MoeParams};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaMat, Src};
@@ -38,7 +38,7 @@ struct MoeCase {
 
 impl MoeCase {
     fn call(&self, be: &CudaBackend, x: &[f32], rows: usize, p: MoeParams, bias: bool) -> Vec<f32> {
-        let mut o = be.zeros(rows * self.h);
+        let mut o = poisoned(be, rows * self.h);
         let b = bias.then(|| up(be, &self.bias));
         be.moe(&up(be, x), rows, &self.dgate, b.as_ref(), &self.dex, p, &mut o);
         rd(be, &o)

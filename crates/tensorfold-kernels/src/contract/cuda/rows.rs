@@ -2,7 +2,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, device_gate, limits, rd, up, with_fault};
+use super::{Planted, poisoned, device_gate, limits, rd, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, Pick};
 use crate::cuda::{CudaBackend, CudaBuf, Src};
@@ -65,13 +65,13 @@ impl Kernel for Embed {
         };
         let ids: Vec<u32> =
             (0..33).map(|i| if i == 0 { v as u32 - 1 } else { rng.random_range(0..v as u32) }).collect();
-        let mut out = be.zeros(33 * h);
+        let mut out = poisoned(&be, 33 * h);
         let ok = call(&ids, &mut out).is_ok();
         let got = rd(&be, &out);
         let want: Vec<f32> = ids.iter().flat_map(|&i| row64(&t, i as usize).into_iter().map(|x| x as f32)).collect();
         let one: Vec<Vec<f32>> = (0..33)
             .map(|r| {
-                let mut o = be.zeros(h);
+                let mut o = poisoned(&be, h);
                 let _ = call(&ids[r..r + 1], &mut o);
                 rd(&be, &o)
             })
@@ -79,18 +79,18 @@ impl Kernel for Embed {
         let inv: usize = WIDTHS
             .iter()
             .map(|&w| {
-                let mut o = be.zeros(w * h);
+                let mut o = poisoned(&be, w * h);
                 let _ = call(&ids[..w], &mut o);
                 let o = rd(&be, &o);
                 (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
             })
             .sum();
-        let refused = matches!(call(&[v as u32], &mut be.zeros(h)), Err(KernelError::TokenOutOfRange { .. }));
+        let refused = matches!(call(&[v as u32], &mut poisoned(&be, h)), Err(KernelError::TokenOutOfRange { .. }));
         // 8-bit affine tables widen as MatView::get computes them.
         let q = bf16_mat(rng, 500, 64, 1.0).quantize_q8(16).expect("groups of 16");
         let qm = be.upload_mat(&q).expect("upload the Q8 table");
         let qids: Vec<u32> = (0..9).map(|_| rng.random_range(0..500)).collect();
-        let mut qo = be.zeros(9 * 64);
+        let mut qo = poisoned(&be, 9 * 64);
         let q_ok = be.embed(&qm, &qids, &mut qo).is_ok();
         let qwant: Vec<f32> =
             qids.iter().flat_map(|&i| (0..64).map(move |c| (i, c))).map(|(i, c)| q.get(i as usize, c)).collect();
@@ -149,7 +149,7 @@ impl Kernel for RmsNorm {
         let be = with_fault(&self.0, RMS_PLANTS, fault);
         let eps = 1e-5f32;
         let call = |x: &[f32], w: &CudaBuf, width: usize| -> Vec<f32> {
-            let mut o = be.zeros(x.len());
+            let mut o = poisoned(&be, x.len());
             be.rmsnorm(&up(&be, x), w, eps, width, &mut o);
             rd(&be, &o)
         };
