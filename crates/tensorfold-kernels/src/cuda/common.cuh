@@ -42,12 +42,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Sum of squares of n values by one warp: lane l accumulates elements l, l+32, ... with fmaf, then warp_sum.
-// The order depends only on n (the q/k head norm's; rmsnorm spreads a row over a block).
+// Sum of squares of n values in the order of a 256-thread block: virtual thread t = 32 w + l accumulates with fmaf
+// the squares of elements t, t+256, ... in increasing order; group w folds its 32 by warp_sum; the 8 group sums add
+// in group order from 0. One warp computes it here (8 accumulators a lane, for the q/k head norm); rmsnorm spreads
+// the same order over a block, so a head of q and a row of the same values give the same bits.
 __device__ __forceinline__ float row_sumsq(const float* x, int n, int lane) {
-  float s = 0.0f;
-  for (int i = lane; i < n; i += 32) s = fmaf(x[i], x[i], s);
-  return warp_sum(s);
+  float total = 0.0f;
+  for (int w = 0; w < WPB; w++) {
+    float s = 0.0f;
+    for (int i = 32 * w + lane; i < n; i += 32 * WPB) s = fmaf(x[i], x[i], s);
+    total = total + warp_sum(s);
+  }
+  return total;
 }
 
 // exp through double, rounded once to f32: the correctly rounded value for nearly every input, as the CPU's

@@ -132,6 +132,8 @@ pub struct Dev {
     cache: Option<PathBuf>,
     modules: Mutex<Modules>,
     error: Mutex<Option<String>>,
+    /// Page-locked staging for small host-to-device copies (see [`Staging`]).
+    staging: Mutex<Option<Staging>>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
@@ -181,6 +183,8 @@ impl Dev {
         let (major, minor) = ctx.compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown device".to_string());
         keep_pool_memory(&ctx);
+        // The staging ring is allocated in this context.
+        ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
         Ok(Arc::new(Dev {
             ctx,
             stream,
@@ -190,6 +194,7 @@ impl Dev {
             modules: Mutex::default(),
             error: Mutex::default(),
             consts: Mutex::default(),
+            staging: Mutex::new(Staging::new()),
             profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|_| Mutex::default()),
         }))
     }
@@ -235,12 +240,35 @@ impl Dev {
         Ok(ptr)
     }
 
-    /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes).
+    /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes). Small copies (a call's
+    /// segment tables) go through page-locked staging, so they queue without the driver staging pageable memory.
     pub fn htod<T: Copy>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
         if src.is_empty() {
             return Ok(());
         }
         self.bind()?;
+        let bytes = std::mem::size_of_val(src);
+        if bytes <= STAGED_MAX {
+            let mut g = lock(&self.staging);
+            if let Some(st) = g.as_mut() {
+                if st.at + bytes > STAGING_BYTES {
+                    // Every copy queued from the ring so far must have run before its bytes are overwritten.
+                    self.sync()?;
+                    st.at = 0;
+                }
+                // SAFETY: [at, at + bytes) lies inside the page-locked block (checked above); nothing queued still
+                // reads it (the sync above, the ring only moving forward in between); src and the block don't overlap.
+                let staged = unsafe {
+                    let p = st.ptr.add(st.at);
+                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, p, bytes);
+                    std::slice::from_raw_parts(p as *const u8, bytes)
+                };
+                st.at += bytes.next_multiple_of(16);
+                // SAFETY: `dst` holds `bytes` (callers size it); `staged` stays untouched until the copy has run.
+                return unsafe { result::memcpy_htod_async(dst, staged, self.stream.cu_stream()) }
+                    .map_err(|e| driver("cuMemcpyHtoD", e));
+            }
+        }
         // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
         // returns, so `src` may be dropped afterwards.
         unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(|e| driver("cuMemcpyHtoD", e))
@@ -439,6 +467,13 @@ impl Dev {
     }
 }
 
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // Queued copies may still read the staging ring, which is freed with the Dev.
+        let _ = self.sync();
+    }
+}
+
 fn low_bytes(b: [u8; 4]) -> u64 {
     let mut s = [0u8; 8];
     s[..4].copy_from_slice(&b);
@@ -483,6 +518,38 @@ impl Dev {
             attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
             attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
         ))
+    }
+}
+
+/// Largest copy that goes through [`Staging`].
+const STAGED_MAX: usize = 64 << 10;
+/// Size of the page-locked staging ring.
+const STAGING_BYTES: usize = 4 << 20;
+
+/// A page-locked host ring for small host-to-device copies: a copy from pageable memory may make the driver stage it
+/// (and wait) on every call, and a decode step makes a hundred such copies. Bytes are written at `at` and only
+/// reused after a stream sync.
+struct Staging {
+    ptr: *mut u8,
+    at: usize,
+}
+
+// SAFETY: the ring is only touched under Dev's mutex; the pointer is a driver allocation valid on every thread.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// The ring, or `None` when page-locked memory cannot be had (copies then stay pageable).
+    fn new() -> Option<Self> {
+        // SAFETY: plain page-locked allocation; freed in Drop.
+        let p = unsafe { result::malloc_host(STAGING_BYTES, 0) }.ok()?;
+        Some(Self { ptr: p as *mut u8, at: 0 })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host; Dev (its owner) is dropped after its stream's work is done.
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
     }
 }
 

@@ -8,6 +8,9 @@ use crate::backend::{Ffn, KernelError, Pick, RopeParams, Segment};
 use crate::bytes::{Dtype, MatView};
 use crate::cpu::ops::{check_len, rope_inv_freq, row_positions};
 
+/// Threads of the greedy kernel's block (rows.cu's `GREEDY_THREADS`).
+const GREEDY_THREADS: u32 = 1024;
+
 /// A shape the CPU would have asserted on, as an error.
 pub(crate) fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), CudaError> {
     if ok { Ok(()) } else { Err(CudaError::Shape(what())) }
@@ -307,7 +310,7 @@ pub(crate) fn greedy(be: &CudaBackend, logits: &CudaBuf, vocab: usize) -> Result
     let pp = picks.as_ref().map_or(0, |m| m.ptr);
     let f = be.func(Src::Rows, "greedy")?;
     let args = [Arg::P(logits.ptr()?), Arg::U(logits.len() as u64), Arg::I(int(vocab, "vocab")?), Arg::P(pp)];
-    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)?;
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), GREEDY_THREADS, 0, &args)?;
     let mut host = vec![0u32; rows * 2];
     be.dev.dtoh(&mut host, pp)?;
     Ok(host.chunks_exact(2).map(|p| Pick { token: p[0], nonfinite: p[1] != 0 }).collect())

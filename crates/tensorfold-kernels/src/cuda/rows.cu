@@ -30,9 +30,9 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
 
 // Row-wise RMSNorm, one warp a row: x * (1 / sqrt(sumsq / width + eps)) * w, the sum of squares in row_sumsq's
 // fixed order.
-// One block of 256 threads a row (a decode step's single row then has 8 warps of loads in flight, not one): thread
-// t accumulates with fmaf the squares of elements t, t+256, ... in increasing order, each warp folds by warp_sum,
-// and thread 0 adds the 8 warp sums in warp order. The order depends only on width.
+// One block of 256 threads a row (a decode step's single row then has 8 warps of loads in flight, not one), in
+// row_sumsq's order: thread t accumulates with fmaf the squares of elements t, t+256, ..., each warp folds by
+// warp_sum, and thread 0 adds the 8 warp sums in warp order from 0. The order depends only on width.
 extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int width, int rows,
                                                           float* out) {
   __shared__ float red[WPB];
@@ -94,12 +94,15 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 #endif
 }
 
-// Greedy pick of each row: one block of 256 threads a row (the host launches exactly 256). picks[2r] is the first
+#define GREEDY_THREADS 1024
+
+// Greedy pick of each row: one block of GREEDY_THREADS threads a row (the host launches exactly that many). picks[2r] is the first
 // largest finite logit's id (0 when there is none), picks[2r+1] is 1 when the row holds a NaN or an infinity (or is
 // empty). `total` is the buffer's length; the last row may be shorter than vocab, as the CPU's chunks are.
-extern "C" __global__ void greedy(const float* logits, u64 total, int vocab, u32* picks) {
-  __shared__ float sv[256];
-  __shared__ int si[256];
+extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy(const float* logits, u64 total, int vocab,
+                                                                     u32* picks) {
+  __shared__ float sv[GREEDY_THREADS];
+  __shared__ int si[GREEDY_THREADS];
   int t = threadIdx.x;
   u64 row = blockIdx.x;
   u64 base = row * (u64)vocab;
@@ -108,7 +111,8 @@ extern "C" __global__ void greedy(const float* logits, u64 total, int vocab, u32
   float bv = 0.0f;
   int bi = -1;
   int nf = 0;
-  for (int i = t; i < len; i += 256) {
+#pragma unroll 4
+  for (int i = t; i < len; i += GREEDY_THREADS) {
     float v = l[i];
     if (!finite_f(v)) {
 #ifdef FAULT_GREEDY_NAN
@@ -124,7 +128,7 @@ extern "C" __global__ void greedy(const float* logits, u64 total, int vocab, u32
   sv[t] = bv;
   si[t] = bi;
   nf = __syncthreads_or(nf);
-  for (int s = 128; s > 0; s >>= 1) {
+  for (int s = GREEDY_THREADS / 2; s > 0; s >>= 1) {
     if (t < s) {
       int oi = si[t + s];
       float ov = sv[t + s];
