@@ -63,9 +63,6 @@ __device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, 
   int lane = threadIdx.x & 31;
   int first = lane * V;
   int steps = first < k ? (k - first + 32 * V - 1) / (32 * V) : 0;
-  // Unrolled so several 16-byte weight loads are in flight a lane (one at a time leaves a decode step's matrix-vector
-  // products latency-bound); the fmaf chain keeps its order.
-#pragma unroll 4
   for (int s = 0; s < steps; s++) {
     int c = first + 32 * V * (rev ? steps - 1 - s : s);
     if (V == 8) {
