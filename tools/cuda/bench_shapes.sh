@@ -40,11 +40,11 @@ LENS=${LENS:-2048,32768}
 has f24 && run f24 240 "$BIN" bench forward --device cuda --model $M24 --prompt-lens $LENS --decode 128
 has e24 && run e24 240 "$BIN" bench engine --device cuda --model $M24 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
 has p24 && TENSORFOLD_CUDA_PROFILE=1 run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 16 --decode 16
-has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens $LENS --decode 128
-has e8 && run e8 180 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
+has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens ${LENS8:-2048} --decode 128
+has e8 && run e8 120 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
 if has hf8; then
     run synth8 120 "$BIN" synth lfm2-8b-a1b --out /tmp/lfm2-8b-a1b-synthetic
-    run hf8 240 python3 tools/peers/hf_bench.py --model /tmp/lfm2-8b-a1b-synthetic --device cuda --prompt-lens 2048 \
+    run hf8 170 python3 tools/peers/hf_bench.py --model /tmp/lfm2-8b-a1b-synthetic --device cuda --prompt-lens 2048 \
         --decode 256 --decode-prompt-len 48 --batches 4,8,16,64 --no-teacher-check
 fi
 echo "== summary"
