@@ -46,15 +46,17 @@ impl Synthetic {
     pub fn parse(spec: &str) -> Result<Self, CheckpointError> {
         let (what, seed) = match spec.rsplit_once('@') {
             Some((w, s)) => {
-                let seed = s.parse::<u64>().map_err(|_| CheckpointError::Synthetic(format!("seed {s:?} is not a u64")))?;
+                let seed =
+                    s.parse::<u64>().map_err(|_| CheckpointError::Synthetic(format!("seed {s:?} is not a u64")))?;
                 (w, seed)
             }
             None => (spec, 0),
         };
         let config = match PRESETS.iter().find(|(n, _)| *n == what) {
             Some((_, json)) => json.as_bytes().to_vec(),
-            None if what.ends_with(".json") => std::fs::read(what)
-                .map_err(|source| CheckpointError::Io { path: what.to_string(), source })?,
+            None if what.ends_with(".json") => {
+                std::fs::read(what).map_err(|source| CheckpointError::Io { path: what.to_string(), source })?
+            }
             None => {
                 let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(CheckpointError::Synthetic(format!(
@@ -203,8 +205,6 @@ pub fn write(dir: &Path, config: &[u8], table: &TensorTable) -> Result<(), Check
         (name.clone(), view)
     });
     let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, None, &path).map_err(|e| CheckpointError::Safetensors {
-        file: path.display().to_string(),
-        message: e.to_string(),
-    })
+    safetensors::serialize_to_file(views, None, &path)
+        .map_err(|e| CheckpointError::Safetensors { file: path.display().to_string(), message: e.to_string() })
 }

@@ -220,7 +220,7 @@ impl LoadPlan {
             self.cfg.parallel
         );
         let text = loaded.text.map(Arc::new);
-        let engine = Engine::start(ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids }, self.cfg);
+        let engine = Engine::start(ModelTarget { model: Arc::new(loaded.model), eos: loaded.eos_ids }, self.cfg);
         Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: self.max_tokens }, engine))
     }
 }

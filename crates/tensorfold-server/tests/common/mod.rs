@@ -73,7 +73,10 @@ pub fn load(setup: &Setup) -> (Ready, Engine) {
         loaded.model.drafter = Some(d);
     }
     let text = loaded.text.map(Arc::new);
-    let engine = Engine::start(ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids }, setup.engine.clone());
+    let engine = Engine::start(
+        ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids },
+        setup.engine.clone(),
+    );
     let ready =
         Ready { engine: engine.handle(), text, context: setup.context, default_max_tokens: setup.default_max_tokens };
     (ready, engine)

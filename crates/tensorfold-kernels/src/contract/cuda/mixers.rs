@@ -3,7 +3,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, poisoned, device_gate, limits, rd, split, up, with_fault};
+use super::{Planted, device_gate, limits, poisoned, rd, split, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, RopeParams, Segment};
 use crate::cpu::{CpuConv, conv, ops};

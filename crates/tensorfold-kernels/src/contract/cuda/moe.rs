@@ -2,7 +2,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, poisoned, dense_names, device_gate, limits, rd, up, with_fault};
+use super::{Planted, dense_names, device_gate, limits, poisoned, rd, up, with_fault};
 use crate::backend::{Backend, Ffn, MoeParams};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaMat, Src};

@@ -2,7 +2,7 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, poisoned, device_gate, limits, rd, up, with_fault};
+use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, Pick};
 use crate::cuda::{CudaBackend, CudaBuf, Src};
