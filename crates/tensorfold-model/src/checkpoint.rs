@@ -147,7 +147,7 @@ impl TensorTable {
         if let Source::Synthetic(s) = src {
             let cfg = crate::config::ModelConfig::parse(&s.config)
                 .map_err(|e| CheckpointError::Synthetic(format!("{}: {e}", s.name)))?;
-            return Ok(s.table(&cfg));
+            return s.table(&cfg);
         }
         let files = match src.read("model.safetensors.index.json")? {
             Some(idx) => shard_files(&idx)?,

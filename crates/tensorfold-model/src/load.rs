@@ -73,6 +73,9 @@ pub fn read_config(src: &Source) -> Result<ModelConfig, OpenError> {
 /// Config, tensor table and dtype totals, without binding weights.
 pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
     let cfg = read_config(src)?;
+    if let Source::Synthetic(s) = src {
+        return Ok(synthetic_summary(cfg, s));
+    }
     let table = TensorTable::open(src)?;
     let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut params = 0;
@@ -85,6 +88,21 @@ pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
     }
     let has_tokenizer = src.read("tokenizer.json")?.is_some();
     Ok(Summary { cfg, params, bytes: table.total_bytes(), dtypes, files: table.files.clone(), has_tokenizer })
+}
+
+/// A synthetic checkpoint's summary from its tensor shapes, without making the values.
+fn synthetic_summary(cfg: ModelConfig, s: &crate::synthetic::Synthetic) -> Summary {
+    let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
+    let (mut params, mut bytes) = (0, 0);
+    for (_, shape, dt) in crate::synthetic::Synthetic::shapes(&cfg) {
+        let n: usize = shape.iter().product();
+        let b = n * if dt == crate::checkpoint::StoredDtype::F32 { 4 } else { 2 };
+        params += n;
+        bytes += b;
+        let e = dtypes.entry(dt.as_str()).or_default();
+        (e.0, e.1) = (e.0 + 1, e.1 + b);
+    }
+    Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false }
 }
 
 /// Opens a checkpoint on `backend`: admits the config, binds every tensor, reads the text files.

@@ -1,9 +1,9 @@
 //! Synthetic checkpoints: every tensor a config asks for, filled with seeded random bf16 values in memory, so the
 //! released shapes (LFM2.5-24B-A2B, LFM2-8B-A1B) can be benchmarked without their weights.
 //!
-//! The values are uniform in `[-a, a]` with `a = sqrt(3 / fan_in)` (unit variance through each linear), norms are
-//! 1.0 and expert biases small f32 values, so activations stay finite over 40 layers and routing spreads over the
-//! experts. Names and layouts are the released ones (experts one by one), so [`write`] gives a directory that
+//! The values are uniform in `[-a, a]` with `a = sqrt(3 / fan_in)` (unit variance through each linear; the embedding
+//! and tied head as a linear of fan-in `hidden`), norms are 1.0 and expert biases small f32 values, so activations
+//! stay finite over 40 layers and greedy decoding does not just repeat the input token (tested). Names and layouts are the released ones (experts one by one), so [`write`] gives a directory that
 //! transformers and our loader both open.
 
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorEntry, TensorTable};
@@ -42,21 +42,21 @@ enum Fill {
 
 impl Synthetic {
     /// Parses `SPEC[@SEED]`: SPEC is a preset name ([`PRESETS`]) or a `config.json` path; the seed defaults to 0.
-    /// Errors: an unknown preset or unreadable file, named.
+    /// A suffix after the last `@` is a seed only when it is a number, so a path may hold `@`. Errors: an unknown
+    /// preset, a bad seed or an unreadable file, named.
     pub fn parse(spec: &str) -> Result<Self, CheckpointError> {
         let (what, seed) = match spec.rsplit_once('@') {
-            Some((w, s)) => {
-                let seed =
-                    s.parse::<u64>().map_err(|_| CheckpointError::Synthetic(format!("seed {s:?} is not a u64")))?;
-                (w, seed)
-            }
+            Some((w, s)) => match s.parse::<u64>() {
+                Ok(seed) => (w, seed),
+                Err(_) if spec.ends_with(".json") => (spec, 0),
+                Err(_) => return Err(CheckpointError::Synthetic(format!("seed {s:?} is not a u64"))),
+            },
             None => (spec, 0),
         };
         let config = match PRESETS.iter().find(|(n, _)| *n == what) {
             Some((_, json)) => json.as_bytes().to_vec(),
-            None if what.ends_with(".json") => {
-                std::fs::read(what).map_err(|source| CheckpointError::Io { path: what.to_string(), source })?
-            }
+            None if what.ends_with(".json") => std::fs::read(what)
+                .map_err(|source| CheckpointError::Io { path: what.to_string(), source })?,
             None => {
                 let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(CheckpointError::Synthetic(format!(
@@ -67,26 +67,40 @@ impl Synthetic {
         Ok(Self { name: format!("synthetic:{what}@{seed}"), config, seed })
     }
 
-    /// Every tensor of `cfg`, generated (in parallel) from the seed.
-    pub fn table(&self, cfg: &ModelConfig) -> TensorTable {
-        let specs = tensors(cfg);
-        let tensors = specs
+    /// Every tensor's name, shape and stored dtype, without making any values (`inspect`).
+    pub fn shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, StoredDtype)> {
+        tensors(cfg)
             .into_iter()
-            .map(|(name, shape, fill)| {
-                let entry = make(&name, &shape, fill, self.seed);
-                (name, entry)
+            .map(|(n, shape, f)| {
+                let dt = if matches!(f, Fill::UniformF32(_)) { StoredDtype::F32 } else { StoredDtype::Bf16 };
+                (n, shape, dt)
             })
-            .collect();
-        TensorTable { tensors, files: vec![self.name.clone()] }
+            .collect()
+    }
+
+    /// Every tensor of `cfg`, generated (in parallel) from the seed. Errors: a tensor too large to allocate (a
+    /// refused allocation, never an abort).
+    pub fn table(&self, cfg: &ModelConfig) -> Result<TensorTable, CheckpointError> {
+        let mut out = std::collections::BTreeMap::new();
+        for (name, shape, fill) in tensors(cfg) {
+            let entry = make(&name, &shape, fill, self.seed)?;
+            out.insert(name, entry);
+        }
+        Ok(TensorTable { tensors: out, files: vec![self.name.clone()] })
     }
 }
+
+/// Expert biases: small, so they move routing without deciding it.
+const EXPERT_BIAS: f32 = 0.01;
 
 /// The tensors a config needs: `(name, shape, fill)` in the released naming.
 fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
     let (h, v) = (cfg.hidden, cfg.vocab);
     let lin = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
+    // The embedding (and tied head) at 1/sqrt(h), as a linear of fan-in h: a unit-variance embedding would dominate
+    // the residual stream, and the tied head would then pick the input token again at every step.
     let mut t = vec![
-        ("model.embed_tokens.weight".to_string(), vec![v, h], Fill::Uniform(3f32.sqrt())),
+        ("model.embed_tokens.weight".to_string(), vec![v, h], lin(h)),
         ("model.embedding_norm.weight".to_string(), vec![h], Fill::Ones),
     ];
     if !cfg.tied {
@@ -127,7 +141,7 @@ fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
             Some(m) if cfg.is_moe_layer(i) => {
                 t.push((format!("{f}.gate.weight"), vec![m.experts, h], lin(h)));
                 if m.use_expert_bias {
-                    t.push((format!("{f}.expert_bias"), vec![m.experts], Fill::UniformF32(0.01)));
+                    t.push((format!("{f}.expert_bias"), vec![m.experts], Fill::UniformF32(EXPERT_BIAS)));
                 }
                 for e in 0..m.experts {
                     ffn(&mut t, &format!("{f}.experts.{e}"), m.inter);
@@ -157,14 +171,30 @@ fn uniform(bits: u64, a: f32) -> f32 {
     ((bits & 0xffff) as f32 / 32768.0 - 1.0) * a
 }
 
+/// `n` zeroed values, or a named error when they cannot be allocated.
+fn alloc<T: Clone + Default>(name: &str, n: usize) -> Result<Vec<T>, CheckpointError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| CheckpointError::Synthetic(format!("tensor {name} ({n} values) cannot be allocated")))?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
 /// One tensor's entry, its values a function of (seed, name, index) only.
-fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> TensorEntry {
-    let n: usize = shape.iter().product();
+fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntry, CheckpointError> {
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| CheckpointError::Synthetic(format!("tensor {name} of shape {shape:?} overflows")))?;
     let key = splitmix(seed ^ name_key(name));
     let (dtype, bytes) = match fill {
-        Fill::Ones => (StoredDtype::Bf16, HostBytes::from_bf16_bits(&vec![half::bf16::ONE.to_bits(); n])),
+        Fill::Ones => {
+            let mut v = alloc::<u16>(name, n)?;
+            v.fill(half::bf16::ONE.to_bits());
+            (StoredDtype::Bf16, HostBytes::from_bf16_bits(&v))
+        }
         Fill::Uniform(a) => {
-            let mut v = vec![0u16; n];
+            let mut v = alloc::<u16>(name, n)?;
             // Blocks of 4 values share one draw; 64 Ki values a task.
             v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
                 for (j, quad) in chunk.chunks_mut(4).enumerate() {
@@ -177,11 +207,12 @@ fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> TensorEntry {
             (StoredDtype::Bf16, HostBytes::from_bf16_bits(&v))
         }
         Fill::UniformF32(a) => {
-            let v: Vec<f32> = (0..n).map(|i| uniform(splitmix(key ^ i as u64), a)).collect();
+            let mut v = alloc::<f32>(name, n)?;
+            v.iter_mut().enumerate().for_each(|(i, x)| *x = uniform(splitmix(key ^ i as u64), a));
             (StoredDtype::F32, HostBytes::from_f32(&v))
         }
     };
-    TensorEntry { dtype, shape: shape.to_vec(), bytes }
+    Ok(TensorEntry { dtype, shape: shape.to_vec(), bytes })
 }
 
 /// Writes `table` and `config` as a model directory (`config.json` and one `model.safetensors`) that transformers

@@ -66,7 +66,7 @@ fn a_written_directory_opens_to_the_same_logits() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = Synthetic::parse(&spec(&fixture_config("lfm2-moe-f32"), 3)).expect("spec");
     let cfg = ModelConfig::parse(&s.config).expect("config");
-    write(dir.path(), &s.config, &s.table(&cfg)).expect("written");
+    write(dir.path(), &s.config, &s.table(&cfg).expect("made")).expect("written");
     let from_disk = open(&Source::Dir(dir.path().to_path_buf()), CpuBackend).expect("opens").model;
     let in_memory = open_synthetic(&spec(&fixture_config("lfm2-moe-f32"), 3));
     assert_eq!(logits(&from_disk), logits(&in_memory));
@@ -102,4 +102,47 @@ fn bad_specs_are_refused_by_name() {
     let err = TensorTable::open(&src).expect_err("refused").to_string();
     assert!(err.starts_with("synthetic checkpoint:"), "{err}");
     assert!(open(&src, CpuBackend).is_err());
+}
+
+#[test]
+fn greedy_decoding_does_not_just_repeat_the_input_token() {
+    // A degenerate synthetic model (one that copies its last token) would let every exactness check pass trivially.
+    for fixture in ["lfm2-moe-f32", "lfm2-dense-f32"] {
+        let m = open_synthetic(&spec(&fixture_config(fixture), 0));
+        let mut st = m.new_state();
+        let mut tok = 77u32;
+        let mut out = Vec::new();
+        for pos in 0..24 {
+            let seg = Segment { first_row: 0, rows: 1, start_pos: pos, cache: 0 };
+            let f = m.forward(&[tok], &[seg], &mut [&mut st], LogitRows::Last).expect("forward");
+            assert!(!f.picks[0].nonfinite);
+            out.push(f.picks[0].token);
+            tok = f.picks[0].token;
+        }
+        let mut distinct = out.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() >= 8, "{fixture}: {out:?}");
+        assert!(out.windows(2).filter(|w| w[0] == w[1]).count() < 4, "{fixture}: {out:?}");
+    }
+}
+
+#[test]
+fn a_path_with_an_at_sign_and_sizes_past_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sub = dir.path().join("a@b");
+    std::fs::create_dir_all(&sub).expect("mkdir");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture_config("lfm2-moe-f32")).expect("read")).expect("json");
+    std::fs::write(sub.join("config.json"), serde_json::to_vec(&v).expect("json")).expect("write");
+    let path = sub.join("config.json");
+    let s = Synthetic::parse(&path.display().to_string()).expect("an @ inside a path is not a seed");
+    assert_eq!(s.seed, 0);
+    assert_eq!(Synthetic::parse(&spec(&path, 9)).expect("with a seed").seed, 9);
+    // A vocabulary no machine holds: a named error, not an aborted process.
+    v["vocab_size"] = (1u64 << 40).into();
+    std::fs::write(&path, serde_json::to_vec(&v).expect("json")).expect("write");
+    let src = Source::Synthetic(Arc::new(Synthetic::parse(&path.display().to_string()).expect("parses")));
+    let err = TensorTable::open(&src).expect_err("refused").to_string();
+    assert!(err.contains("cannot be allocated") || err.contains("overflows"), "{err}");
 }

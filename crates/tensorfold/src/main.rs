@@ -82,7 +82,7 @@ fn synth(spec: &str, out: &std::path::Path) -> anyhow::Result<ExitCode> {
     let s = tensorfold_model::synthetic::Synthetic::parse(spec)?;
     let cfg = tensorfold_model::ModelConfig::parse(&s.config)?;
     let t = std::time::Instant::now();
-    let table = s.table(&cfg);
+    let table = s.table(&cfg)?;
     tensorfold_model::synthetic::write(out, &s.config, &table)?;
     println!(
         "{}: {} tensors, {:.2} GiB, written to {} in {:.1} s",
