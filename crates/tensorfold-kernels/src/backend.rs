@@ -230,8 +230,8 @@ pub trait Backend: Send + Sync {
         host_copy_bandwidth()
     }
 
-    /// Device memory high-water marks in bytes since the backend opened: `(allocated, reserved by the pool)`;
-    /// `None` where memory is the host's (read the process's peak RSS instead).
+    /// Device memory high-water marks in bytes of the device's default pool, over the whole process (never reset):
+    /// `(allocated, reserved by the pool)`; `None` where memory is the host's (read the process's peak RSS instead).
     fn memory_high(&self) -> Option<(usize, usize)> {
         None
     }

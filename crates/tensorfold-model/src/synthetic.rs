@@ -55,8 +55,9 @@ impl Synthetic {
         };
         let config = match PRESETS.iter().find(|(n, _)| *n == what) {
             Some((_, json)) => json.as_bytes().to_vec(),
-            None if what.ends_with(".json") => std::fs::read(what)
-                .map_err(|source| CheckpointError::Io { path: what.to_string(), source })?,
+            None if what.ends_with(".json") => {
+                std::fs::read(what).map_err(|source| CheckpointError::Io { path: what.to_string(), source })?
+            }
             None => {
                 let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(CheckpointError::Synthetic(format!(

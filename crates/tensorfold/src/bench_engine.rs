@@ -100,6 +100,7 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
         "--levels needs numbers above 0"
     );
     anyhow::ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
+    anyhow::ensure!(a.check != Some(0), "--check must be at least 1 (every run's replies are checked)");
     let src = default_model::source(a.model.clone())?;
     let mut loaded =
         tensorfold_model::open(&src, backend.clone()).with_context(|| format!("opening {}", src.describe()))?;
@@ -137,9 +138,19 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
         a.grid.reps
     );
     let chunk = cfg.prefill_chunk;
-    // The solo runs use the same weights (the engine is idle while they run): one copy on the device.
-    let solo_model = std::sync::Arc::new(loaded.model);
-    let engine = Engine::start(ModelTarget { model: solo_model.clone(), eos: loaded.eos_ids }, cfg);
+    // Plain runs: the solo runs share the engine's weights (the engine is idle while they run), one copy on the
+    // device. Drafted runs: the solo reference is a second copy without the drafter, independent of its code path.
+    let model = std::sync::Arc::new(loaded.model);
+    let solo_model = if drafting {
+        std::sync::Arc::new(
+            tensorfold_model::open(&src, backend.clone())
+                .with_context(|| format!("opening {} for the solo runs", src.describe()))?
+                .model,
+        )
+    } else {
+        model.clone()
+    };
+    let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
     println!(
         "level  temp  mode     aggregate tok/s  per-stream tok/s  TTFT ms  drafted  accepted  mean acc len  equal"

@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, c
     __syncthreads();
     if (t < hd) {
       float o = 0.0f;
-      for (int q = 0; q < groups; q++) o = o + red[q * hd + t];
+      for (int gi = 0; gi < groups; gi++) o = o + red[gi * hd + t];
       out[2 + t] = o;
     }
   }

@@ -9,7 +9,8 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// Warps per block of the warp-per-item kernels (rmsnorm, linear, q/k norm): 8 warps, 256 threads.
+// Warps per block of the warp-per-item kernels (linear, q/k norm, MoE routing) and of rmsnorm's block: 8 warps, 256
+// threads.
 #define WPB 8
 // Rows a linear tile shares its weight loads over (a MoE expert tile holds at most RT rows too).
 #define RT 8

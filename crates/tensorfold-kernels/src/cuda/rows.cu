@@ -28,8 +28,7 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
   out[i] = v;
 }
 
-// Row-wise RMSNorm, one warp a row: x * (1 / sqrt(sumsq / width + eps)) * w, the sum of squares in row_sumsq's
-// fixed order.
+// Row-wise RMSNorm: x * (1 / sqrt(sumsq / width + eps)) * w.
 // One block of 256 threads a row (a decode step's single row then has 8 warps of loads in flight, not one), in
 // row_sumsq's order: thread t accumulates with fmaf the squares of elements t, t+256, ..., each warp folds by
 // warp_sum, and thread 0 adds the 8 warp sums in warp order from 0. The order depends only on width.
@@ -96,9 +95,9 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 
 #define GREEDY_THREADS 1024
 
-// Greedy pick of each row: one block of GREEDY_THREADS threads a row (the host launches exactly that many). picks[2r] is the first
-// largest finite logit's id (0 when there is none), picks[2r+1] is 1 when the row holds a NaN or an infinity (or is
-// empty). `total` is the buffer's length; the last row may be shorter than vocab, as the CPU's chunks are.
+// Greedy pick of each row: one block of GREEDY_THREADS threads a row (the host launches exactly that many).
+// picks[2r] is the first largest finite logit's id (0 when there is none), picks[2r+1] is 1 when the row holds a NaN
+// or an infinity (or is empty). `total` is the buffer's length; the last row may be shorter than vocab, as the CPU's chunks are.
 extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy(const float* logits, u64 total, int vocab,
                                                                      u32* picks) {
   __shared__ float sv[GREEDY_THREADS];

@@ -55,13 +55,13 @@ pub(super) fn up(be: &CudaBackend, x: &[f32]) -> CudaBuf {
     be.upload(x)
 }
 
-/// A device buffer on the host.
 /// An output buffer filled with NaN: an element a kernel fails to write reads back NaN and fails its check
 /// (production outputs are uninitialized `scratch`).
 pub(super) fn poisoned(be: &CudaBackend, n: usize) -> CudaBuf {
     be.upload(&vec![f32::NAN; n])
 }
 
+/// A device buffer on the host.
 pub(super) fn rd(be: &CudaBackend, b: &CudaBuf) -> Vec<f32> {
     be.read(b)
 }
