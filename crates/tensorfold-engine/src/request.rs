@@ -128,6 +128,10 @@ pub struct Stats {
     pub windows: usize,
     /// `accepted_at[k]`: windows whose draft k (0-based) was accepted (acceptance per position).
     pub accepted_at: Vec<usize>,
+    /// The drafter's error, when it failed for this stream (a non-finite score, a pick past the vocabulary). The
+    /// stream then decoded on without drafts: its tokens are the same, since drafts only decide how many tokens a
+    /// round commits, and the target's state is untouched by a block pass.
+    pub draft_error: Option<String>,
 }
 
 impl Stats {

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub accepted_at: Vec<usize>,
     /// An engine fault after the reply started (the stream failed; others go on).
     pub error: Option<String>,
+    /// The drafter's error for this reply, if it failed (the reply then finished without drafts).
+    pub draft_error: Option<String>,
 }
 
 impl Outcome {
@@ -63,6 +65,7 @@ impl Outcome {
     fn take_draft_stats(&mut self, stats: &tensorfold_engine::Stats) {
         (self.drafted, self.accepted, self.windows) = (stats.drafted, stats.accepted, stats.windows);
         self.accepted_at = stats.accepted_at.clone();
+        self.draft_error = stats.draft_error.clone();
     }
 
     /// Mean accepted length: committed tokens per verify window with drafts (0 without drafts).
@@ -163,6 +166,7 @@ impl Running {
             windows: 0,
             accepted_at: Vec::new(),
             error: None,
+            draft_error: None,
         };
         let (mut pending, mut lps) = (Vec::new(), Vec::new());
         let mut last = self.started;

@@ -205,6 +205,7 @@ fn engine_block(o: &Outcome) -> Value {
         "verify_windows": o.windows,
         "accepted_by_position": o.accepted_at,
         "mean_accepted_length": o.mean_accepted_length(),
+        "draft_error": o.draft_error,
         "seed": o.seed
     })
 }

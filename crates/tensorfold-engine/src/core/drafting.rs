@@ -85,13 +85,14 @@ impl<T: Target> Core<T> {
     pub(super) fn open_lanes(&mut self, mode: Mode) {
         let (on, guarded) = (self.cfg.max_draft > 0 && mode == Mode::Drafted, self.cfg.stream_guard);
         for s in &mut self.lanes {
-            let wants = s.pending.is_some() && s.req.draft;
+            let wants = s.pending.is_some() && s.req.draft && s.stats.draft_error.is_none();
             s.open = wants && (!guarded || s.guard.allow()) && on;
         }
     }
 
     /// One drafter block pass over every stream that drafts this round and has no context copy (one batched
-    /// call; on an error each stream is retried alone, so only a stream that fails alone fails).
+    /// call; on an error each stream is retried alone). A stream whose pass fails alone records the error in its
+    /// stats and decodes on without drafts (this round and after): it is never failed for its drafter.
     pub(super) fn draft_blocks(&mut self) {
         for s in &mut self.lanes {
             s.block.clear();
@@ -126,7 +127,10 @@ impl<T: Target> Core<T> {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
             match r {
                 Ok(b) => (self.lanes[i].block, self.lanes[i].conf) = (b.tokens, b.confidence),
-                Err(e) => self.finish(i, FinishReason::Error, Some(e)),
+                Err(e) => {
+                    let s = &mut self.lanes[i];
+                    (s.stats.draft_error, s.open) = (Some(e), false);
+                }
             }
         }
     }
