@@ -3,7 +3,7 @@
 //! test target.
 
 use tensorfold_kernels::{Backend, Segment};
-use tensorfold_model::drafter::DraftBlock;
+use tensorfold_model::drafter::{DraftBlock, Picker};
 use tensorfold_model::{ForwardError, LogitRows, Model, StreamState};
 
 /// A model the engine can run.
@@ -47,6 +47,16 @@ pub trait Target: Send + 'static {
     /// the target has no drafter. `blocks[i].tokens[k]` proposes the token after position `pos + k`.
     fn draft(&self, _states: &[&Self::State], _anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         None
+    }
+    /// [`Target::draft`] with a picker per stream for sampled requests (`None`: greedy drafts); targets without
+    /// pickers ignore them.
+    fn draft_keyed(
+        &self,
+        states: &[&Self::State],
+        anchors: &[u32],
+        _pickers: &[Option<&Picker>],
+    ) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+        self.draft(states, anchors)
     }
 }
 
@@ -128,6 +138,16 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     fn draft(&self, states: &[&StreamState<B>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.model.drafter.as_ref()?;
         Some(self.model.draft(states, anchors, false))
+    }
+
+    fn draft_keyed(
+        &self,
+        states: &[&StreamState<B>],
+        anchors: &[u32],
+        pickers: &[Option<&Picker>],
+    ) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+        self.model.drafter.as_ref()?;
+        Some(self.model.draft_with(states, anchors, false, pickers))
     }
 
     fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {

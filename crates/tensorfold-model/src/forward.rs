@@ -294,12 +294,24 @@ impl<B: Backend> Model<B> {
     }
 
     /// The drafter's block pass for several streams: `anchors[i]` is stream i's pending token, at the
-    /// stream's position. Errors: [`ForwardError::NoDrafter`], a non-finite score, or a position mismatch.
+    /// stream's position; greedy drafts. Errors: [`ForwardError::NoDrafter`], a non-finite score, or a position
+    /// mismatch.
     pub fn draft(
         &self,
         states: &[&StreamState<B>],
         anchors: &[u32],
         want_scores: bool,
+    ) -> Result<Vec<DraftBlock>, ForwardError> {
+        self.draft_with(states, anchors, want_scores, &[])
+    }
+
+    /// [`Model::draft`] with a [`Picker`](crate::drafter::Picker) per stream (`None` or missing: greedy drafts).
+    pub fn draft_with(
+        &self,
+        states: &[&StreamState<B>],
+        anchors: &[u32],
+        want_scores: bool,
+        pickers: &[Option<&crate::drafter::Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let d = self.drafter.as_ref().ok_or(ForwardError::NoDrafter)?;
         if let Some(&id) = anchors.iter().find(|&&t| t as usize >= self.cfg.vocab) {
@@ -312,7 +324,7 @@ impl<B: Backend> Model<B> {
             states.iter().map(|s| s.draft.as_ref().ok_or(ForwardError::NoDrafter)).collect::<Result<_, _>>()?;
         let at: Vec<(u32, usize)> = anchors.iter().zip(states).map(|(&t, s)| (t, s.pos)).collect();
         let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
-        d.block(&self.backend, &self.weights.embed, head, &at, &ds, want_scores)
+        d.block(&self.backend, &self.weights.embed, head, &at, &ds, want_scores, pickers)
     }
 
     fn attention(

@@ -8,7 +8,7 @@ use crate::request::{FinishReason, RequestId};
 use crate::sampler::{SamplingParams, draw};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
-use tensorfold_model::drafter::DraftBlock;
+use tensorfold_model::drafter::{DraftBlock, Picker};
 
 /// Verify faults the drafting tests plant to prove they turn red.
 #[doc(hidden)]
@@ -108,7 +108,20 @@ impl<T: Target> Core<T> {
         let run = |lanes: &[Stream<T::State>], ids: &[usize]| {
             let states: Vec<&T::State> = ids.iter().map(|&i| &lanes[i].state).collect();
             let anchors: Vec<u32> = ids.iter().map(|&i| lanes[i].pending.expect("drafting lanes decode")).collect();
-            self.target.draft(&states, &anchors)
+            // Sampled requests draft with their own keyed draw at each draft's position (the pending token sits
+            // at `pos`; draft k is checked against the draw at `pos + 1 + k`).
+            let pickers: Vec<Option<Box<Picker>>> = ids
+                .iter()
+                .map(|&i| {
+                    let params = lanes[i].req.params;
+                    let pos = self.target.pos(&lanes[i].state);
+                    let pick: Option<Box<Picker>> = (!params.is_greedy())
+                        .then(|| Box::new(move |k: usize, s: &[f32]| draw(&params, (pos + 1 + k) as u64, s).ok()) as _);
+                    pick
+                })
+                .collect();
+            let refs: Vec<Option<&Picker>> = pickers.iter().map(|p| p.as_deref()).collect();
+            self.target.draft_keyed(&states, &anchors, &refs)
         };
         let results: Vec<Result<DraftBlock, String>> = match run(&self.lanes, &want) {
             None => return,

@@ -46,6 +46,12 @@ impl<B: Backend> Clone for DraftState<B> {
     }
 }
 
+/// A stream's draft pick for sampled requests: given the block row `k` (the draft for the position `k + 1` after the
+/// anchor's) and that row's scores `[vocab]`, the token to propose, or `None` for the greedy pick. The engine passes
+/// the request's keyed draw at that position: sharing the target's Gumbel noise couples the two draws, so a drafter
+/// close to the target proposes the token the target will draw (lossless either way: only equal tokens are kept).
+pub type Picker = dyn Fn(usize, &[f32]) -> Option<u32> + Send + Sync;
+
 /// One stream's drafted block: `tokens[k]` proposes position `anchor_pos + k + 1`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DraftBlock {
@@ -150,7 +156,8 @@ impl<B: Backend> Drafter<B> {
 
     /// The block pass for several streams at once: stream i's block is `[anchors[i].0, mask x (B-1)]` at
     /// positions `anchors[i].1 ..`, which must equal its context length. `embed`/`head` are the target's
-    /// `[vocab, d]` tables. Returns one block per stream; a non-finite score is [`ForwardError::DraftNonfinite`].
+    /// `[vocab, d]` tables. `pickers[i]`, when present, picks stream i's drafts instead of the greedy chain (see
+    /// [`Picker`]). Returns one block per stream; a non-finite score is [`ForwardError::DraftNonfinite`].
     pub fn block(
         &self,
         b: &B,
@@ -159,6 +166,7 @@ impl<B: Backend> Drafter<B> {
         anchors: &[(u32, usize)],
         states: &[&DraftState<B>],
         want_scores: bool,
+        pickers: &[Option<&Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v) = (anchors.len(), c.block, c.hidden, c.vocab);
@@ -182,7 +190,7 @@ impl<B: Backend> Drafter<B> {
         b.rmsnorm(&h, &w.norm, c.eps, d, &mut y);
         let mut logits = b.zeros(rows * v);
         b.linear(&y, rows, head, None, &mut logits);
-        self.markov(b, &logits, &y, anchors, want_scores)
+        self.markov(b, &logits, &y, anchors, want_scores, pickers)
     }
 
     fn layer(
@@ -216,7 +224,9 @@ impl<B: Backend> Drafter<B> {
     }
 
     /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`,
-    /// greedy pick (ties to the lowest id), and the confidence `sigmoid(w . [y_k ; W1[prev_k]] + b)`.
+    /// greedy pick (ties to the lowest id) or the stream's picker, and the confidence
+    /// `sigmoid(w . [y_k ; W1[prev_k]] + b)`.
+    #[allow(clippy::too_many_arguments)]
     fn markov(
         &self,
         b: &B,
@@ -224,6 +234,7 @@ impl<B: Backend> Drafter<B> {
         y: &B::Buf,
         anchors: &[(u32, usize)],
         want_scores: bool,
+        pickers: &[Option<&Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
@@ -253,9 +264,16 @@ impl<B: Backend> Drafter<B> {
                 }
                 None => Vec::new(),
             };
-            let scores = if want_scores { b.read(&s) } else { Vec::new() };
+            let picked = pickers.iter().any(Option::is_some);
+            let scores = if want_scores || picked { b.read(&s) } else { Vec::new() };
+            let chosen: Vec<u32> = (0..n)
+                .map(|i| {
+                    let pick = pickers.get(i).copied().flatten().and_then(|p| p(k, &scores[i * v..(i + 1) * v]));
+                    pick.filter(|&t| (t as usize) < v).unwrap_or(picks[i].token)
+                })
+                .collect();
             for (i, blk) in out.iter_mut().enumerate() {
-                blk.tokens.push(picks[i].token);
+                blk.tokens.push(chosen[i]);
                 if let Some(&cv) = conf.get(i) {
                     blk.confidence.push(cv);
                 }
@@ -263,7 +281,7 @@ impl<B: Backend> Drafter<B> {
                     blk.scores.extend_from_slice(&scores[i * v..(i + 1) * v]);
                 }
             }
-            prev = picks.iter().map(|p| p.token).collect();
+            prev = chosen;
         }
         Ok(out)
     }
