@@ -324,7 +324,7 @@ impl<B: Backend> Model<B> {
             states.iter().map(|s| s.draft.as_ref().ok_or(ForwardError::NoDrafter)).collect::<Result<_, _>>()?;
         let at: Vec<(u32, usize)> = anchors.iter().zip(states).map(|(&t, s)| (t, s.pos)).collect();
         let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
-        d.block(&self.backend, &self.weights.embed, head, &at, &ds, want_scores, pickers)
+        d.block(&self.backend, (&self.weights.embed, head), &at, &ds, want_scores, pickers)
     }
 
     fn attention(

@@ -161,8 +161,7 @@ impl<B: Backend> Drafter<B> {
     pub fn block(
         &self,
         b: &B,
-        embed: &B::Mat,
-        head: &B::Mat,
+        (embed, head): (&B::Mat, &B::Mat),
         anchors: &[(u32, usize)],
         states: &[&DraftState<B>],
         want_scores: bool,
