@@ -197,3 +197,32 @@ fn eight_bit_drafter_linears_are_a_quarter_of_f32_and_stay_close_to_the_referenc
     }
     assert!(same >= 12, "most 8-bit picks equal the bf16 reference's: {same} of 16");
 }
+
+#[test]
+fn a_picker_chooses_each_draft_and_feeds_the_markov_chain() {
+    let m = model();
+    let r = reference();
+    let s = consumed(&m, &r.tokens[..9], 4);
+    let greedy = draft_one(&m, &s, r.tokens[9]);
+    let v = m.cfg.vocab;
+    // Picks are the picker's: 3, 4, 5, ... (the chain then runs from those, so later scores differ from greedy's).
+    let fixed = move |k: usize, scores: &[f32]| {
+        assert_eq!(scores.len(), v, "a picker sees one row of scores");
+        Some(3 + k as u32)
+    };
+    let picked = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(&fixed)]).expect("draft").remove(0);
+    assert_eq!(picked.tokens, (0..picked.tokens.len()).map(|k| 3 + k as u32).collect::<Vec<_>>());
+    assert_eq!(picked.scores[..v], greedy.scores[..v], "row 0 comes before any pick");
+    assert_ne!(picked.scores[v..2 * v], greedy.scores[v..2 * v], "row 1 follows the picked token, not the greedy one");
+    // No pick, or one past the vocabulary: the greedy chain.
+    let none = |_: usize, _: &[f32]| None;
+    let past = move |_: usize, _: &[f32]| Some(v as u32 + 5);
+    for p in [&none as &tensorfold_model::drafter::Picker, &past] {
+        let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(p)]).expect("draft").remove(0);
+        assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()));
+    }
+    // In a batch, a picker applies to its own stream only.
+    let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(&fixed)]).expect("batch");
+    assert_eq!(two[0].tokens, greedy.tokens);
+    assert_eq!(two[1].tokens, picked.tokens);
+}
