@@ -55,9 +55,8 @@ impl Synthetic {
         };
         let config = match PRESETS.iter().find(|(n, _)| *n == what) {
             Some((_, json)) => json.as_bytes().to_vec(),
-            None if what.ends_with(".json") => {
-                std::fs::read(what).map_err(|source| CheckpointError::Io { path: what.to_string(), source })?
-            }
+            None if what.ends_with(".json") => std::fs::read(what)
+                .map_err(|e| CheckpointError::Synthetic(format!("cannot read the config {what}: {e}")))?,
             None => {
                 let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(CheckpointError::Synthetic(format!(
@@ -221,7 +220,7 @@ fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntr
 pub fn write(dir: &Path, config: &[u8], table: &TensorTable) -> Result<(), CheckpointError> {
     let io = |path: &Path| {
         let p = path.display().to_string();
-        move |source| CheckpointError::Io { path: p, source }
+        move |e: std::io::Error| CheckpointError::Synthetic(format!("cannot write {p}: {e}"))
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let cfg_path = dir.join("config.json");
@@ -238,5 +237,12 @@ pub fn write(dir: &Path, config: &[u8], table: &TensorTable) -> Result<(), Check
     });
     let path = dir.join("model.safetensors");
     safetensors::serialize_to_file(views, None, &path)
-        .map_err(|e| CheckpointError::Safetensors { file: path.display().to_string(), message: e.to_string() })
+        .map_err(|e| CheckpointError::Safetensors { file: path.display().to_string(), message: e.to_string() })?;
+    // Readable by others (peers may run as another user), as a plain file write would leave it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).map_err(io(&path))?;
+    }
+    Ok(())
 }

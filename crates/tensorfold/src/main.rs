@@ -79,6 +79,8 @@ fn main() -> ExitCode {
 
 /// `tensorfold synth`: generates the tensors and writes them.
 fn synth(spec: &str, out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    // The `--model` form (`synthetic:SHAPE`) is accepted too.
+    let spec = spec.strip_prefix(default_model::SYNTHETIC).unwrap_or(spec);
     let s = tensorfold_model::synthetic::Synthetic::parse(spec)?;
     let cfg = tensorfold_model::ModelConfig::parse(&s.config)?;
     let t = std::time::Instant::now();
