@@ -213,3 +213,47 @@ fn inside_the_core_the_guard_turns_off_drafts_that_do_not_pay_and_keeps_those_th
     assert!(bad_drafted * 5 < bad_all, "the guard cut useless drafts: {bad_drafted} of {bad_all}");
     assert!(good_drafted > 1500, "drafts that pay are kept: {good_drafted}");
 }
+
+#[test]
+fn round_and_forward_seconds_split_a_round_into_the_forward_and_the_rest() {
+    // The clock moves only inside forwards (1 ms + 0.1 ms a row) and block passes (0.5 ms): the rest of a round is
+    // free, so plain rounds are all forward and drafted ones differ by the block passes alone.
+    for draft in [false, true] {
+        let clock = Ticks(Arc::new(AtomicU64::new(0)), Instant::now());
+        let t = Timed {
+            inner: FakeTarget::new(),
+            clock: clock.clone(),
+            base_us: 1000,
+            row_us: 100,
+            draft_us: 500,
+            good: 3,
+        };
+        let cfg = EngineConfig {
+            parallel: 2,
+            copy_min: 0,
+            round_guard: false,
+            stream_guard: false,
+            ..EngineConfig::default()
+        };
+        let mut core = Core::new(t, cfg, Box::new(clock.clone()));
+        let _rx: Vec<_> = (0..2u32)
+            .map(|i| {
+                let (tx, rx) = channel();
+                let r = Request { ignore_eos: true, draft, ..Request::greedy(vec![1 + i, 2, 3], 40) };
+                core.submit(r, tx).expect("admitted");
+                rx
+            })
+            .collect();
+        while core.step() {}
+        let m = core.metrics();
+        let total = clock.0.load(Ordering::SeqCst) as f64 * 1e-9;
+        assert!((m.round_seconds - total).abs() < 1e-9, "every tick falls in a round: {} vs {total}", m.round_seconds);
+        let host = m.round_seconds - m.forward_seconds;
+        if draft {
+            assert!(m.drafted_tokens > 0);
+            assert!(host > 0.0 && (host / 500e-6 - (host / 500e-6).round()).abs() < 1e-6, "block passes: {host}");
+        } else {
+            assert!(host.abs() < 1e-9, "plain rounds are all forward: {host}");
+        }
+    }
+}

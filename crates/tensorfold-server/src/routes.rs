@@ -328,6 +328,9 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         metrics::counter!("tensorfold_prompt_cache_hits_total").absolute(m.cache.hits);
         metrics::counter!("tensorfold_prompt_cache_reused_tokens_total").absolute(m.cache.reused_tokens);
         metrics::counter!("tensorfold_rounds_total").absolute(m.rounds);
+        // Cumulative seconds (monotonic; exported as gauges because the counter type holds integers).
+        metrics::gauge!("tensorfold_round_seconds_total").set(m.round_seconds);
+        metrics::gauge!("tensorfold_forward_seconds_total").set(m.forward_seconds);
         metrics::counter!("tensorfold_drafted_tokens_total").absolute(m.drafted_tokens);
         metrics::counter!("tensorfold_accepted_tokens_total").absolute(m.accepted_tokens);
         metrics::counter!("tensorfold_draft_windows_total").absolute(m.draft_windows);

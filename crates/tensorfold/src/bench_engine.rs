@@ -3,7 +3,8 @@
 //! tokens over the wall time from submission to the last `Finished`), per-stream decode tok/s and TTFT medians
 //! over the reps; then every concurrent reply's token_sha256 is checked against its solo run (non-zero exit on
 //! any mismatch). With a drafter, each repetition runs plain (`"draft": false`) and drafted requests, in
-//! alternating order, and reports both with the drafted and accepted counts and the mean accepted length.
+//! alternating order, and reports both with the drafted and accepted counts and the mean accepted length. `fwd %`
+//! is the share of the engine's round time spent inside the target's forward (the rest is host work).
 
 use crate::default_model;
 use anyhow::Context;
@@ -153,7 +154,7 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
     let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
     println!(
-        "level  temp  mode     aggregate tok/s  per-stream tok/s  TTFT ms  drafted  accepted  mean acc len  equal"
+        "level  temp  mode     aggregate tok/s  per-stream tok/s  TTFT ms  drafted  accepted  mean acc len  fwd %  equal"
     );
     let (mut equal_all, mut total_all) = (0usize, 0usize);
     for &level in &a.grid.levels {
@@ -168,11 +169,15 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
                     if rep % 2 == 1 { (0..modes.len()).rev().collect() } else { (0..modes.len()).collect() };
                 for m in order {
                     let reqs: Vec<Request> = reqs.iter().map(|r| Request { draft: modes[m], ..r.clone() }).collect();
+                    let m0 = h.metrics();
                     let t0 = Instant::now();
                     let rxs =
                         reqs.iter().map(|r| h.submit(r.clone()).map(|(_, rx)| rx)).collect::<Result<Vec<_>, _>>()?;
                     let replies = rxs.into_iter().map(collect).collect::<anyhow::Result<Vec<_>>>()?;
                     rows[m].add(&replies, t0.elapsed().as_secs_f64());
+                    let m1 = h.metrics();
+                    rows[m].round_s += m1.round_seconds - m0.round_seconds;
+                    rows[m].forward_s += m1.forward_seconds - m0.forward_seconds;
                     for (r, got) in reqs.iter().zip(&replies).take(a.check.unwrap_or(usize::MAX)) {
                         let solo_cfg = SoloConfig {
                             chunk,
@@ -238,6 +243,9 @@ struct Row {
     windows: usize,
     equal: usize,
     total: usize,
+    /// Engine round seconds and, of those, seconds inside the target's forward, over this line's runs.
+    round_s: f64,
+    forward_s: f64,
 }
 
 impl Row {
@@ -258,13 +266,14 @@ impl Row {
     fn print(&mut self, level: usize, temp: f32, mode: &str) {
         let mean = tensorfold_engine::request::mean_accepted_length(self.accepted as u64, self.windows as u64);
         println!(
-            "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {} of {}",
+            "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {:>5.1}  {} of {}",
             median(&mut self.aggregate),
             median(&mut self.per_stream),
             median(&mut self.ttft),
             self.drafted,
             self.accepted,
             mean,
+            100.0 * self.forward_s / self.round_s.max(f64::MIN_POSITIVE),
             self.equal,
             self.total
         );

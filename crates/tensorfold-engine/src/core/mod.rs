@@ -133,6 +133,11 @@ pub struct Metrics {
     pub reserved_bytes: usize,
     /// Bytes the prompt cache holds.
     pub cache_bytes: usize,
+    /// Wall seconds of all rounds (drafting, forward, draws, verify, bookkeeping), by the engine's clock.
+    pub round_seconds: f64,
+    /// Of those, seconds inside the target's forward (logits copied to the host included): the rest of a round
+    /// is host work (block passes, draws, verify, streaming).
+    pub forward_seconds: f64,
 }
 
 struct Waiting {
@@ -381,7 +386,9 @@ impl<T: Target> Core<T> {
         self.counters.rounds += 1;
         self.round_committed = 0;
         let rows: usize = plan.iter().map(|(_, r)| r.len()).sum();
+        let tf = self.clock.now();
         let results = self.run_forward(&plan);
+        self.counters.forward_seconds += (self.clock.now() - tf).as_secs_f64();
         let (plan, logits) = self.drop_failed(plan, results);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
         // The keyed draws of every window are independent of each other: run them across threads.
@@ -408,7 +415,9 @@ impl<T: Target> Core<T> {
                 None => self.after_prompt_rows(i, &logits),
             }
         }
-        self.record_round(decoding, mode, rows, (self.clock.now() - t0).as_secs_f64());
+        let wall = (self.clock.now() - t0).as_secs_f64();
+        self.counters.round_seconds += wall;
+        self.record_round(decoding, mode, rows, wall);
         true
     }
 
