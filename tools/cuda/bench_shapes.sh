@@ -45,7 +45,7 @@ has e8 && run e8 120 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,
 if has hf8; then
     run synth8 120 "$BIN" synth lfm2-8b-a1b --out /tmp/lfm2-8b-a1b-synthetic
     run hf8 170 python3 tools/peers/hf_bench.py --model /tmp/lfm2-8b-a1b-synthetic --device cuda --prompt-lens 2048 \
-        --decode 256 --decode-prompt-len 48 --batches 4,8,16,64 --no-teacher-check
+        --decode 256 --decode-prompt-len 48 --batches 1,4,8,16,64 --no-teacher-check
 fi
 echo "== summary"
 printf '%s\n' "${summary[@]}"
