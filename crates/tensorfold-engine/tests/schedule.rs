@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
-use tensorfold_engine::core::{Clock, Core, EngineConfig};
+use tensorfold_engine::core::{Clock, Core, EngineConfig, Metrics};
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::schedule::*;
 use tensorfold_engine::{Event, Request, Target};
@@ -178,11 +178,13 @@ impl Target for Timed {
     }
 }
 
-fn run_timed(good: usize, draft_us: u64, guard: bool, draft: bool) -> (Vec<Vec<u32>>, usize) {
+/// Four requests of 600 tokens through the core over [`Timed`]: their tokens, the core's metrics, and the seconds
+/// the clock moved in all.
+fn run_timed(good: usize, draft_us: u64, guard: bool, draft: bool) -> (Vec<Vec<u32>>, Metrics, f64) {
     let clock = Ticks(Arc::new(AtomicU64::new(0)), Instant::now());
     let t = Timed { inner: FakeTarget::new(), clock: clock.clone(), base_us: 1000, row_us: 100, draft_us, good };
     let cfg = EngineConfig { parallel: 4, copy_min: 0, round_guard: guard, ..EngineConfig::default() };
-    let mut core = Core::new(t, cfg, Box::new(clock));
+    let mut core = Core::new(t, cfg, Box::new(clock.clone()));
     let rx: Vec<_> = (0..4u32)
         .map(|i| {
             let (tx, rx) = channel();
@@ -196,17 +198,21 @@ fn run_timed(good: usize, draft_us: u64, guard: bool, draft: bool) -> (Vec<Vec<u
         .iter()
         .map(|r| r.try_iter().filter_map(|e| if let Event::Token(t) = e { Some(t) } else { None }).collect())
         .collect();
-    (toks, core.metrics().drafted_tokens as usize)
+    (toks, core.metrics(), clock.0.load(Ordering::SeqCst) as f64 * 1e-9)
 }
 
 #[test]
 fn inside_the_core_the_guard_turns_off_drafts_that_do_not_pay_and_keeps_those_that_do() {
-    let (plain, _) = run_timed(0, 0, false, false);
+    let drafted = |m: Metrics| m.drafted_tokens as usize;
+    let (plain, _, _) = run_timed(0, 0, false, false);
     // Only the first draft right and a drafter pass that costs twice a plain round: drafting loses.
-    let (bad, bad_drafted) = run_timed(1, 3000, true, true);
-    let (bad_unguarded, bad_all) = run_timed(1, 3000, false, true);
+    let (bad, m, _) = run_timed(1, 3000, true, true);
+    let bad_drafted = drafted(m);
+    let (bad_unguarded, m, _) = run_timed(1, 3000, false, true);
+    let bad_all = drafted(m);
     // Every draft right and a cheap drafter pass: drafting wins.
-    let (good, good_drafted) = run_timed(8, 300, true, true);
+    let (good, m, _) = run_timed(8, 300, true, true);
+    let good_drafted = drafted(m);
     assert_eq!(bad, plain);
     assert_eq!(bad_unguarded, plain);
     assert_eq!(good, plain);
@@ -219,34 +225,7 @@ fn round_and_forward_seconds_split_a_round_into_the_forward_and_the_rest() {
     // The clock moves only inside forwards (1 ms + 0.1 ms a row) and block passes (0.5 ms): the rest of a round is
     // free, so plain rounds are all forward and drafted ones differ by the block passes alone.
     for draft in [false, true] {
-        let clock = Ticks(Arc::new(AtomicU64::new(0)), Instant::now());
-        let t = Timed {
-            inner: FakeTarget::new(),
-            clock: clock.clone(),
-            base_us: 1000,
-            row_us: 100,
-            draft_us: 500,
-            good: 3,
-        };
-        let cfg = EngineConfig {
-            parallel: 2,
-            copy_min: 0,
-            round_guard: false,
-            stream_guard: false,
-            ..EngineConfig::default()
-        };
-        let mut core = Core::new(t, cfg, Box::new(clock.clone()));
-        let _rx: Vec<_> = (0..2u32)
-            .map(|i| {
-                let (tx, rx) = channel();
-                let r = Request { ignore_eos: true, draft, ..Request::greedy(vec![1 + i, 2, 3], 40) };
-                core.submit(r, tx).expect("admitted");
-                rx
-            })
-            .collect();
-        while core.step() {}
-        let m = core.metrics();
-        let total = clock.0.load(Ordering::SeqCst) as f64 * 1e-9;
+        let (_, m, total) = run_timed(3, 500, false, draft);
         assert!((m.round_seconds - total).abs() < 1e-9, "every tick falls in a round: {} vs {total}", m.round_seconds);
         let host = m.round_seconds - m.forward_seconds;
         if draft {
