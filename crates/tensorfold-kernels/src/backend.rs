@@ -220,6 +220,47 @@ pub trait Backend: Send + Sync {
         p: MoeParams,
         out: &mut Self::Buf,
     );
+    /// The MoE block's routing (the first step of [`Backend::moe`], which expert parallelism runs on one device):
+    /// router logits `gate x`, then per row the top `k = min(top_k, experts)` experts by `sigmoid + bias` in rank
+    /// order into `sel` `[rows, k]` (expert ids as f32, exact below 2^24) and their weights into `wts` `[rows, k]`
+    /// (transformers `Lfm2MoeSparseMoeBlock.route_tokens_to_experts`).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        gate: &Self::Mat,
+        expert_bias: Option<&Self::Buf>,
+        p: MoeParams,
+        sel: &mut Self::Buf,
+        wts: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// The MoE experts this device owns, over a routing's assignments: `owned` are experts `first .. first +
+    /// owned.len()` of the layer's `total`; `y` `[rows * k, hidden]` gets, for assignment `a` (row `a / k`, expert `sel[a]`), the expert's
+    /// SwiGLU output of `x[a / k]` where owned and `+0` elsewhere, so devices owning disjoint experts sum to one
+    /// device's `y` exactly (each element has one nonzero contributor). Each owned expert's weights are read once.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        sel: &Self::Buf,
+        k: usize,
+        owned: &[Ffn<Self::Mat>],
+        first: usize,
+        total: usize,
+        y: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// The MoE combine: `out[r] = sum over rank j, in rank order from +0, of wts[r, j] * y[r * k + j]`; `y`
+    /// `[rows * k, hidden]`, `wts` `[rows, k]`, `out` `[rows, hidden]`.
+    fn moe_combine(
+        &self,
+        y: &Self::Buf,
+        wts: &Self::Buf,
+        rows: usize,
+        k: usize,
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
 

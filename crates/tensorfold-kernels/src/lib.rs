@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod bytes;
+pub mod collective;
 pub mod contract;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -15,6 +16,7 @@ pub mod simd;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 pub use bytes::{Dtype, HostBytes, MatView};
+pub use collective::{Collective, HostCollective, expert_ranges};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaError};

@@ -3,6 +3,7 @@
 
 use crate::config::{Mixer, ModelConfig};
 use crate::drafter::{DraftBlock, DraftState, Drafter};
+use crate::expert_parallel::MoeCall;
 use crate::weights::{FfnWeights, MixerWeights, Weights};
 use tensorfold_kernels::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 
@@ -102,6 +103,8 @@ pub struct Model<B: Backend> {
     /// The DSpark drafter, when one is attached: every forward then copies its tap layers' rows and the
     /// drafter absorbs them.
     pub drafter: Option<Drafter<B>>,
+    /// The experts' other devices, with expert parallelism (`crate::expert_parallel`); `None` on one device.
+    pub ep: Option<crate::expert_parallel::ExpertParallel<B>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -268,7 +271,8 @@ impl<B: Backend> Model<B> {
                         norm_topk_prob: m.norm_topk_prob,
                         routed_scaling_factor: m.routed_scaling_factor,
                     };
-                    b.moe(&normed, rows, gate, bias.as_ref(), experts, p, &mut mixed);
+                    let call = MoeCall { layer: i, gate, bias: bias.as_ref(), experts, p };
+                    self.moe_layer(&normed, rows, call, &mut mixed)?;
                 }
             }
             b.add(&mut x, &mixed);

@@ -3,6 +3,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod drafter;
 pub mod exact;
+pub mod expert_parallel;
 pub mod forward;
 pub mod load;
 pub mod synthetic;
@@ -11,5 +12,6 @@ pub mod weights;
 
 pub use checkpoint::Source;
 pub use config::{Family, Mixer, ModelConfig};
+pub use expert_parallel::open_expert_parallel;
 pub use forward::{ForwardError, ForwardOut, LogitRows, Model, StreamState};
 pub use load::{Loaded, OpenError, open, summarize};

@@ -4,7 +4,7 @@ use crate::checkpoint::{CheckpointError, Source, TensorTable};
 use crate::config::{ConfigError, Mixer, ModelConfig};
 use crate::forward::Model;
 use crate::text::{Text, TextError};
-use crate::weights::{WeightError, bind};
+use crate::weights::{WeightError, bind_owning};
 use std::collections::BTreeMap;
 use tensorfold_kernels::Backend;
 
@@ -23,6 +23,9 @@ pub enum OpenError {
     /// Tokenizer or chat template files are present but unreadable.
     #[error(transparent)]
     Text(#[from] TextError),
+    /// Expert parallelism cannot split this model over these devices.
+    #[error("expert parallelism: {0}")]
+    ExpertParallel(String),
     /// `generation_config.json` is unreadable.
     #[error("generation_config.json is invalid: {0}")]
     Generation(String),
@@ -109,7 +112,18 @@ fn synthetic_summary(cfg: ModelConfig, s: &crate::synthetic::Synthetic) -> Summa
 pub fn open<B: Backend>(src: &Source, backend: B) -> Result<Loaded<B>, OpenError> {
     let cfg = read_config(src)?;
     let table = TensorTable::open(src)?;
-    let weights = bind(&cfg, &table, &backend)?;
+    open_table(src, cfg, &table, backend, 0..usize::MAX)
+}
+
+/// [`open`] from an opened table, holding MoE experts `owned` on `backend` (expert parallelism's rank 0).
+pub(crate) fn open_table<B: Backend>(
+    src: &Source,
+    cfg: ModelConfig,
+    table: &TensorTable,
+    backend: B,
+    owned: std::ops::Range<usize>,
+) -> Result<Loaded<B>, OpenError> {
+    let weights = bind_owning(&cfg, table, &backend, owned)?;
     let text = open_text(src)?;
     let mut eos_ids = generation_eos(src)?;
     for id in &cfg.eos_ids {
@@ -117,7 +131,12 @@ pub fn open<B: Backend>(src: &Source, backend: B) -> Result<Loaded<B>, OpenError
             eos_ids.push(*id);
         }
     }
-    Ok(Loaded { model: Model { cfg, weights, backend, drafter: None }, text, eos_ids, source: src.describe() })
+    Ok(Loaded {
+        model: Model { cfg, weights, backend, drafter: None, ep: None },
+        text,
+        eos_ids,
+        source: src.describe(),
+    })
 }
 
 fn open_text(src: &Source) -> Result<Option<Text>, OpenError> {

@@ -4,6 +4,7 @@
 use crate::checkpoint::{StoredDtype, TensorEntry, TensorTable};
 use crate::config::{Mixer, ModelConfig};
 use std::collections::BTreeSet;
+use std::ops::Range;
 use tensorfold_kernels::{Backend, Dtype, HostBytes, KernelError, MatView, backend::Ffn};
 
 /// A tensor that does not fit the admitted config.
@@ -100,12 +101,15 @@ pub(crate) struct Binder<'a, B: Backend> {
     pub(crate) table: &'a TensorTable,
     pub(crate) used: BTreeSet<String>,
     pub(crate) backend: &'a B,
+    /// The MoE experts this device holds (expert parallelism); the others are shape-checked, marked used, and left
+    /// on the host.
+    pub(crate) owned: Range<usize>,
 }
 
 impl<'a, B: Backend> Binder<'a, B> {
     /// A binder over `table` with nothing used yet.
     pub(crate) fn new(table: &'a TensorTable, backend: &'a B) -> Self {
-        Self { table, used: BTreeSet::new(), backend }
+        Self { table, used: BTreeSet::new(), backend, owned: 0..usize::MAX }
     }
 
     /// Refuses the first tensor no binding used.
@@ -192,7 +196,19 @@ pub(crate) fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
 
 /// Binds and uploads every tensor; refuses missing, misshapen and unexpected tensors by name.
 pub fn bind<B: Backend>(cfg: &ModelConfig, table: &TensorTable, backend: &B) -> Result<Weights<B>, WeightError> {
+    bind_owning(cfg, table, backend, 0..usize::MAX)
+}
+
+/// [`bind`] holding only MoE experts `owned` of each MoE layer on `backend` (expert parallelism's rank 0; the
+/// others' experts are shape-checked and marked used, so a missing or misshapen one is still refused).
+pub fn bind_owning<B: Backend>(
+    cfg: &ModelConfig,
+    table: &TensorTable,
+    backend: &B,
+    owned: Range<usize>,
+) -> Result<Weights<B>, WeightError> {
     let mut b = Binder::new(table, backend);
+    b.owned = owned;
     let (h, v) = (cfg.hidden, cfg.vocab);
     let embed = b.mat("model.embed_tokens.weight", v, h)?;
     let head = if cfg.tied { None } else { Some(b.mat("lm_head.weight", v, h)?) };
@@ -267,17 +283,46 @@ fn bind_experts<B: Backend>(
     h: usize,
 ) -> Result<Vec<Ffn<B::Mat>>, WeightError> {
     let fused = format!("{f}.experts.gate_up_proj");
+    let owned = b.owned.start.min(n)..b.owned.end.min(n);
     if !b.table.tensors.contains_key(&fused) {
-        return (0..n).map(|e| dense(b, &format!("{f}.experts.{e}"), inter, h)).collect();
+        for e in (0..n).filter(|e| !owned.contains(e)) {
+            for (w, shape) in [("w1", [inter, h]), ("w3", [inter, h]), ("w2", [h, inter])] {
+                b.entry(&format!("{f}.experts.{e}.{w}.weight"), &shape)?;
+            }
+        }
+        return owned.map(|e| dense(b, &format!("{f}.experts.{e}"), inter, h)).collect();
     }
     let down = format!("{f}.experts.down_proj");
-    (0..n)
+    b.entry(&fused, &[n, 2 * inter, h])?;
+    b.entry(&down, &[n, h, inter])?;
+    owned
         .map(|e| {
             Ok(Ffn {
                 w1: b.stacked(&fused, [n, 2 * inter, h], e, 0, inter)?,
                 w3: b.stacked(&fused, [n, 2 * inter, h], e, inter, inter)?,
                 w2: b.stacked(&down, [n, h, inter], e, 0, h)?,
             })
+        })
+        .collect()
+}
+
+/// The experts `owned` of every MoE layer on `backend` (expert parallelism's ranks past 0), in layer order: `None` for
+/// a dense layer. Shapes are checked as [`bind`] checks them; unused tensors are rank 0's to refuse.
+pub fn bind_experts_only<B: Backend>(
+    cfg: &ModelConfig,
+    table: &TensorTable,
+    backend: &B,
+    owned: Range<usize>,
+) -> Result<Vec<Option<Vec<Ffn<B::Mat>>>>, WeightError> {
+    let mut b = Binder::new(table, backend);
+    b.owned = owned;
+    (0..cfg.layers.len())
+        .map(|i| match &cfg.moe {
+            Some(m) if i >= m.dense_layers => {
+                bind_experts(&mut b, &format!("model.layers.{i}.feed_forward"), m.experts, m.inter, cfg.hidden)
+                    .map(Some)
+            }
+            _ => Ok(None),
         })
         .collect()
 }

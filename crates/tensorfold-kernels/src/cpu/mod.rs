@@ -189,6 +189,71 @@ impl Backend for CpuBackend {
         moe::moe(x, rows, gate, expert_bias.map(|b| b.as_slice()), experts, p, out)
     }
 
+    fn moe_route(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        gate: &MatView,
+        expert_bias: Option<&Vec<f32>>,
+        p: MoeParams,
+        sel: &mut Vec<f32>,
+        wts: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        let k = p.top_k.min(gate.rows);
+        shape("moe_route", "x", x.len(), rows * gate.cols)?;
+        shape("moe_route", "sel", sel.len(), rows * k)?;
+        shape("moe_route", "wts", wts.len(), rows * k)?;
+        if let Some(b) = expert_bias {
+            shape("moe_route", "expert_bias", b.len(), gate.rows)?;
+        }
+        moe::route(x, rows, gate, expert_bias.map(|b| b.as_slice()), p, sel, wts);
+        Ok(())
+    }
+
+    fn moe_experts(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        sel: &Vec<f32>,
+        k: usize,
+        owned: &[Ffn<MatView>],
+        first: usize,
+        total: usize,
+        y: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        let h = if rows == 0 { 0 } else { x.len() / rows };
+        shape("moe_experts", "sel", sel.len(), rows * k)?;
+        if first + owned.len() > total {
+            return Err(KernelError::Shape {
+                kernel: "moe_experts",
+                what: "owned experts' end",
+                got: first + owned.len(),
+                want: total,
+            });
+        }
+        shape("moe_experts", "y", y.len(), rows * k * h)?;
+        if let Some(f) = owned.iter().find(|f| f.w1.cols != h || f.w2.rows != h) {
+            return Err(KernelError::Shape { kernel: "moe_experts", what: "expert hidden", got: f.w1.cols, want: h });
+        }
+        moe::experts(x, rows, sel, k, owned, first, y);
+        Ok(())
+    }
+
+    fn moe_combine(
+        &self,
+        y: &Vec<f32>,
+        wts: &Vec<f32>,
+        rows: usize,
+        k: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        let h = if rows == 0 { 0 } else { out.len() / rows };
+        shape("moe_combine", "wts", wts.len(), rows * k)?;
+        shape("moe_combine", "y", y.len(), rows * k * h)?;
+        moe::combine(y, wts, rows, k, out);
+        Ok(())
+    }
+
     fn greedy(&self, logits: &Vec<f32>, vocab: usize) -> Vec<Pick> {
         logits.par_chunks(vocab).map(ops::greedy_row).collect()
     }
@@ -197,4 +262,9 @@ impl Backend for CpuBackend {
 /// Worker threads the CPU kernels use (rayon's pool; `RAYON_NUM_THREADS` sets it).
 pub fn threads() -> usize {
     rayon::current_num_threads()
+}
+
+/// A named shape error when `got != want`.
+fn shape(kernel: &'static str, what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
+    if got == want { Ok(()) } else { Err(KernelError::Shape { kernel, what, got, want }) }
 }

@@ -48,57 +48,95 @@ fn swiglu_serial(x: &[f32], rows: usize, f: &Ffn<MatView>, out: &mut [f32]) {
     linear_serial(&g, rows, &f.w2, None, out);
 }
 
-/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`.
+/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`: [`route`], [`experts`] over every expert,
+/// [`combine`].
 pub fn moe(
     x: &[f32],
     rows: usize,
     gate: &MatView,
     expert_bias: Option<&[f32]>,
-    experts: &[Ffn<MatView>],
+    experts_all: &[Ffn<MatView>],
     p: MoeParams,
     out: &mut [f32],
 ) {
-    let h = gate.cols;
+    let k = p.top_k.min(gate.rows);
+    let (mut sel, mut wts) = (vec![0f32; rows * k], vec![0f32; rows * k]);
+    route(x, rows, gate, expert_bias, p, &mut sel, &mut wts);
+    let mut y = vec![0f32; rows * k * gate.cols];
+    experts(x, rows, &sel, k, experts_all, 0, &mut y);
+    combine(&y, &wts, rows, k, out);
+}
+
+/// Routing of every row: the router linear, then [`route_row`] into `sel` `[rows, k]` (expert ids as f32) and
+/// `wts` `[rows, k]`, `k = min(top_k, experts)`.
+pub fn route(
+    x: &[f32],
+    rows: usize,
+    gate: &MatView,
+    expert_bias: Option<&[f32]>,
+    p: MoeParams,
+    sel: &mut [f32],
+    wts: &mut [f32],
+) {
     let ne = gate.rows;
+    let k = p.top_k.min(ne);
     let mut logits = vec![0f32; rows * ne];
     linear(x, rows, gate, None, &mut logits);
-    let routes: Vec<Vec<(usize, f32)>> = logits.chunks_exact(ne).map(|l| route_row(l, expert_bias, p)).collect();
-    // Rows of each expert, as (row, rank).
-    let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ne];
-    for (r, route) in routes.iter().enumerate() {
-        for (rank, &(e, _)) in route.iter().enumerate() {
-            by_expert[e].push((r, rank));
+    for (r, l) in logits.chunks_exact(ne.max(1)).take(rows).enumerate() {
+        for (j, (e, w)) in route_row(l, expert_bias, p).into_iter().enumerate() {
+            (sel[r * k + j], wts[r * k + j]) = (e as f32, w);
         }
     }
-    let k = p.top_k;
-    // One task per active expert (each reads its weights once for all its rows): far fewer thread
-    // dispatches than splitting each small expert matrix across threads.
+}
+
+/// The owned experts' outputs of every assignment: `owned` are experts `first .. first + owned.len()`; assignment
+/// `a` (row `a / k`) of expert `sel[a]` gets `y[a] = expert(x[a / k])` when owned and `+0` otherwise, so ranks
+/// that own disjoint experts sum to one rank's `y` exactly.
+pub fn experts(x: &[f32], rows: usize, sel: &[f32], k: usize, owned: &[Ffn<MatView>], first: usize, y: &mut [f32]) {
+    let h = owned.first().map_or(0, |f| f.w1.cols);
+    y.fill(0.0);
+    if h == 0 {
+        return;
+    }
+    // Assignments of each owned expert, in assignment order.
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); owned.len()];
+    for (a, &e) in sel.iter().enumerate().take(rows * k) {
+        if let Some(local) = (e as usize).checked_sub(first).filter(|&l| l < owned.len()) {
+            by_expert[local].push(a);
+        }
+    }
+    // One task per active expert (each reads its weights once for all its rows): far fewer thread dispatches than
+    // splitting each small expert matrix across threads.
     let results: Vec<(usize, Vec<f32>)> = by_expert
         .par_iter()
         .enumerate()
         .filter(|(_, m)| !m.is_empty())
         .map(|(e, members)| {
             let mut xe = Vec::with_capacity(members.len() * h);
-            for &(r, _) in members {
-                xe.extend_from_slice(&x[r * h..(r + 1) * h]);
+            for &a in members {
+                xe.extend_from_slice(&x[(a / k) * h..(a / k + 1) * h]);
             }
             let mut ye = vec![0f32; members.len() * h];
-            swiglu_serial(&xe, members.len(), &experts[e], &mut ye);
+            swiglu_serial(&xe, members.len(), &owned[e], &mut ye);
             (e, ye)
         })
         .collect();
-    let mut slots = vec![0f32; rows * k * h];
     for (e, ye) in &results {
-        for (i, &(r, rank)) in by_expert[*e].iter().enumerate() {
-            slots[(r * k + rank) * h..(r * k + rank + 1) * h].copy_from_slice(&ye[i * h..(i + 1) * h]);
+        for (i, &a) in by_expert[*e].iter().enumerate() {
+            y[a * h..(a + 1) * h].copy_from_slice(&ye[i * h..(i + 1) * h]);
         }
     }
-    for (r, route) in routes.iter().enumerate() {
+}
+
+/// `out[r] = sum over rank j, in rank order from +0, of wts[r, j] * y[r * k + j]` (`out` `[rows, hidden]`).
+pub fn combine(y: &[f32], wts: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+    let h = if rows == 0 { 0 } else { out.len() / rows };
+    for r in 0..rows {
         let o = &mut out[r * h..(r + 1) * h];
         o.fill(0.0);
-        for (rank, &(_, w)) in route.iter().enumerate() {
-            let y = &slots[(r * k + rank) * h..(r * k + rank + 1) * h];
-            for (a, &b) in o.iter_mut().zip(y) {
+        for j in 0..k {
+            let (w, ya) = (wts[r * k + j], &y[(r * k + j) * h..(r * k + j + 1) * h]);
+            for (a, &b) in o.iter_mut().zip(ya) {
                 *a += w * b;
             }
         }

@@ -203,6 +203,17 @@ impl Dev {
         self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
     }
 
+    /// The device's ordinal (as `CudaBackend::new` took it).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The one stream every operation of this device is ordered on (for NCCL calls), with the context bound.
+    pub fn stream(&self) -> Result<sys::CUstream, CudaError> {
+        self.bind()?;
+        Ok(self.stream.cu_stream())
+    }
+
     /// `bytes` of uninitialized device memory; `None` for zero bytes (nothing is allocated).
     pub fn alloc(&self, bytes: usize) -> Result<Option<Mem>, CudaError> {
         if bytes == 0 {

@@ -11,11 +11,13 @@ mod attention;
 mod conv;
 mod device;
 mod moe;
+pub mod nccl;
 pub mod nvrtc;
 mod ops;
 mod trait_impl;
 mod types;
 
+pub use nccl::NcclCollective;
 pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
 
 pub(crate) use device::{Plant, Src};
@@ -50,6 +52,9 @@ pub enum CudaError {
         /// The driver's error.
         message: String,
     },
+    /// The collectives library (`libnccl`) could not be loaded, so several GPUs cannot work together.
+    #[error("no NCCL library found (libnccl could not be loaded): expert parallelism over several GPUs needs it")]
+    NoNccl,
     /// NVRTC refused a kernel source.
     #[error("NVRTC could not compile {module}.cu for {arch}: {log}")]
     Compile {

@@ -9,17 +9,17 @@ __device__ __forceinline__ int total_key(float v) {
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
 // One warp a row: kk times, the not yet chosen expert with the largest total_key(score + bias) (ties to the lower
-// id) goes to sel[r * kk + rank] (lane l scans experts l, l+32, ...; a butterfly argmax picks the winner, which is
+// id) goes to sel[r * kk + rank] (as a float: exact, ids are below 1024) (lane l scans experts l, l+32, ...; a butterfly argmax picks the winner, which is
 // the same expert whatever the fold order: keys are exact and ties go to the lower id); then weights as
 // transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by their rank-order sum + 1e-6 when norm, times
 // rsf. At most 1024 experts (a lane's taken mask has 32 bits; the host checks).
 extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
-                                     float rsf, int* sel, float* wts) {
+                                     float rsf, float* sel, float* wts) {
   int lane = threadIdx.x & 31;
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;  // whole warps leave together
   const float* l = logits + (u64)r * (u64)ne;
-  int* se = sel + (u64)r * (u64)kk;
+  float* se = sel + (u64)r * (u64)kk;
   float* we = wts + (u64)r * (u64)kk;
   u32 taken = 0;  // bit i: expert lane + 32 i was chosen
   float sum = 0.0f;
@@ -49,12 +49,12 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
       }
     }
     if ((best & 31) == lane) taken |= 1u << (best >> 5);
-    if (lane == 0) se[rank] = best;
+    if (lane == 0) se[rank] = (float)best;
     sum = sum + sigmoid_f(l[best]);
   }
   if (lane != 0) return;
   for (int rank = 0; rank < kk; rank++) {
-    int e = se[rank];
+    int e = (int)se[rank];
     float s = sigmoid_f(l[e]);
     float w = norm ? s / (sum + 1e-6f) : s;
 #ifdef FAULT_MOE_WEIGHT_BIAS
@@ -64,12 +64,13 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
   }
 }
 
-// One block: counts assignments per expert, lays the experts' slots out in expert order (offsets), cuts each
-// expert's slots into tiles of at most RT (tiles[3t..3t+3) = expert, first slot, slots; *ntiles of them, at most
-// `bound`), then fills list[slot] = assignment (row * kk + rank). The order of slots inside an expert may vary from
+// One block, over the owned experts first .. first + ne (local id e = sel - first; other assignments are skipped):
+// counts assignments per expert, lays the experts' slots out in expert order (offsets), cuts each expert's slots
+// into tiles of at most RT (tiles[3t..3t+3) = local expert, first slot, slots; *ntiles of them, at most `bound`),
+// then fills list[slot] = assignment (row * kk + rank). The order of slots inside an expert may vary from
 // run to run (atomics), but no value depends on it: each slot's row is computed alone.
-extern "C" __global__ void moe_plan(const int* sel, int nassign, int ne, int* counts, int* offsets, int* fill, int* list,
-                                    int* tiles, int* ntiles, int bound) {
+extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* counts, int* offsets,
+                                    int* fill, int* list, int* tiles, int* ntiles, int bound) {
   int t = threadIdx.x;
   int bs = blockDim.x;
   for (int e = t; e < ne; e += bs) {
@@ -77,7 +78,13 @@ extern "C" __global__ void moe_plan(const int* sel, int nassign, int ne, int* co
     fill[e] = 0;
   }
   __syncthreads();
-  for (int a = t; a < nassign; a += bs) atomicAdd(&counts[sel[a]], 1);
+  for (int a = t; a < nassign; a += bs) {
+    int e = (int)sel[a] - first;
+#ifdef FAULT_MOE_PLAN_ALL
+    e = e < 0 ? 0 : (e >= ne ? ne - 1 : e);
+#endif
+    if (e >= 0 && e < ne) atomicAdd(&counts[e], 1);
+  }
   __syncthreads();
   if (t == 0) {
     int off = 0;
@@ -98,7 +105,11 @@ extern "C" __global__ void moe_plan(const int* sel, int nassign, int ne, int* co
   }
   __syncthreads();
   for (int a = t; a < nassign; a += bs) {
-    int e = sel[a];
+    int e = (int)sel[a] - first;
+#ifdef FAULT_MOE_PLAN_ALL
+    e = e < 0 ? 0 : (e >= ne ? ne - 1 : e);
+#endif
+    if (e < 0 || e >= ne) continue;
     int p = atomicAdd(&fill[e], 1);
     list[offsets[e] + p] = a;
   }

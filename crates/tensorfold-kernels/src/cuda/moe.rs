@@ -10,7 +10,8 @@ use crate::backend::{Ffn, MoeParams};
 /// Threads of the plan kernel's single block.
 const PLAN_THREADS: u32 = 1024;
 
-/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`.
+/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`: [`route`], [`experts`] over every expert,
+/// [`combine`] (the three steps expert parallelism runs apart).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe(
     be: &CudaBackend,
@@ -18,58 +19,109 @@ pub(crate) fn moe(
     rows: usize,
     gate: &CudaMat,
     expert_bias: Option<&CudaBuf>,
-    experts: &[Ffn<CudaMat>],
+    all: &[Ffn<CudaMat>],
     p: MoeParams,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
     let (h, ne) = (gate.cols, gate.rows);
     expect(x.len() == mul(rows, h)? && out.len() == x.len(), || format!("moe: x/out are not [{rows}, {h}]"))?;
-    expect(experts.len() == ne, || format!("moe: {} experts for a router of {ne}", experts.len()))?;
+    expect(all.len() == ne, || format!("moe: {} experts for a router of {ne}", all.len()))?;
+    let kk = p.top_k.min(ne);
+    let (mut sel, mut wts) = (be.buf(mul(rows, kk)?)?, be.buf(mul(rows, kk)?)?);
+    route(be, x, rows, gate, expert_bias, p, &mut sel, &mut wts)?;
+    let mut y = be.buf(mul(mul(rows, kk)?, h)?)?;
+    experts(be, x, rows, &sel, kk, (all, 0, ne), &mut y)?;
+    combine(be, &y, &wts, rows, kk, out)
+}
+
+/// Routing: the router linear, then `moe_route` (a warp a row) into `sel` `[rows, k]` (expert ids as f32) and `wts`
+/// `[rows, k]`, `k = min(top_k, experts)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn route(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    gate: &CudaMat,
+    expert_bias: Option<&CudaBuf>,
+    p: MoeParams,
+    sel: &mut CudaBuf,
+    wts: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (h, ne) = (gate.cols, gate.rows);
+    let kk = p.top_k.min(ne);
+    expect(x.len() == mul(rows, h)?, || format!("moe_route: x is not [{rows}, {h}]"))?;
+    expect(sel.len() == mul(rows, kk)? && wts.len() == sel.len(), || {
+        format!("moe_route: sel/wts are not [{rows}, {kk}]")
+    })?;
     expect(expert_bias.is_none_or(|b| b.len() == ne), || format!("moe: expert_bias is not [{ne}]"))?;
     expect(ne <= 1024, || format!("moe: {ne} experts; the routing kernel takes at most 1024"))?;
-    let kk = p.top_k.min(ne);
-    if rows == 0 {
+    if rows == 0 || kk == 0 {
         return Ok(());
     }
-    if kk == 0 || h == 0 {
-        return be.dev.memset(out.ptr()?, 0, f32_bytes(out.len())?);
-    }
-    let inter = check_experts(experts, h)?;
     let mut logits = be.buf(mul(rows, ne)?)?;
     linear(be, x, rows, gate, None, &mut logits)?;
-    let nassign = mul(rows, kk)?;
-    // One int scratch: sel | counts | offsets | fill | list | tiles (3 a tile) | ntiles.
-    let bound = ne.min(nassign) + nassign / RT;
-    let ints = nassign + 3 * ne + nassign + 3 * bound + 1;
-    let scratch = be.dev.alloc(mul(ints, 4)?)?;
-    let base = scratch.as_ref().map_or(0, |m| m.ptr);
-    let at = |words: usize| base + 4 * words as u64;
-    let (sel, counts, offsets, fill) = (at(0), at(nassign), at(nassign + ne), at(nassign + 2 * ne));
-    let (list, tiles, ntiles) = (at(nassign + 3 * ne), at(2 * nassign + 3 * ne), at(2 * nassign + 3 * ne + 3 * bound));
-    let wts = be.buf(nassign)?;
-    let route = be.func(Src::Moe, "moe_route")?;
+    let f = be.func(Src::Moe, "moe_route")?;
     let bias = match expert_bias {
         Some(b) => b.ptr()?,
         None => 0,
     };
-    let (ri, nei, kki) = (int(rows, "rows")?, int(ne, "experts")?, int(kk, "top_k")?);
     let args = [
         Arg::P(logits.ptr()?),
-        Arg::I(ri),
-        Arg::I(nei),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(ne, "experts")?),
         Arg::P(bias),
-        Arg::I(kki),
+        Arg::I(int(kk, "top_k")?),
         Arg::I(p.norm_topk_prob as i32),
         Arg::F(p.routed_scaling_factor),
-        Arg::P(sel),
+        Arg::P(sel.ptr()?),
         Arg::P(wts.ptr()?),
     ];
-    be.dev.launch(&route, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)?;
+    be.dev.launch(&f, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)
+}
+
+/// The owned experts (`owned` = experts `first ..` of `total`) of every assignment of `sel` `[rows, k]` into `y`
+/// `[rows * k, hidden]`: the plan, then the grouped gate-up and down tiles; unowned assignments get +0.
+pub(crate) fn experts(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    sel: &CudaBuf,
+    kk: usize,
+    (owned, first, total): (&[Ffn<CudaMat>], usize, usize),
+    y: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let nassign = mul(rows, kk)?;
+    expect(sel.len() == nassign, || format!("moe_experts: sel is not [{rows}, {kk}]"))?;
+    let h = if rows == 0 { 0 } else { x.len() / rows };
+    expect(x.len() == mul(rows, h)? && y.len() == mul(nassign, h)?, || {
+        format!("moe_experts: y is not [{nassign}, {h}]")
+    })?;
+    if nassign == 0 || h == 0 {
+        return Ok(());
+    }
+    if owned.is_empty() {
+        return be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?);
+    }
+    let inter = check_experts(owned, h)?;
+    let ne = owned.len();
+    // Only a partial owner leaves slots the tiles do not write.
+    if first > 0 || ne < total {
+        be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
+    }
+    // One int scratch: counts | offsets | fill | list | tiles (3 a tile) | ntiles.
+    let bound = ne.min(nassign) + nassign / RT;
+    let ints = 3 * ne + nassign + 3 * bound + 1;
+    let scratch = be.dev.alloc(mul(ints, 4)?)?;
+    let base = scratch.as_ref().map_or(0, |m| m.ptr);
+    let at = |words: usize| base + 4 * words as u64;
+    let (counts, offsets, fill) = (at(0), at(ne), at(2 * ne));
+    let (list, tiles, ntiles) = (at(3 * ne), at(nassign + 3 * ne), at(nassign + 3 * ne + 3 * bound));
     let plan = be.func(Src::Moe, "moe_plan")?;
     let args = [
-        Arg::P(sel),
+        Arg::P(sel.ptr()?),
         Arg::I(int(nassign, "assignments")?),
-        Arg::I(nei),
+        Arg::I(int(first, "first expert")?),
+        Arg::I(int(ne, "experts")?),
         Arg::P(counts),
         Arg::P(offsets),
         Arg::P(fill),
@@ -79,16 +131,42 @@ pub(crate) fn moe(
         Arg::I(int(bound, "tiles")?),
     ];
     be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
-    let tab = be.dev.constant(&expert_table(experts)?)?;
-    let plan = Plan { tab, tiles, ntiles, list, kk: kki, bound };
+    let tab = be.dev.constant(&expert_table(owned)?)?;
+    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound };
     let act = be.buf(mul(nassign, inter)?)?;
-    let y = be.buf(mul(nassign, h)?)?;
-    grouped(be, &experts[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
-    grouped(be, &experts[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &plan)?;
-    let combine = be.func(Src::Moe, "moe_combine")?;
-    let args =
-        [Arg::P(y.ptr()?), Arg::P(wts.ptr()?), Arg::I(ri), Arg::I(kki), Arg::I(int(h, "hidden")?), Arg::P(out.ptr()?)];
-    be.dev.launch(&combine, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
+    grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
+    grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &plan)
+}
+
+/// The rank-order combine of `y` `[rows * k, hidden]` weighted by `wts` `[rows, k]` into `out` `[rows, hidden]`.
+pub(crate) fn combine(
+    be: &CudaBackend,
+    y: &CudaBuf,
+    wts: &CudaBuf,
+    rows: usize,
+    kk: usize,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let h = if rows == 0 { 0 } else { out.len() / rows };
+    expect(wts.len() == mul(rows, kk)? && y.len() == mul(wts.len(), h)?, || {
+        format!("moe_combine: y/wts for [{rows}, {kk}]")
+    })?;
+    if rows == 0 || h == 0 {
+        return Ok(());
+    }
+    if kk == 0 {
+        return be.dev.memset(out.ptr()?, 0, f32_bytes(out.len())?);
+    }
+    let f = be.func(Src::Moe, "moe_combine")?;
+    let args = [
+        Arg::P(y.ptr()?),
+        Arg::P(wts.ptr()?),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(kk, "top_k")?),
+        Arg::I(int(h, "hidden")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
 }
 
 /// Device addresses of the expert plan.

@@ -246,6 +246,49 @@ impl Backend for CudaBackend {
         self.settle("moe", r, out);
     }
 
+    fn moe_route(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        gate: &CudaMat,
+        expert_bias: Option<&CudaBuf>,
+        p: MoeParams,
+        sel: &mut CudaBuf,
+        wts: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("moe_route")?;
+        moe::route(self, x, rows, gate, expert_bias, p, sel, wts).map_err(|e| e.kernel("moe_route"))
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        sel: &CudaBuf,
+        k: usize,
+        owned: &[Ffn<CudaMat>],
+        first: usize,
+        total: usize,
+        y: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("moe_experts")?;
+        ops::expect(first + owned.len() <= total, || format!("experts {first}.. +{} of {total}", owned.len()))
+            .and_then(|()| moe::experts(self, x, rows, sel, k, (owned, first, total), y))
+            .map_err(|e| e.kernel("moe_experts"))
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CudaBuf,
+        wts: &CudaBuf,
+        rows: usize,
+        k: usize,
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("moe_combine")?;
+        moe::combine(self, y, wts, rows, k, out).map_err(|e| e.kernel("moe_combine"))
+    }
+
     fn copy_bandwidth(&self) -> f64 {
         self.dev.copy_bandwidth().unwrap_or(f64::NAN)
     }

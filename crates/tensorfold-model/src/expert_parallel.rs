@@ -1,0 +1,164 @@
+//! Expert parallelism: a MoE model's experts split over the devices of one host, the MoE layer run as routing on
+//! rank 0, each rank's own experts, and a rank-order combine on rank 0, with a broadcast and a sum between them.
+//!
+//! Rank 0 holds every other layer, the KV caches and conv states; ranks past 0 hold only their experts. A MoE layer:
+//! rank 0 routes (`sel`, `wts`), broadcasts the normed rows and `sel`, every rank writes its experts' outputs of
+//! every assignment into `y` (+0 where it owns none), the ranks' `y` are summed into rank 0's, which combines. Each
+//! element of the sum has exactly one nonzero contributor, so the sum is exact in any order, and the combine
+//! starts from +0 in rank order as on one device: N-device output equals one-device output bit for bit, and a row's
+//! bits still depend only on the row (docs/architecture.md).
+
+use crate::checkpoint::{Source, TensorTable};
+use crate::forward::{ForwardError, Model};
+use crate::load::{Loaded, OpenError};
+use crate::weights::bind_experts_only;
+use std::ops::Range;
+use tensorfold_kernels::backend::Ffn;
+use tensorfold_kernels::{Backend, Collective, MoeParams, expert_ranges};
+
+/// A rank past 0: its device and its experts.
+pub struct Rank<B: Backend> {
+    /// The rank's device.
+    pub backend: B,
+    /// Its experts of each layer, in layer order (`None` for a dense layer).
+    pub experts: Vec<Option<Vec<Ffn<B::Mat>>>>,
+}
+
+/// The ranks past 0 and the collectives between all ranks.
+pub struct ExpertParallel<B: Backend> {
+    /// Experts each rank owns, rank 0 first (contiguous, [`expert_ranges`]); the same in every MoE layer.
+    pub ranges: Vec<Range<usize>>,
+    /// Ranks 1.. (rank 0 is the model's own backend).
+    pub ranks: Vec<Rank<B>>,
+    /// Broadcast and sum over all ranks (NCCL on GPUs, the host stand-in on CPU ranks).
+    pub comm: Box<dyn Collective<B>>,
+}
+
+/// The MoE settings of a layer's call.
+pub(crate) struct MoeCall<'a, B: Backend> {
+    pub layer: usize,
+    pub gate: &'a B::Mat,
+    pub bias: Option<&'a B::Buf>,
+    pub experts: &'a [Ffn<B::Mat>],
+    pub p: MoeParams,
+}
+
+impl<B: Backend> Model<B> {
+    /// One MoE layer over `x` `[rows, hidden]` into `out`: route, experts (every rank's), combine. Without expert
+    /// parallelism rank 0 owns every expert and there is no collective; the steps are the same.
+    pub(crate) fn moe_layer(
+        &self,
+        x: &B::Buf,
+        rows: usize,
+        m: MoeCall<'_, B>,
+        out: &mut B::Buf,
+    ) -> Result<(), ForwardError> {
+        let b = &self.backend;
+        let total = self.cfg.moe.as_ref().map_or(0, |c| c.experts);
+        let k = m.p.top_k.min(total);
+        let (mut sel, mut wts) = (b.scratch(rows * k), b.scratch(rows * k));
+        b.moe_route(x, rows, m.gate, m.bias, m.p, &mut sel, &mut wts)?;
+        let mut y = b.scratch(rows * k * self.cfg.hidden);
+        match &self.ep {
+            None => b.moe_experts(x, rows, &sel, k, m.experts, 0, total, &mut y)?,
+            Some(ep) => ep.experts(b, (x, &sel), (rows, k, total, self.cfg.hidden), m.layer, m.experts, &mut y)?,
+        }
+        b.moe_combine(&y, &wts, rows, k, out)?;
+        Ok(())
+    }
+
+    /// Devices this model runs on (1 without expert parallelism).
+    pub fn world(&self) -> usize {
+        self.ep.as_ref().map_or(1, |e| e.ranges.len())
+    }
+
+    /// Bytes of weights on each device, rank 0 first.
+    pub fn weight_bytes_by_rank(&self) -> Vec<usize> {
+        let mut v = vec![self.weight_bytes()];
+        for r in self.ep.iter().flat_map(|e| &e.ranks) {
+            let b = &r.backend;
+            v.push(
+                r.experts
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .map(|f| b.mat_bytes(&f.w1) + b.mat_bytes(&f.w3) + b.mat_bytes(&f.w2))
+                    .sum(),
+            );
+        }
+        v
+    }
+
+    /// Device memory high-water marks (allocated, reserved) of each device, rank 0 first (`None` on the host).
+    pub fn memory_high_by_rank(&self) -> Vec<Option<(usize, usize)>> {
+        std::iter::once(self.backend.memory_high())
+            .chain(self.ep.iter().flat_map(|e| &e.ranks).map(|r| r.backend.memory_high()))
+            .collect()
+    }
+}
+
+impl<B: Backend> ExpertParallel<B> {
+    /// Every rank's experts of `layer` over the assignments `sel` of rows `x` into rank 0's `y` (`rank0` are rank 0's
+    /// experts): broadcast `x` and `sel`, each rank's `moe_experts`, then the sum into `y`.
+    fn experts(
+        &self,
+        b0: &B,
+        (x, sel): (&B::Buf, &B::Buf),
+        (rows, k, total, h): (usize, usize, usize, usize),
+        layer: usize,
+        rank0: &[Ffn<B::Mat>],
+        y: &mut B::Buf,
+    ) -> Result<(), ForwardError> {
+        let mut xs: Vec<B::Buf> = self.ranks.iter().map(|r| r.backend.scratch(rows * h)).collect();
+        let mut sels: Vec<B::Buf> = self.ranks.iter().map(|r| r.backend.scratch(rows * k)).collect();
+        self.comm.broadcast(x, &mut xs.iter_mut().collect::<Vec<_>>())?;
+        self.comm.broadcast(sel, &mut sels.iter_mut().collect::<Vec<_>>())?;
+        b0.moe_experts(x, rows, sel, k, rank0, self.ranges[0].start, total, y)?;
+        let mut ys = Vec::with_capacity(self.ranks.len());
+        for (i, r) in self.ranks.iter().enumerate() {
+            let owned = r.experts.get(layer).and_then(|e| e.as_deref()).unwrap_or(&[]);
+            let mut yr = r.backend.scratch(rows * k * h);
+            r.backend.moe_experts(&xs[i], rows, &sels[i], k, owned, self.ranges[i + 1].start, total, &mut yr)?;
+            ys.push(yr);
+        }
+        self.comm.reduce_sum(y, &ys.iter().collect::<Vec<_>>())?;
+        Ok(())
+    }
+}
+
+/// Opens a MoE checkpoint with its experts split over `backends` (rank 0 first; [`expert_ranges`]): rank 0 binds
+/// every other tensor and its experts, each other rank only its experts. `comm` spans the same devices in the same
+/// order. Errors: [`OpenError::ExpertParallel`] for a dense model, more ranks than experts, or a `comm` of another
+/// size; otherwise as [`crate::open`].
+pub fn open_expert_parallel<B: Backend>(
+    src: &Source,
+    mut backends: Vec<B>,
+    comm: Box<dyn Collective<B>>,
+) -> Result<Loaded<B>, OpenError> {
+    let cfg = crate::load::read_config(src)?;
+    let experts = cfg.moe.as_ref().map(|m| m.experts).ok_or_else(|| {
+        OpenError::ExpertParallel("the model has no MoE layers, so there are no experts to split".into())
+    })?;
+    if comm.world() != backends.len() {
+        return Err(OpenError::ExpertParallel(format!(
+            "{} devices but a collective over {}",
+            backends.len(),
+            comm.world()
+        )));
+    }
+    let ranges = expert_ranges(experts, backends.len()).map_err(OpenError::ExpertParallel)?;
+    let table = TensorTable::open(src)?;
+    let rest = backends.split_off(1);
+    let ranks = rest
+        .into_iter()
+        .zip(&ranges[1..])
+        .map(|(backend, r)| {
+            let experts = bind_experts_only(&cfg, &table, &backend, r.clone())?;
+            Ok(Rank { backend, experts })
+        })
+        .collect::<Result<Vec<_>, OpenError>>()?;
+    let rank0 = backends.pop().expect("one backend at least: expert_ranges refused 0");
+    let mut loaded = crate::load::open_table(src, cfg, &table, rank0, ranges[0].clone())?;
+    loaded.model.ep = Some(ExpertParallel { ranges, ranks, comm });
+    Ok(loaded)
+}
