@@ -136,5 +136,10 @@ fn run<T: Target>(mut core: Core<T>, rx: Receiver<Command>, metrics: Arc<Mutex<M
         if let Ok(mut m) = metrics.lock() {
             *m = core.metrics();
         }
+        // A device failure ended every stream; the thread ends, so `/health` answers 503 and submits are refused.
+        if let Some(f) = core.failure() {
+            eprintln!("error: engine stopped: {f}");
+            return;
+        }
     }
 }

@@ -139,9 +139,20 @@ pub async fn serve<K: Send + 'static>(
             return Ok(());
         }
     };
+    let engine = ready.engine.clone();
     let _ = state.ready.set(ready);
     tracing::info!("model ready in {:.1} s", t.elapsed().as_secs_f64());
-    let _ = signal.await;
+    tokio::select! {
+        _ = signal => {}
+        failure = engine_stopped(engine) => {
+            // The engine ended every stream with the failure already; stop serving and exit non-zero.
+            tracing::error!("engine stopped: {failure}; shutting down");
+            stop.notify_one();
+            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+            drop(keep);
+            return Err(format!("engine stopped: {failure}"));
+        }
+    }
     tracing::info!("shutting down: no new connections; in-flight requests have {:?}", opts.grace);
     stop.notify_one();
     let mut server = server;
@@ -155,6 +166,14 @@ pub async fn serve<K: Send + 'static>(
     drop(keep);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves once the engine thread has ended on its own (a device failure), with the reason.
+async fn engine_stopped(engine: tensorfold_engine::EngineHandle) -> String {
+    while engine.is_alive() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    engine.metrics().failure.unwrap_or_else(|| "the engine thread ended".to_string())
 }
 
 async fn shutdown_signal() {

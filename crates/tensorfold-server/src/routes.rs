@@ -337,6 +337,15 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         for (k, n) in m.accepted_at.iter().enumerate() {
             metrics::counter!("tensorfold_accepted_by_position_total", "position" => k.to_string()).absolute(*n);
         }
+        for (d, (weights, high)) in r.devices.as_ref().map(|f| f()).unwrap_or_default().into_iter().enumerate() {
+            let device = d.to_string();
+            metrics::gauge!("tensorfold_device_weight_bytes", "device" => device.clone()).set(weights as f64);
+            if let Some((alloc, reserved)) = high {
+                metrics::gauge!("tensorfold_device_memory_high_bytes", "device" => device.clone()).set(alloc as f64);
+                metrics::gauge!("tensorfold_device_memory_reserved_high_bytes", "device" => device)
+                    .set(reserved as f64);
+            }
+        }
         if m.draft_windows > 0 {
             let mean = tensorfold_engine::request::mean_accepted_length(m.accepted_tokens, m.draft_windows);
             metrics::gauge!("tensorfold_mean_accepted_length").set(mean);

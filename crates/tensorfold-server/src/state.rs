@@ -15,7 +15,13 @@ pub struct Ready {
     pub context: usize,
     /// `max_tokens` when a request gives none (clipped to what the context leaves).
     pub default_max_tokens: usize,
+    /// Each device's weight bytes and memory high-water marks (allocated, reserved by the pool), rank 0 first, for
+    /// `/metrics`; `None` where the caller reports none.
+    pub devices: Option<DeviceReport>,
 }
+
+/// Per-device figures for `/metrics`: `(weight bytes, high-water marks)` of each device, rank 0 first.
+pub type DeviceReport = Arc<dyn Fn() -> Vec<(usize, Option<(usize, usize)>)> + Send + Sync>;
 
 /// Shared by every route.
 #[derive(Clone)]

@@ -5,7 +5,7 @@
 use crate::bench_engine;
 use crate::bench_serve;
 use crate::default_model;
-use anyhow::{Context, bail};
+use anyhow::bail;
 use std::process::ExitCode;
 use std::time::Instant;
 use tensorfold_engine::sampler::token_sha256;
@@ -52,9 +52,13 @@ pub struct ForwardArgs {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
     device: crate::Device,
-    /// GPU number with `--device cuda`.
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
+    /// cpu`, host ranks: the stand-in CI runs).
+    #[arg(long)]
+    gpus: Option<usize>,
 }
 
 /// Benchmarks.
@@ -72,27 +76,28 @@ pub enum What {
 /// Runs a benchmark.
 pub fn run(w: What) -> anyhow::Result<ExitCode> {
     match w {
-        What::Forward(a) => crate::on_device(a.device, a.gpu, a),
+        What::Forward(a) => crate::on_device(a.device, a.gpu, a.gpus, a),
         What::Engine(a) => bench_engine::run(a),
         What::Serve(a) => bench_serve::run(a),
     }
 }
 
 impl crate::OnBackend for ForwardArgs {
-    fn run<B: Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
-        forward(backend, self)
+    fn run<B: crate::devices::Ranks>(self, dev: crate::devices::Devices<B>) -> anyhow::Result<ExitCode> {
+        forward(dev, self)
     }
 }
 
-fn forward<B: Backend + Clone + 'static>(backend: B, a: ForwardArgs) -> anyhow::Result<ExitCode> {
+fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: ForwardArgs) -> anyhow::Result<ExitCode> {
     let src = default_model::source(a.model)?;
     let t = Instant::now();
-    let loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
+    let loaded = dev.open(&src)?;
     let m = &loaded.model;
     println!(
-        "model: {}  backend: {}  threads: {}  simd: {:?}  loaded in {:.1} s",
+        "model: {}  backend: {} x{}  threads: {}  simd: {:?}  loaded in {:.1} s",
         src.describe(),
         m.backend.name(),
+        m.world(),
         rayon_threads(),
         tensorfold_kernels::simd::level(),
         t.elapsed().as_secs_f64()

@@ -52,9 +52,13 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
     device: crate::Device,
-    /// GPU number with `--device cuda`.
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
+    /// cpu`, host ranks: the stand-in CI runs).
+    #[arg(long)]
+    gpus: Option<usize>,
     /// Prompts as JSON lines (one JSON string a line), tokenized with the model's tokenizer; request i
     /// takes line i mod n (default: random token ids).
     #[arg(long)]
@@ -86,16 +90,16 @@ fn collect(rx: Receiver<Event>) -> anyhow::Result<Reply> {
 
 /// Runs the benchmark on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    crate::on_device(a.device, a.gpu, a)
+    crate::on_device(a.device, a.gpu, a.gpus, a)
 }
 
 impl crate::OnBackend for Args {
-    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
-        run_on(backend, self)
+    fn run<B: crate::devices::Ranks>(self, dev: crate::devices::Devices<B>) -> anyhow::Result<ExitCode> {
+        run_on(dev, self)
     }
 }
 
-fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args) -> anyhow::Result<ExitCode> {
+fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         !a.grid.levels.is_empty() && a.grid.levels.iter().all(|&l| l > 0),
         "--levels needs numbers above 0"
@@ -103,8 +107,7 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
     anyhow::ensure!(a.grid.reps > 0 && a.grid.tokens > 0, "--reps and --tokens must be at least 1");
     anyhow::ensure!(a.check != Some(0), "--check must be at least 1 (every run's replies are checked)");
     let src = default_model::source(a.model.clone())?;
-    let mut loaded =
-        tensorfold_model::open(&src, backend.clone()).with_context(|| format!("opening {}", src.describe()))?;
+    let mut loaded = dev.open(&src)?;
     if a.max_draft > 0 {
         let d = default_model::drafter_source(&a.model, a.drafter.clone());
         default_model::attach_drafter(&mut loaded.model, d, a.drafter_bits.unwrap_or_default())?;
@@ -127,9 +130,10 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
         ..EngineConfig::default()
     };
     println!(
-        "model: {}  backend: {}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  max_draft: {}  tokens: {}  reps: {}",
+        "model: {}  backend: {} x{}  threads: {}  simd: {:?}  parallel: {}  shared_rounds: {}  max_draft: {}  tokens: {}  reps: {}",
         src.describe(),
-        backend.name(),
+        dev.backend.name(),
+        dev.world(),
         tensorfold_kernels::cpu::threads(),
         tensorfold_kernels::simd::level(),
         cfg.parallel,
@@ -143,11 +147,7 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
     // device. Drafted runs: the solo reference is a second copy without the drafter, independent of its code path.
     let model = std::sync::Arc::new(loaded.model);
     let solo_model = if drafting {
-        std::sync::Arc::new(
-            tensorfold_model::open(&src, backend.clone())
-                .with_context(|| format!("opening {} for the solo runs", src.describe()))?
-                .model,
-        )
+        std::sync::Arc::new(dev.open(&src).context("opening the model for the solo runs")?.model)
     } else {
         model.clone()
     };
@@ -210,7 +210,24 @@ fn run_on<B: tensorfold_kernels::Backend + Clone + 'static>(backend: B, a: Args)
             for (m, row) in rows.iter_mut().enumerate() {
                 row.print(level, temp, if modes[m] { "drafted" } else { "plain" });
             }
+            // Compare runs (devices, commits) by these: every reply's tokens, in request order.
+            for (m, row) in rows.iter().enumerate() {
+                let mode = if modes[m] { "drafted" } else { "plain" };
+                println!(
+                    "replies: level {level} temp {temp:.2} {mode}: token_sha256 {}",
+                    token_sha256(&row.all_tokens)
+                );
+            }
         }
+    }
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    for (d, (w, high)) in
+        solo_model.weight_bytes_by_rank().into_iter().zip(solo_model.memory_high_by_rank()).enumerate()
+    {
+        let high = high.map_or("host memory".into(), |(a, r)| {
+            format!("peak {:.2} GiB allocated, {:.2} GiB reserved", gib(a), gib(r))
+        });
+        println!("device {d}: weights {:.2} GiB, {high}", gib(w));
     }
     println!("equal: {equal_all} of {total_all} concurrent replies checked equal their solo runs");
     Ok(if equal_all == total_all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -246,10 +263,16 @@ struct Row {
     /// Engine round seconds and, of those, seconds inside the target's forward, over this line's runs.
     round_s: f64,
     forward_s: f64,
+    /// Every reply's length then tokens, in request order over the repetitions (one hash to compare runs by).
+    all_tokens: Vec<u32>,
 }
 
 impl Row {
     fn add(&mut self, replies: &[Reply], wall: f64) {
+        for r in replies {
+            self.all_tokens.push(r.tokens.len() as u32);
+            self.all_tokens.extend(&r.tokens);
+        }
         let generated: usize = replies.iter().map(|r| r.tokens.len()).sum();
         self.aggregate.push(generated as f64 / wall);
         for r in replies {

@@ -4,7 +4,6 @@ use crate::{Device, default_model};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tensorfold_kernels::{Backend, CpuBackend};
 use tensorfold_model::exact::{Reference, run_checks};
 
 /// Arguments of `tensorfold exact`.
@@ -22,45 +21,32 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
-    /// GPU number with `--device cuda`.
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
+    /// cpu`, host ranks: the stand-in CI runs).
+    #[arg(long)]
+    gpus: Option<usize>,
 }
 
-/// Runs the command.
+/// Runs the command on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    match a.device {
-        Device::Cpu => run_on(CpuBackend, &a),
-        Device::Cuda => run_cuda(&a),
+    crate::on_device(a.device, a.gpu, a.gpus, a)
+}
+
+impl crate::OnBackend for Args {
+    fn run<B: crate::devices::Ranks>(self, dev: crate::devices::Devices<B>) -> anyhow::Result<ExitCode> {
+        let src = default_model::source(self.model.clone())?;
+        let loaded = dev.open(&src)?;
+        let bytes = std::fs::read(&self.reference).with_context(|| format!("reading {}", self.reference.display()))?;
+        let reference = Reference::parse(&bytes)?;
+        let checks = run_checks(&loaded.model, &reference, self.tolerance)?;
+        let failed = checks.iter().filter(|c| !c.pass).count();
+        for c in &checks {
+            println!("{} {}: {}", if c.pass { "PASS" } else { "FAIL" }, c.name, c.detail);
+        }
+        println!("{} passed, {} failed", checks.len() - failed, failed);
+        Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
-}
-
-/// The checks on GPU `--gpu`; a machine without a driver or that GPU is refused by name.
-#[cfg(feature = "cuda")]
-fn run_cuda(a: &Args) -> anyhow::Result<ExitCode> {
-    let be = tensorfold_kernels::CudaBackend::new(a.gpu).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
-    tracing::info!(device = be.device_name(), arch = be.arch(), "exact on CUDA device {}", a.gpu);
-    run_on(be, a)
-}
-
-/// Without the `cuda` feature `--device cuda` is refused by name.
-#[cfg(not(feature = "cuda"))]
-fn run_cuda(a: &Args) -> anyhow::Result<ExitCode> {
-    crate::check_device(a.device)?;
-    anyhow::bail!("--device cuda: this build has no CUDA backend")
-}
-
-/// Opens the model on `backend` and runs every check.
-fn run_on<B: Backend>(backend: B, a: &Args) -> anyhow::Result<ExitCode> {
-    let src = default_model::source(a.model.clone())?;
-    let loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
-    let bytes = std::fs::read(&a.reference).with_context(|| format!("reading {}", a.reference.display()))?;
-    let reference = Reference::parse(&bytes)?;
-    let checks = run_checks(&loaded.model, &reference, a.tolerance)?;
-    let failed = checks.iter().filter(|c| !c.pass).count();
-    for c in &checks {
-        println!("{} {}: {}", if c.pass { "PASS" } else { "FAIL" }, c.name, c.detail);
-    }
-    println!("{} passed, {} failed", checks.len() - failed, failed);
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -83,25 +83,29 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
-    /// GPU number with `--device cuda`.
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
+    /// cpu`, host ranks: the stand-in CI runs).
+    #[arg(long)]
+    gpus: Option<usize>,
 }
 
 impl crate::OnBackend for Args {
-    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode> {
-        run_on(backend, self)
+    fn run<B: crate::devices::Ranks>(self, dev: crate::devices::Devices<B>) -> anyhow::Result<ExitCode> {
+        run_on(dev, self)
     }
 }
 
 /// Runs the command on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    crate::on_device(a.device, a.gpu, a)
+    crate::on_device(a.device, a.gpu, a.gpus, a)
 }
 
-fn run_on<B: tensorfold_kernels::Backend + 'static>(backend: B, a: Args) -> anyhow::Result<ExitCode> {
+fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) -> anyhow::Result<ExitCode> {
     let src = default_model::source(a.model.clone())?;
-    let mut loaded = tensorfold_model::open(&src, backend).with_context(|| format!("opening {}", src.describe()))?;
+    let mut loaded = dev.open(&src)?;
     if !a.no_drafts {
         default_model::attach_drafter(
             &mut loaded.model,

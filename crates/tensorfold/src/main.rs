@@ -5,6 +5,7 @@ mod bench_engine;
 mod bench_serve;
 mod contract_cmd;
 mod default_model;
+mod devices;
 mod exact;
 mod generate;
 mod inspect;
@@ -151,24 +152,20 @@ pub fn check_device(d: Device) -> anyhow::Result<()> {
     }
 }
 
-/// A command body that runs on any backend (the CPU, or a GPU in `cuda` builds).
+/// A command body that runs on any backend (the CPU, or GPUs in `cuda` builds).
 pub trait OnBackend {
-    /// Runs on `backend`.
-    fn run<B: tensorfold_kernels::Backend + Clone + 'static>(self, backend: B) -> anyhow::Result<ExitCode>;
+    /// Runs on `dev`.
+    fn run<B: devices::Ranks>(self, dev: devices::Devices<B>) -> anyhow::Result<ExitCode>;
 }
 
 /// Runs `job` on the CPU, or on GPU `gpu` for `--device cuda` (refused by name without the `cuda` feature or
-/// without a driver or that GPU).
-pub fn on_device(d: Device, gpu: usize, job: impl OnBackend) -> anyhow::Result<ExitCode> {
+/// without a driver or that GPU); with `gpus`, on that many ranks from `gpu` on (CPU ranks: the host stand-in).
+pub fn on_device(d: Device, gpu: usize, gpus: Option<usize>, job: impl OnBackend) -> anyhow::Result<ExitCode> {
     check_device(d)?;
     match d {
-        Device::Cpu => job.run(tensorfold_kernels::CpuBackend),
+        Device::Cpu => job.run(devices::cpu(gpus)?),
         #[cfg(feature = "cuda")]
-        Device::Cuda => {
-            let be = tensorfold_kernels::CudaBackend::new(gpu).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
-            tracing::info!("CUDA device {gpu}: {} ({})", be.device_name(), be.arch());
-            job.run(be)
-        }
+        Device::Cuda => job.run(devices::cuda(gpu, gpus)?),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => unreachable!("check_device refused it (gpu {gpu})"),
     }

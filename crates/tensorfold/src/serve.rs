@@ -1,5 +1,6 @@
 //! `tensorfold serve`: the OpenAI-compatible server on the embedded default model or a model directory.
 
+use crate::devices::{self, Devices};
 use crate::{Device, Verify, check_device, default_model};
 use anyhow::{Context, bail};
 use std::path::PathBuf;
@@ -7,7 +8,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
-use tensorfold_kernels::CpuBackend;
 use tensorfold_server::{ServeOptions, state::Ready};
 
 /// Arguments of `tensorfold serve`; every flag has a `TENSORFOLD_*` environment mirror (the flag wins).
@@ -84,9 +84,13 @@ pub struct Args {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
     device: Device,
-    /// GPU number with `--device cuda`.
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
     #[arg(long, default_value_t = 0, env = "TENSORFOLD_GPU")]
     gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; the other layers
+    /// and every KV cache stay on the first); with `--device cpu`, host ranks (the stand-in CI runs).
+    #[arg(long, env = "TENSORFOLD_GPUS")]
+    gpus: Option<usize>,
 }
 
 /// Runs the server until SIGINT/SIGTERM.
@@ -158,6 +162,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         cfg,
         device: a.device,
         gpu: a.gpu,
+        gpus: a.gpus,
     };
     let load = move || plan.load();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -179,29 +184,33 @@ struct LoadPlan {
     cfg: EngineConfig,
     device: Device,
     gpu: usize,
+    gpus: Option<usize>,
 }
 
 impl LoadPlan {
-    /// Opens on the CPU, or on GPU `gpu` (refused by name without the `cuda` feature or a driver).
+    /// Opens on the CPU, or on GPU `gpu` (refused by name without the `cuda` feature or a driver), over `gpus`
+    /// ranks with `--gpus`.
     fn load(self) -> Result<(Ready, Engine), String> {
+        let e = |e: anyhow::Error| format!("{e:#}");
         match self.device {
-            Device::Cpu => self.load_on(CpuBackend),
+            Device::Cpu => {
+                let dev = devices::cpu(self.gpus).map_err(e)?;
+                self.load_on(dev)
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda => {
-                let be = tensorfold_kernels::CudaBackend::new(self.gpu).map_err(|e| format!("--device cuda: {e}"))?;
-                tracing::info!("CUDA device {}: {} ({})", self.gpu, be.device_name(), be.arch());
-                self.load_on(be)
+                let dev = devices::cuda(self.gpu, self.gpus).map_err(e)?;
+                self.load_on(dev)
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda => Err(format!("--device cuda (gpu {}): this build has no CUDA backend", self.gpu)),
         }
     }
 
-    fn load_on<B: tensorfold_kernels::Backend + 'static>(self, backend: B) -> Result<(Ready, Engine), String> {
+    fn load_on<B: devices::Ranks>(self, dev: Devices<B>) -> Result<(Ready, Engine), String> {
         let src = &self.src;
-        tracing::info!("loading {} on {} ...", src.describe(), backend.name());
-        let mut loaded =
-            tensorfold_model::open(src, backend).map_err(|e| format!("opening {}: {e}", src.describe()))?;
+        tracing::info!("loading {} on {} x{} ...", src.describe(), dev.backend.name(), dev.world());
+        let mut loaded = dev.open(src).map_err(|e| format!("{e:#}"))?;
         default_model::attach_drafter(&mut loaded.model, self.drafter, self.drafter_bits).map_err(|e| e.to_string())?;
         if self.cfg.max_draft > 0 {
             crate::check_verify(self.verify, &loaded.model).map_err(|e| e.to_string())?;
@@ -220,7 +229,18 @@ impl LoadPlan {
             self.cfg.parallel
         );
         let text = loaded.text.map(Arc::new);
-        let engine = Engine::start(ModelTarget { model: Arc::new(loaded.model), eos: loaded.eos_ids }, self.cfg);
-        Ok((Ready { engine: engine.handle(), text, context: ctx, default_max_tokens: self.max_tokens }, engine))
+        let model = Arc::new(loaded.model);
+        let m = model.clone();
+        let devices: tensorfold_server::state::DeviceReport =
+            Arc::new(move || m.weight_bytes_by_rank().into_iter().zip(m.memory_high_by_rank()).collect());
+        let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, self.cfg);
+        let ready = Ready {
+            engine: engine.handle(),
+            text,
+            context: ctx,
+            default_max_tokens: self.max_tokens,
+            devices: Some(devices),
+        };
+        Ok((ready, engine))
     }
 }

@@ -235,3 +235,32 @@ fn the_embedded_default_completes_python_with_its_drafter_attached() {
     let plain = tensorfold(&["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "48", "--no-drafts"]);
     assert_eq!(ok(&plain), text, "drafts change no token");
 }
+
+#[test]
+fn experts_split_over_host_ranks_pass_exact_and_generate_the_same_tokens() {
+    let model = fixture("lfm2-moe-bf16-fused");
+    let reference = model.join("reference.safetensors");
+    for gpus in ["1", "2", "3"] {
+        let o =
+            tensorfold(&["exact", "--model", path_str(&model), "--reference", path_str(&reference), "--gpus", gpus]);
+        assert_eq!(ok(&o).lines().last(), Some("7 passed, 0 failed"), "--gpus {gpus}");
+    }
+    let args = ["generate", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--temperature", "0", "--ignore-eos"];
+    let sha = |o: &Output| stderr(o).split("token_sha256: ").nth(1).map(|t| t[..64].to_owned());
+    let one = tensorfold(&args);
+    ok(&one);
+    let two = tensorfold(&[&args[..], &["--gpus", "2"]].concat());
+    ok(&two);
+    assert_eq!(sha(&one), sha(&two));
+}
+
+#[test]
+fn gpu_counts_that_cannot_split_the_experts_are_refused_by_name() {
+    let zero = refused(&tensorfold(&["generate", "--prompt-ids", "1", "--gpus", "0"]));
+    assert!(zero.contains("--gpus must be at least 1"), "{zero}");
+    let many = refused(&tensorfold(&["generate", "--prompt-ids", "1", "--gpus", "17"]));
+    assert!(many.contains("16 experts cannot be split over 17 ranks"), "{many}");
+    let dense = fixture("lfm2-dense-f32");
+    let d = refused(&tensorfold(&["generate", "--model", path_str(&dense), "--prompt-ids", "1", "--gpus", "2"]));
+    assert!(d.contains("no MoE layers"), "{d}");
+}

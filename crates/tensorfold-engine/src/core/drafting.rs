@@ -8,6 +8,7 @@ use crate::request::{FinishReason, RequestId};
 use crate::sampler::{SamplingParams, draw};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
+use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::{DraftBlock, Picker};
 
 /// Verify faults the drafting tests plant to prove they turn red.
@@ -123,26 +124,33 @@ impl<T: Target> Core<T> {
             let refs: Vec<Option<&Picker>> = pickers.iter().map(|p| p.as_deref()).collect();
             self.target.draft_keyed(&states, &anchors, &refs)
         };
-        let results: Vec<Result<DraftBlock, String>> = match run(&self.lanes, &want) {
+        let (results, shared): (Vec<Result<DraftBlock, ForwardError>>, _) = match run(&self.lanes, &want) {
             None => return,
-            Some(Ok(blocks)) => blocks.into_iter().map(Ok).collect(),
-            Some(Err(_)) => want
-                .iter()
-                .map(|&i| match run(&self.lanes, &[i]) {
-                    Some(Ok(mut b)) => Ok(b.remove(0)),
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Ok(DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }),
-                })
-                .collect(),
+            Some(Ok(blocks)) => (blocks.into_iter().map(Ok).collect(), None),
+            Some(Err(shared)) => {
+                let alone = want
+                    .iter()
+                    .map(|&i| match run(&self.lanes, &[i]) {
+                        Some(Ok(mut b)) => Ok(b.remove(0)),
+                        Some(Err(e)) => Err(e),
+                        None => Ok(DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }),
+                    })
+                    .collect();
+                (alone, Some(shared))
+            }
         };
+        if let Some(e) = shared {
+            self.note_device(&e);
+        }
         let ids: Vec<RequestId> = want.iter().map(|&i| self.lanes[i].id).collect();
         for (id, r) in ids.into_iter().zip(results) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
             match r {
                 Ok(b) => (self.lanes[i].block, self.lanes[i].conf) = (b.tokens, b.confidence),
                 Err(e) => {
+                    self.note_device(&e);
                     let s = &mut self.lanes[i];
-                    (s.stats.draft_error, s.open) = (Some(e), false);
+                    (s.stats.draft_error, s.open) = (Some(e.to_string()), false);
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! on its own thread. Drafting (proposals, the depth rule, verify) lives in `drafting`.
 
 mod drafting;
+mod failure;
 
 use crate::schedule::{CostModel, Mode, RoundGuard, VerifyMode};
 pub use drafting::PlantedFault;
@@ -138,6 +139,8 @@ pub struct Metrics {
     /// Of those, seconds inside the target's forward (logits copied to the host included): the rest of a round
     /// is host work (block passes, draws, verify, streaming).
     pub forward_seconds: f64,
+    /// The device failure that stopped the engine (every stream ended with it; the engine thread has ended).
+    pub failure: Option<String>,
 }
 
 struct Waiting {
@@ -189,6 +192,8 @@ pub struct Core<T: Target> {
     round_guard: RoundGuard,
     /// Tokens committed in the current round.
     round_committed: u64,
+    /// The device failure that stopped the engine (`failure.rs`).
+    failure: Option<String>,
 }
 
 impl<T: Target> Core<T> {
@@ -216,6 +221,7 @@ impl<T: Target> Core<T> {
             costs: CostModel::default(),
             round_guard: RoundGuard::default(),
             round_committed: 0,
+            failure: None,
         }
     }
 
@@ -245,6 +251,9 @@ impl<T: Target> Core<T> {
     /// Checks and queues a request; events go to `sink`. Refusals queue nothing.
     pub fn submit(&mut self, req: Request, sink: impl Into<Sink>) -> Result<RequestId, SubmitError> {
         let sink = sink.into();
+        if self.failure.is_some() {
+            return Err(SubmitError::Stopped);
+        }
         req.params.validate()?;
         if req.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -371,6 +380,10 @@ impl<T: Target> Core<T> {
 
     /// Runs one round. Returns false when there was nothing to run.
     pub fn step(&mut self) -> bool {
+        if self.failure.is_some() {
+            self.fail_all();
+            return false;
+        }
         self.admit();
         let t0 = self.clock.now();
         let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
@@ -378,6 +391,10 @@ impl<T: Target> Core<T> {
         self.open_lanes(mode);
         if mode == Mode::Drafted {
             self.draft_blocks();
+        }
+        if self.failure.is_some() {
+            self.fail_all();
+            return true;
         }
         let plan = self.plan(mode);
         if plan.is_empty() {
@@ -389,6 +406,10 @@ impl<T: Target> Core<T> {
         let tf = self.clock.now();
         let results = self.run_forward(&plan);
         self.counters.forward_seconds += (self.clock.now() - tf).as_secs_f64();
+        if self.failure.is_some() {
+            self.fail_all();
+            return true;
+        }
         let (plan, logits) = self.drop_failed(plan, results);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
         // The keyed draws of every window are independent of each other: run them across threads.
@@ -461,6 +482,8 @@ impl<T: Target> Core<T> {
         }
         match self.forward_rows(plan) {
             Ok(l) => l.into_iter().map(Ok).collect(),
+            // A device failure stops the engine: no retries.
+            Err(e) if self.failure.is_some() => plan.iter().map(|_| Err(e.clone())).collect(),
             // An engine fault (calls are validated before they touch state): run each stream alone, so only a
             // stream that fails alone fails.
             Err(_) => plan
@@ -484,7 +507,11 @@ impl<T: Target> Core<T> {
         let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
         let mut states: Vec<&mut T::State> =
             plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
-        self.target.forward(&tokens, &segs, &mut states, &all_rows).map_err(|e| e.to_string())
+        let out = self.target.forward(&tokens, &segs, &mut states, &all_rows);
+        out.map_err(|e| {
+            self.note_device(&e);
+            e.to_string()
+        })
     }
 
     /// After a prompt chunk: prompt-cache snapshots, and the first token once the prompt is in.

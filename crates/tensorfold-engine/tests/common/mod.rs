@@ -9,7 +9,7 @@ use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::sampler::{SamplingParams, draw};
 use tensorfold_engine::{Event, FinishReason, Request, RequestId, Stats, Target};
-use tensorfold_kernels::Segment;
+use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
 /// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft).
@@ -293,6 +293,8 @@ pub enum Fault {
     NanLogits,
     /// Any call holding its rows fails as a whole before touching state (an engine fault).
     RefuseCall,
+    /// Any call holding its rows fails on the device (a lost GPU, a failed collective).
+    DeviceLost,
 }
 
 /// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
@@ -324,12 +326,19 @@ impl Target for Poisoned {
         states: &mut [&mut Vec<u32>],
         all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        if self.fault == Fault::RefuseCall && segs.iter().any(|s| self.hit(states[s.cache])) {
-            return Err(ForwardError::Batch("planted fault".into()));
+        if segs.iter().any(|s| self.hit(states[s.cache])) {
+            match self.fault {
+                Fault::RefuseCall => return Err(ForwardError::Batch("planted fault".into())),
+                Fault::DeviceLost => {
+                    let message = "planted: GPU 1 stopped answering".to_string();
+                    return Err(ForwardError::Kernel(KernelError::Device { kernel: "nccl_reduce", message }));
+                }
+                Fault::NanLogits => {}
+            }
         }
         let mut out = self.inner.forward(tokens, segs, states, all_rows)?;
         for (s, logits) in segs.iter().zip(&mut out) {
-            if self.hit(states[s.cache]) {
+            if self.fault == Fault::NanLogits && self.hit(states[s.cache]) {
                 logits.iter_mut().for_each(|v| *v = f32::NAN);
             }
         }

@@ -160,3 +160,61 @@ pub fn moe64(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: Mo
     }
     out
 }
+
+/// Expert parallelism's MoE on one device: `rows` rows of `x` routed once, each of 2 and 3 ranks' `moe_experts` over
+/// its contiguous share (told it starts at expert 0 when `forget_offset`, the planted fault), the ranks' `y` summed in
+/// rank order, then the combine. Returns the bit differences against `want` (the one-call `moe` output), over both
+/// world sizes, and the elements of the sum that had more than one nonzero contributor.
+#[allow(clippy::too_many_arguments)]
+pub fn shard_diffs<B: crate::Backend>(
+    be: &B,
+    (x, rows, h): (&[f32], usize, usize),
+    gate: &B::Mat,
+    bias: Option<&B::Buf>,
+    ex: &[Ffn<B::Mat>],
+    p: MoeParams,
+    want: &[f32],
+    forget_offset: bool,
+) -> (usize, usize) {
+    let k = p.top_k.min(ex.len());
+    let xd = be.upload(x);
+    let (mut sel, mut wts) = (be.zeros(rows * k), be.zeros(rows * k));
+    if be.moe_route(&xd, rows, gate, bias, p, &mut sel, &mut wts).is_err() {
+        return (usize::MAX, 0);
+    }
+    let (mut diffs, mut shared) = (0, 0);
+    for world in [2, 3] {
+        let mut sum = vec![0f32; rows * k * h];
+        let mut nonzero = vec![0u8; sum.len()];
+        for r in crate::collective::expert_ranges(ex.len(), world).expect("a split") {
+            let first = if forget_offset { 0 } else { r.start };
+            let mut y = be.zeros(rows * k * h);
+            if be.moe_experts(&xd, rows, &sel, k, &ex[r], first, ex.len(), &mut y).is_err() {
+                return (usize::MAX, 0);
+            }
+            for ((s, n), v) in sum.iter_mut().zip(&mut nonzero).zip(be.read(&y)) {
+                *s += v;
+                *n += u8::from(v != 0.0);
+            }
+        }
+        shared += nonzero.iter().filter(|&&n| n > 1).count();
+        let mut out = be.zeros(rows * h);
+        if be.moe_combine(&be.upload(&sum), &wts, rows, k, &mut out).is_err() {
+            return (usize::MAX, shared);
+        }
+        diffs += bit_diffs(&be.read(&out), want);
+    }
+    (diffs, shared)
+}
+
+/// The gate over [`shard_diffs`]'s result.
+pub fn shard_gate(shape: &str, (diffs, shared): (usize, usize)) -> Gate {
+    Gate::new(
+        "expert shards",
+        diffs == 0 && shared == 0,
+        format!(
+            "{shape}: experts split over 2 and 3 ranks, summed, combined: {diffs} bits differ from one call; \
+             {shared} elements with two contributors"
+        ),
+    )
+}

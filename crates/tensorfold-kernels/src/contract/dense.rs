@@ -4,7 +4,7 @@ use super::cases::*;
 use super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
 use crate::backend::MoeParams;
 use crate::bytes::MatView;
-use crate::cpu::{moe, ops};
+use crate::cpu::{CpuBackend, moe, ops};
 use crate::simd::{self, Level, WRow};
 use rand::{Rng, rngs::StdRng};
 
@@ -342,6 +342,10 @@ impl Kernel for Moe {
                 what: "experts are selected by the score alone, ignoring expert_bias",
             },
             Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
+            Fault {
+                name: "forgotten-offset",
+                what: "an expert-parallel rank numbers its experts from 0, not from its first expert",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -393,6 +397,11 @@ impl Kernel for Moe {
                 })
                 .sum();
             gates.push(invariance_gate(&format!("hidden {h}"), inv));
+            let mut want = vec![0f32; 5 * h];
+            moe::moe(&x[..5 * h], 5, &gate, Some(&bias), &ex, p, &mut want);
+            let forget = fault == Some("forgotten-offset");
+            let r = shard_diffs(&CpuBackend, (&x[..5 * h], 5, h), &gate, Some(&bias), &ex, p, &want, forget);
+            gates.push(shard_gate(&format!("hidden {h}, {ne} experts"), r));
         }
         let tied = moe::route_row(
             &[0.0; 8],

@@ -93,6 +93,15 @@ impl NcclCollective {
     }
 }
 
+impl Drop for NcclCollective {
+    fn drop(&mut self) {
+        // Every enqueued collective finishes before its communicator goes.
+        for b in &self.ranks {
+            let _ = b.dev.sync();
+        }
+    }
+}
+
 fn len_check(what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
     if got == want { Ok(()) } else { Err(KernelError::Shape { kernel: what, what: "buffer", got, want }) }
 }

@@ -77,8 +77,13 @@ pub fn load(setup: &Setup) -> (Ready, Engine) {
         ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids },
         setup.engine.clone(),
     );
-    let ready =
-        Ready { engine: engine.handle(), text, context: setup.context, default_max_tokens: setup.default_max_tokens };
+    let ready = Ready {
+        engine: engine.handle(),
+        text,
+        context: setup.context,
+        default_max_tokens: setup.default_max_tokens,
+        devices: None,
+    };
     (ready, engine)
 }
 

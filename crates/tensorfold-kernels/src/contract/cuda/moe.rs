@@ -23,8 +23,11 @@ fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
 
 struct Moe(CudaBackend);
 
-pub(super) const MOE_PLANTS: &[Planted] =
-    &[("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"), ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS")];
+pub(super) const MOE_PLANTS: &[Planted] = &[
+    ("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"),
+    ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS"),
+    ("plan-unowned", Src::Moe, "FAULT_MOE_PLAN_ALL"),
+];
 
 /// One shape's device weights and host references.
 struct MoeCase {
@@ -82,6 +85,10 @@ impl Kernel for Moe {
                 what: "experts are selected by the score alone, ignoring expert_bias",
             },
             Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
+            Fault {
+                name: "plan-unowned",
+                what: "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -108,6 +115,10 @@ impl Kernel for Moe {
                 })
                 .sum();
             gates.push(invariance_gate(&shape, inv));
+            let want = case.call(&be, &x[..5 * h], 5, p, true);
+            let b = up(&be, &case.bias);
+            let r = shard_diffs(&be, (&x[..5 * h], 5, h), &case.dgate, Some(&b), &case.dex, p, &want, false);
+            gates.push(shard_gate(&shape, r));
             if ne <= 8 {
                 gates.push(Self::edges(&be, &case, &x, ne));
             }

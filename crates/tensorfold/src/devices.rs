@@ -1,0 +1,85 @@
+//! The devices a command runs on: one backend, or with `--gpus N` N ranks of expert parallelism (rank 0 first),
+//! and the collectives between them (NCCL on GPUs, the host stand-in on CPU ranks).
+
+use anyhow::Context;
+use tensorfold_kernels::{Backend, Collective, CpuBackend, HostCollective};
+use tensorfold_model::{Loaded, Source};
+
+/// A backend whose devices can work together: how to make the collective over a list of them.
+pub trait Ranks: Backend + Clone + 'static {
+    /// The collective over `ranks` (rank 0 first).
+    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>>;
+}
+
+impl Ranks for CpuBackend {
+    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
+        Ok(Box::new(HostCollective::new(ranks.len())))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Ranks for tensorfold_kernels::CudaBackend {
+    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
+        let c = tensorfold_kernels::cuda::NcclCollective::new(ranks).map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
+        Ok(Box::new(c))
+    }
+}
+
+/// Rank 0's backend and, with `--gpus`, every rank's.
+pub struct Devices<B> {
+    /// Rank 0 (the only device without `--gpus`): every layer but the other ranks' experts, and the caches.
+    pub backend: B,
+    /// Every rank, rank 0 first, with `--gpus` (a world of 1 still takes the expert-parallel path).
+    pub ranks: Option<Vec<B>>,
+}
+
+impl<B: Ranks> Devices<B> {
+    /// Opens `src` on these devices: plainly, or with its experts split over the ranks (a new collective each time,
+    /// so two models never share a communicator).
+    pub fn open(&self, src: &Source) -> anyhow::Result<Loaded<B>> {
+        match &self.ranks {
+            None => tensorfold_model::open(src, self.backend.clone()),
+            Some(r) => tensorfold_model::open_expert_parallel(src, r.clone(), B::collective(r)?),
+        }
+        .with_context(|| format!("opening {}", src.describe()))
+    }
+
+    /// Devices in use.
+    pub fn world(&self) -> usize {
+        self.ranks.as_ref().map_or(1, Vec::len)
+    }
+}
+
+/// The ranks of `--gpus n` from `open(ordinal)`, ordinals `first .. first + n`; `None` without `--gpus`.
+pub fn ranks<B>(
+    first: usize,
+    gpus: Option<usize>,
+    open: impl Fn(usize) -> anyhow::Result<B>,
+) -> anyhow::Result<Option<Vec<B>>> {
+    match gpus {
+        None => Ok(None),
+        Some(0) => anyhow::bail!("--gpus must be at least 1"),
+        Some(n) => (first..first + n).map(open).collect::<anyhow::Result<Vec<_>>>().map(Some),
+    }
+}
+
+/// The CPU, or `--gpus n` host ranks (the stand-in for the collectives CI runs).
+pub fn cpu(gpus: Option<usize>) -> anyhow::Result<Devices<CpuBackend>> {
+    Ok(Devices { backend: CpuBackend, ranks: ranks(0, gpus, |_| Ok(CpuBackend))? })
+}
+
+/// GPU `gpu`, or with `--gpus n` GPUs `gpu .. gpu + n` (refused by name without a driver or such a GPU).
+#[cfg(feature = "cuda")]
+pub fn cuda(gpu: usize, gpus: Option<usize>) -> anyhow::Result<Devices<tensorfold_kernels::CudaBackend>> {
+    let open = |g: usize| {
+        let be = tensorfold_kernels::CudaBackend::new(g).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+        tracing::info!("CUDA device {g}: {} ({})", be.device_name(), be.arch());
+        Ok(be)
+    };
+    let ranks = ranks(gpu, gpus, open)?;
+    let backend = match &ranks {
+        Some(r) => r[0].clone(),
+        None => open(gpu)?,
+    };
+    Ok(Devices { backend, ranks })
+}

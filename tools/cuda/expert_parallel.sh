@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 8's evidence in one call on a machine of two GPUs: the MoE kernels' contract entry (with the expert-shard
+# gate and its planted control) and the MoE fixtures through `exact --device cuda`, then `bench engine` on
+# LFM2.5-24B-A2B's shape (synthetic bf16 weights) at 16 and 64 streams on one GPU, on two GPUs (`--gpus 2`, experts
+# split through NCCL) and through the expert-parallel path at a world of one (`--gpus 1`), A/B alternated; every
+# run prints each level's `replies:` token hash, which must be equal across runs. Runs the binary built with
+# `--features cuda` at carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
+#
+#   tools/cuda/expert_parallel.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/tensorfold-ep}
+mkdir -p "$OUT" carry/bin
+[ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
+BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
+for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+# NCCL comes with PyTorch's wheels as libnccl.so.2, a name cudarc does not try: link it as libnccl.so.
+nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+if [ -n "$nccl" ]; then
+    mkdir -p /tmp/nccl-lib && ln -sf "$nccl" /tmp/nccl-lib/libnccl.so && LD_LIBRARY_PATH="/tmp/nccl-lib:$LD_LIBRARY_PATH"
+fi
+# NVLink multicast stays off (the host's GPUs are shared).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} RUST_LOG=${RUST_LOG:-warn}
+BUDGET=${EP_SECONDS:-560}
+start=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - start))); }
+summary=()
+run() { # name, timeout, command...
+    local name=$1 limit=$2
+    shift 2
+    [ "$(left)" -lt "$limit" ] && { summary+=("$name skipped: $(left)s left"); return; }
+    local t0=$(date +%s)
+    echo "== $name: $*" | tee -a "$OUT/$name.log"
+    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    summary+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
+    tail -12 "$OUT/$name.log"
+}
+{
+    echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tr '\n' ';')"
+    echo "nccl: ${nccl:-not found}"
+    nvidia-smi topo -m 2>&1 | head -8
+} | tee "$OUT/host.log"
+run check 150 bash -c "'$BIN' contract --backend cuda --only cuda.moe && for f in lfm2-moe-f32 lfm2-moe-bf16-fused lfm2-moe-24b-plan; do for g in '' '--gpus 1' '--gpus 2'; do echo \"exact \$f \$g\"; '$BIN' exact --device cuda --model tests/fixtures/\$f --reference tests/fixtures/\$f/reference.safetensors \$g | tail -1 || exit 1; done; done"
+M24=synthetic:lfm2.5-24b-a2b
+E="bench engine --device cuda --model $M24 --levels 16,64 --tokens 256 --reps 1 --temperatures 0 --check 2"
+run e24-gpu1 130 "$BIN" $E
+run e24-gpus2 150 "$BIN" $E --gpus 2
+run e24-gpus1 130 "$BIN" $E --gpus 1
+run e24-gpus2-b 150 "$BIN" $E --gpus 2
+run e24-gpu1-b 130 "$BIN" $E
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+grep -h -E "^SUMMARY|^PASS cuda|^FAIL|^exact|passed,|control" "$OUT/check.log" | tail -24
+for f in e24-gpu1 e24-gpus2 e24-gpus1 e24-gpus2-b e24-gpu1-b; do
+    [ -f "$OUT/$f.log" ] && { echo "-- $f"; grep -E "^ +[0-9]+ |^replies:|^device|equal:|backend:" "$OUT/$f.log"; }
+done
