@@ -11,7 +11,7 @@
 use crate::checkpoint::{Source, TensorTable};
 use crate::forward::{ForwardError, Model};
 use crate::load::{Loaded, OpenError};
-use crate::weights::bind_experts_only;
+use crate::weights::{LayerExperts, bind_experts_only};
 use std::ops::Range;
 use tensorfold_kernels::backend::Ffn;
 use tensorfold_kernels::{Backend, Collective, MoeParams, expert_ranges};
@@ -21,7 +21,7 @@ pub struct Rank<B: Backend> {
     /// The rank's device.
     pub backend: B,
     /// Its experts of each layer, in layer order (`None` for a dense layer).
-    pub experts: Vec<Option<Vec<Ffn<B::Mat>>>>,
+    pub experts: LayerExperts<B>,
 }
 
 /// The ranks past 0 and the collectives between all ranks.

@@ -306,6 +306,9 @@ fn bind_experts<B: Backend>(
         .collect()
 }
 
+/// One device's experts of every layer, in layer order: `None` for a dense layer.
+pub type LayerExperts<B> = Vec<Option<Vec<Ffn<<B as Backend>::Mat>>>>;
+
 /// The experts `owned` of every MoE layer on `backend` (expert parallelism's ranks past 0), in layer order: `None` for
 /// a dense layer. Shapes are checked as [`bind`] checks them; unused tensors are rank 0's to refuse.
 pub fn bind_experts_only<B: Backend>(
@@ -313,7 +316,7 @@ pub fn bind_experts_only<B: Backend>(
     table: &TensorTable,
     backend: &B,
     owned: Range<usize>,
-) -> Result<Vec<Option<Vec<Ffn<B::Mat>>>>, WeightError> {
+) -> Result<LayerExperts<B>, WeightError> {
     let mut b = Binder::new(table, backend);
     b.owned = owned;
     (0..cfg.layers.len())

@@ -221,7 +221,7 @@ impl Backend for CpuBackend {
         total: usize,
         y: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
-        let h = if rows == 0 { 0 } else { x.len() / rows };
+        let h = x.len().checked_div(rows).unwrap_or(0);
         shape("moe_experts", "sel", sel.len(), rows * k)?;
         if first + owned.len() > total {
             return Err(KernelError::Shape {
@@ -247,7 +247,7 @@ impl Backend for CpuBackend {
         k: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
-        let h = if rows == 0 { 0 } else { out.len() / rows };
+        let h = out.len().checked_div(rows).unwrap_or(0);
         shape("moe_combine", "wts", wts.len(), rows * k)?;
         shape("moe_combine", "y", y.len(), rows * k * h)?;
         moe::combine(y, wts, rows, k, out);

@@ -130,7 +130,7 @@ pub fn experts(x: &[f32], rows: usize, sel: &[f32], k: usize, owned: &[Ffn<MatVi
 
 /// `out[r] = sum over rank j, in rank order from +0, of wts[r, j] * y[r * k + j]` (`out` `[rows, hidden]`).
 pub fn combine(y: &[f32], wts: &[f32], rows: usize, k: usize, out: &mut [f32]) {
-    let h = if rows == 0 { 0 } else { out.len() / rows };
+    let h = out.len().checked_div(rows).unwrap_or(0);
     for r in 0..rows {
         let o = &mut out[r * h..(r + 1) * h];
         o.fill(0.0);

@@ -92,7 +92,7 @@ pub(crate) fn experts(
 ) -> Result<(), CudaError> {
     let nassign = mul(rows, kk)?;
     expect(sel.len() == nassign, || format!("moe_experts: sel is not [{rows}, {kk}]"))?;
-    let h = if rows == 0 { 0 } else { x.len() / rows };
+    let h = x.len().checked_div(rows).unwrap_or(0);
     expect(x.len() == mul(rows, h)? && y.len() == mul(nassign, h)?, || {
         format!("moe_experts: y is not [{nassign}, {h}]")
     })?;
@@ -147,7 +147,7 @@ pub(crate) fn combine(
     kk: usize,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
-    let h = if rows == 0 { 0 } else { out.len() / rows };
+    let h = out.len().checked_div(rows).unwrap_or(0);
     expect(wts.len() == mul(rows, kk)? && y.len() == mul(wts.len(), h)?, || {
         format!("moe_combine: y/wts for [{rows}, {kk}]")
     })?;

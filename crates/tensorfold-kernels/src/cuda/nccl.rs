@@ -120,7 +120,7 @@ impl Collective<CudaBackend> for NcclCollective {
         for o in others.iter() {
             len_check("nccl_broadcast", o.len(), root.len())?;
         }
-        if root.len() == 0 {
+        if root.is_empty() {
             return Ok(());
         }
         let bufs: Vec<*mut c_void> = std::iter::once(ptr(root))
@@ -143,7 +143,7 @@ impl Collective<CudaBackend> for NcclCollective {
         for o in others {
             len_check("nccl_reduce", o.len(), root.len())?;
         }
-        if root.len() == 0 {
+        if root.is_empty() {
             return Ok(());
         }
         let bufs: Vec<*mut c_void> = std::iter::once(ptr(root))
