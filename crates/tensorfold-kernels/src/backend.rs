@@ -141,6 +141,21 @@ pub trait Backend: Send + Sync {
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize]) -> Self::Buf;
     /// `acc += y` elementwise.
     fn add(&self, acc: &mut Self::Buf, y: &Self::Buf);
+    /// The residual add and the next RMSNorm: `acc += y`, then `out = rmsnorm(acc)` over `width` (as
+    /// [`Backend::rmsnorm`]). A backend may fuse the two; the bits must equal [`Backend::add`] then
+    /// [`Backend::rmsnorm`] (the CUDA contract checks it).
+    fn add_rmsnorm(
+        &self,
+        acc: &mut Self::Buf,
+        y: &Self::Buf,
+        weight: &Self::Buf,
+        eps: f32,
+        width: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.add(acc, y);
+        self.rmsnorm(acc, weight, eps, width, out);
+    }
     /// Per-head RMSNorm (weight `[head_dim]`) then RoPE at each row's absolute position, in place on
     /// `x` `[rows, heads * head_dim]`.
     fn qk_norm_rope(

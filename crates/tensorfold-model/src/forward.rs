@@ -244,8 +244,11 @@ impl<B: Backend> Model<B> {
         let mut mixed = b.scratch(rows * h);
         let all: Vec<usize> = (0..rows).collect();
         let mut taps: Vec<(usize, B::Buf)> = Vec::new();
+        // Each residual add is fused with the RMSNorm that follows it (`add_rmsnorm`, the same bits).
+        if let Some(first) = w.layers.first() {
+            b.rmsnorm(&x, &first.operator_norm, c.norm_eps, h, &mut normed);
+        }
         for (i, layer) in w.layers.iter().enumerate() {
-            b.rmsnorm(&x, &layer.operator_norm, c.norm_eps, h, &mut normed);
             match &layer.mixer {
                 MixerWeights::Conv(cw) => {
                     let mut st: Vec<&mut B::Conv> = states.iter_mut().map(|s| conv_of(&mut s.layers[i])).collect();
@@ -260,8 +263,7 @@ impl<B: Backend> Model<B> {
                     self.attention(&normed, aw, segs, &mut kv, &mut mixed)?;
                 }
             }
-            b.add(&mut x, &mixed);
-            b.rmsnorm(&x, &layer.ffn_norm, c.norm_eps, h, &mut normed);
+            b.add_rmsnorm(&mut x, &mixed, &layer.ffn_norm, c.norm_eps, h, &mut normed);
             match &layer.ffn {
                 FfnWeights::Dense(f) => b.swiglu(&normed, rows, f, &mut mixed),
                 FfnWeights::Moe { gate, bias, experts } => {
@@ -275,7 +277,10 @@ impl<B: Backend> Model<B> {
                     self.moe_layer(&normed, rows, call, &mut mixed)?;
                 }
             }
-            b.add(&mut x, &mixed);
+            match w.layers.get(i + 1) {
+                Some(next) => b.add_rmsnorm(&mut x, &mixed, &next.operator_norm, c.norm_eps, h, &mut normed),
+                None => b.add(&mut x, &mixed),
+            }
             // Taps: copy this layer's output rows only when a drafter reads them.
             if let Some(d) = &self.drafter {
                 for (j, _) in d.cfg.taps.iter().enumerate().filter(|(_, l)| **l == i) {

@@ -138,6 +138,9 @@ pub struct Dev {
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
     profile: Option<Mutex<Profile>>,
+    /// False with `TENSORFOLD_CUDA_UNFUSED` set: fused kernels run as their parts (a measuring aid for A/B runs in
+    /// one binary; the bits are the same either way).
+    pub fused: bool,
 }
 
 /// Per-kernel launch counts and synchronized wall time (a measuring aid: every launch is bracketed by syncs).
@@ -196,6 +199,7 @@ impl Dev {
             consts: Mutex::default(),
             staging: Mutex::new(Staging::new()),
             profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|_| Mutex::default()),
+            fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
         }))
     }
 

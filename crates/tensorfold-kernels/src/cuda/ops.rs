@@ -116,6 +116,32 @@ pub(crate) fn rmsnorm(
     be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)
 }
 
+/// `x += y`, then `out = rmsnorm(x) * w` row-wise, in one launch with add_inplace's and rmsnorm's bits.
+pub(crate) fn add_rmsnorm(
+    be: &CudaBackend,
+    x: &mut CudaBuf,
+    y: &CudaBuf,
+    (w, eps, width): (&CudaBuf, f32, usize),
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    expect(w.len() == width, || format!("add_rmsnorm: weight has {} values for width {width}", w.len()))?;
+    expect(x.len() == out.len() && x.len() == y.len() && width > 0 && x.len().is_multiple_of(width), || {
+        format!("add_rmsnorm: x has {} values, y {}, out {}, width {width}", x.len(), y.len(), out.len())
+    })?;
+    let rows = x.len() / width;
+    let f = be.func(Src::Rows, "add_rmsnorm")?;
+    let args = [
+        Arg::P(x.ptr()?),
+        Arg::P(y.ptr()?),
+        Arg::P(w.ptr()?),
+        Arg::F(eps),
+        Arg::I(int(width, "width")?),
+        Arg::I(int(rows, "rows")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)
+}
+
 /// `out[r] = w x[r] (+ bias)`: one warp an output column, tiles of [`RT`] rows, the row tiles split over launches of
 /// at most [`GRID_YZ`] tiles (which changes no row's arithmetic).
 pub(crate) fn linear(

@@ -64,6 +64,42 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
   for (int c = t; c < width; c += 32 * WPB) o[c] = xr[c] * scale * w[c];
 }
 
+// The residual add fused with the next RMSNorm: x[r] += y[r] (written back), then out[r] = rmsnorm(x[r]) * w, with
+// the same threads, elements and order as add_inplace then rmsnorm, so the bits equal the two launches'. Each thread
+// reads back only the elements it wrote.
+extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const float* y, const float* w, float eps,
+                                                              int width, int rows, float* out) {
+  __shared__ float red[WPB];
+  __shared__ float total;
+  int t = threadIdx.x;
+  int r = blockIdx.x;
+  if (r >= rows) return;  // the whole block leaves together
+  float* xr = x + (u64)r * (u64)width;
+  const float* yr = y + (u64)r * (u64)width;
+  float* o = out + (u64)r * (u64)width;
+  float s = 0.0f;
+  for (int i = t; i < width; i += 32 * WPB) {
+    float v = xr[i] + yr[i];
+#ifdef FAULT_ADDNORM_PRE
+    s = fmaf(xr[i], xr[i], s);
+#else
+    s = fmaf(v, v, s);
+#endif
+    xr[i] = v;
+  }
+  s = warp_sum(s);
+  if ((t & 31) == 0) red[t >> 5] = s;
+  __syncthreads();
+  if (t == 0) {
+    float a = 0.0f;
+    for (int i = 0; i < WPB; i++) a = a + red[i];
+    total = a;
+  }
+  __syncthreads();
+  float scale = 1.0f / sqrtf(total / (float)width + eps);
+  for (int c = t; c < width; c += 32 * WPB) o[c] = xr[c] * scale * w[c];
+}
+
 // acc[i] += y[i] for i < n.
 extern "C" __global__ void add_inplace(float* acc, const float* y, u64 n) {
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

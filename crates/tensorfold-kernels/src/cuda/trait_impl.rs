@@ -159,6 +159,20 @@ impl Backend for CudaBackend {
         self.settle("add", r, acc);
     }
 
+    fn add_rmsnorm(&self, acc: &mut CudaBuf, y: &CudaBuf, weight: &CudaBuf, eps: f32, width: usize, out: &mut CudaBuf) {
+        if !self.dev.fused {
+            self.add(acc, y);
+            return self.rmsnorm(acc, weight, eps, width, out);
+        }
+        let r = ops::add_rmsnorm(self, acc, y, (weight, eps, width), out);
+        let failed = r.is_err();
+        self.settle("add_rmsnorm", r, out);
+        if failed {
+            // The real error is noted first; this only poisons the half-updated residual.
+            self.settle("add_rmsnorm", Err(CudaError::Unallocated), acc);
+        }
+    }
+
     fn qk_norm_rope(
         &self,
         x: &mut CudaBuf,

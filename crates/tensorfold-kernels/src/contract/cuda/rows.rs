@@ -118,8 +118,11 @@ impl Kernel for Embed {
 
 struct RmsNorm(CudaBackend);
 
-pub(super) const RMS_PLANTS: &[Planted] =
-    &[("eps-dropped", Src::Rows, "FAULT_RMS_NO_EPS"), ("mean-over-width-minus-one", Src::Rows, "FAULT_RMS_WIDTH_M1")];
+pub(super) const RMS_PLANTS: &[Planted] = &[
+    ("eps-dropped", Src::Rows, "FAULT_RMS_NO_EPS"),
+    ("mean-over-width-minus-one", Src::Rows, "FAULT_RMS_WIDTH_M1"),
+    ("fused-norm-before-add", Src::Rows, "FAULT_ADDNORM_PRE"),
+];
 
 impl Kernel for RmsNorm {
     fn name(&self) -> &'static str {
@@ -143,6 +146,10 @@ impl Kernel for RmsNorm {
         &[
             Fault { name: "eps-dropped", what: "eps is not added before the rsqrt" },
             Fault { name: "mean-over-width-minus-one", what: "the mean divides by width - 1" },
+            Fault {
+                name: "fused-norm-before-add",
+                what: "add_rmsnorm sums the squares of the residual before the add",
+            },
         ]
     }
     fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -177,12 +184,30 @@ impl Kernel for RmsNorm {
         }
         let zero = call(&[0.0; 64], &up(&be, &[1.0; 64]), 64);
         gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
+        gates.push(fused_gate(&be, rng, eps));
         gates.push(device_gate(&be));
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Rows, &["rmsnorm"])
+        limits(&self.0, Src::Rows, &["rmsnorm", "add_rmsnorm"])
     }
+}
+
+/// `add_rmsnorm` against `add` then `rmsnorm` on the same device: the residual and the normed rows bit-equal, at
+/// 1 and 33 rows of widths 2048 and 33.
+fn fused_gate(be: &CudaBackend, rng: &mut StdRng, eps: f32) -> Gate {
+    let mut diffs = 0;
+    for (width, rows) in [(2048, 33), (2048, 1), (33, 33)] {
+        let w = up(be, &uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect::<Vec<_>>());
+        let (x, y) = (uniform(rng, rows * width), uniform(rng, rows * width));
+        let (mut fx, mut fo) = (up(be, &x), poisoned(be, rows * width));
+        be.add_rmsnorm(&mut fx, &up(be, &y), &w, eps, width, &mut fo);
+        let (mut sx, mut so) = (up(be, &x), poisoned(be, rows * width));
+        be.add(&mut sx, &up(be, &y));
+        be.rmsnorm(&sx, &w, eps, width, &mut so);
+        diffs += bit_diffs(&rd(be, &fx), &rd(be, &sx)) + bit_diffs(&rd(be, &fo), &rd(be, &so));
+    }
+    Gate::new("fused add", diffs == 0, format!("add_rmsnorm against add then rmsnorm: {diffs} values differ in bits"))
 }
 
 struct Rows(CudaBackend);
