@@ -44,7 +44,7 @@ run() { # name, timeout, command...
     echo "nccl: ${nccl:-not found}"
     nvidia-smi topo -m 2>&1 | head -8
 } | tee "$OUT/host.log"
-run check 150 bash -c "'$BIN' contract --backend cuda --only cuda.moe && for f in lfm2-moe-f32 lfm2-moe-bf16-fused lfm2-moe-24b-plan; do for g in '' '--gpus 1' '--gpus 2'; do echo \"exact \$f \$g\"; '$BIN' exact --device cuda --model tests/fixtures/\$f --reference tests/fixtures/\$f/reference.safetensors \$g | tail -1 || exit 1; done; done"
+run check 150 bash -c "set -o pipefail; '$BIN' contract --backend cuda --only cuda.moe && for f in lfm2-moe-f32 lfm2-moe-bf16-fused lfm2-moe-24b-plan; do for g in '' '--gpus 1' '--gpus 2'; do echo \"exact \$f \$g\"; '$BIN' exact --device cuda --model tests/fixtures/\$f --reference tests/fixtures/\$f/reference.safetensors \$g | tail -1 || exit 1; done; done"
 M24=synthetic:lfm2.5-24b-a2b
 E="bench engine --device cuda --model $M24 --levels 16,64 --tokens 256 --reps 1 --temperatures 0 --check 2"
 run e24-gpu1 130 "$BIN" $E

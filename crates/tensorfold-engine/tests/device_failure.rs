@@ -1,10 +1,10 @@
 //! A device failure (a lost GPU, a failed collective) stops the engine: every running and waiting request ends with
 //! the named error, no lane or memory stays held, the engine thread ends (`/health` answers 503) and later submits
-//! are refused; an ordinary per-stream fault still fails its stream alone (`faults.rs`).
+//! are refused; a device error that leaves the device usable (out of memory) fails its stream alone.
 
 mod common;
 
-use common::{Fault, Poisoned, core, run_scheduled};
+use common::{Fault, Poisoned, core, reference, run_scheduled};
 use std::time::{Duration, Instant};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
@@ -61,4 +61,23 @@ fn the_engine_thread_stops_and_refuses_later_requests() {
     assert!(!h.is_alive(), "the engine thread ended");
     assert!(h.metrics().failure.is_some());
     assert!(matches!(h.submit(reqs[1].1.clone()), Err(SubmitError::Stopped)));
+}
+
+#[test]
+fn a_device_error_that_leaves_the_device_usable_fails_its_stream_alone() {
+    let reqs = requests();
+    let inner = FakeTarget::new();
+    let target =
+        Poisoned { inner: inner.clone(), poison: reqs[1].1.prompt.clone(), after: 3, fault: Fault::DeviceError };
+    let mut c = core(target, EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() });
+    let seen = run_scheduled(&mut c, &reqs, |_| {});
+    for (i, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
+        if i == 1 {
+            assert_eq!(s.reason, Some(FinishReason::Error));
+            assert!(s.error.as_deref().is_some_and(|e| e.contains("out of memory")), "{:?}", s.error);
+        } else {
+            assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
+        }
+    }
+    assert!(c.failure().is_none() && c.metrics().failure.is_none(), "the engine runs on");
 }

@@ -22,6 +22,11 @@ pub enum KernelError {
     /// outputs, and those of the infallible calls since the last report, are not valid.
     #[error("device error in {kernel}: {message}")]
     Device { kernel: &'static str, message: String },
+    /// The device or a collective between devices failed in a way that leaves it unusable (an illegal address, a
+    /// failed launch, a lost context, a failed NCCL call): every stream's state on it is undefined, so the engine
+    /// stops rather than run on (`tensorfold-engine` `core/failure.rs`).
+    #[error("device lost in {kernel}: {message}")]
+    DeviceLost { kernel: &'static str, message: String },
 }
 
 /// One stream's rows in a call: rows `first_row .. first_row + rows` of every activation buffer belong

@@ -50,6 +50,9 @@ impl<B: Ranks> Devices<B> {
     }
 }
 
+/// The most ranks `--gpus` takes (a MoE layer has at most 1024 experts: the routing kernel's bound).
+const MAX_RANKS: usize = 1024;
+
 /// The ranks of `--gpus n` from `open(ordinal)`, ordinals `first .. first + n`; `None` without `--gpus`.
 pub fn ranks<B>(
     first: usize,
@@ -59,7 +62,11 @@ pub fn ranks<B>(
     match gpus {
         None => Ok(None),
         Some(0) => anyhow::bail!("--gpus must be at least 1"),
-        Some(n) => (first..first + n).map(open).collect::<anyhow::Result<Vec<_>>>().map(Some),
+        Some(n) if n > MAX_RANKS => anyhow::bail!("--gpus {n}: at most {MAX_RANKS} devices"),
+        Some(n) => {
+            let end = first.checked_add(n).ok_or_else(|| anyhow::anyhow!("--gpu {first} --gpus {n}: no such GPUs"))?;
+            (first..end).map(open).collect::<anyhow::Result<Vec<_>>>().map(Some)
+        }
     }
 }
 

@@ -55,6 +55,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // NVLink multicast stays off for NCCL (shared hosts), set before any thread starts.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: the first statement of main: no other thread exists yet to read the environment.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

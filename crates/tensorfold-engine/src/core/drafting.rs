@@ -8,6 +8,7 @@ use crate::request::{FinishReason, RequestId};
 use crate::sampler::{SamplingParams, draw};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
+use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::{DraftBlock, Picker};
 
@@ -127,6 +128,8 @@ impl<T: Target> Core<T> {
         let (results, shared): (Vec<Result<DraftBlock, ForwardError>>, _) = match run(&self.lanes, &want) {
             None => return,
             Some(Ok(blocks)) => (blocks.into_iter().map(Ok).collect(), None),
+            // A lost device: no retries (the step then ends every stream).
+            Some(Err(shared @ ForwardError::Kernel(KernelError::DeviceLost { .. }))) => (Vec::new(), Some(shared)),
             Some(Err(shared)) => {
                 let alone = want
                     .iter()

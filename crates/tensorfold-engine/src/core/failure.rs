@@ -1,17 +1,18 @@
-//! Device failures: a forward or a draft that fails on the device (a driver error, a lost GPU, a failed collective)
-//! leaves stream states undefined, so the engine ends every stream with the error and stops, rather than run on
-//! and risk wrong output.
+//! Device failures: a forward or a draft that fails with `KernelError::DeviceLost` (a sticky driver error, a failed
+//! collective) leaves stream states undefined, so the engine ends every stream with the error and stops, rather than
+//! run on and risk wrong output. Other errors (out of memory, a refused shape) fail their streams alone
+//! (`drop_failed`).
 
-use super::{Core, FinishReason};
+use super::{Core, FinishReason, Plan};
 use crate::request::{Event, Stats};
 use crate::target::Target;
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 
 impl<T: Target> Core<T> {
-    /// Records the first device failure among forward or draft errors (other errors stay per-stream).
+    /// Records the first lost device among forward or draft errors (other errors stay per-stream).
     pub(super) fn note_device(&mut self, e: &ForwardError) {
-        if let ForwardError::Kernel(k @ KernelError::Device { .. }) = e
+        if let ForwardError::Kernel(k @ KernelError::DeviceLost { .. }) = e
             && self.failure.is_none()
         {
             self.failure = Some(format!("DeviceFailure: {k}"));
@@ -35,5 +36,34 @@ impl<T: Target> Core<T> {
             w.sink.send(Event::Finished { reason: FinishReason::Error, error: Some(msg.clone()), stats });
         }
         self.counters.failure = Some(msg);
+    }
+
+    /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
+    /// pointed at their lanes again (finishing reorders lanes), with their logits.
+    pub(super) fn drop_failed(&mut self, plan: Plan, results: Vec<Result<Vec<f32>, String>>) -> (Plan, Vec<Vec<f32>>) {
+        let entries: Vec<_> =
+            plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
+        let (mut ran, mut logits) = (Vec::new(), Vec::new());
+        let mut ok_ids = Vec::new();
+        for (id, rows, r) in entries {
+            match r {
+                Ok(l) => {
+                    ok_ids.push(id);
+                    ran.push(rows);
+                    logits.push(l);
+                }
+                Err(e) => {
+                    if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
+                        self.finish(i, FinishReason::Error, Some(e));
+                    }
+                }
+            }
+        }
+        let plan = ok_ids
+            .iter()
+            .zip(ran)
+            .map(|(id, rows)| (self.lanes.iter().position(|s| s.id == *id).expect("still running"), rows))
+            .collect();
+        (plan, logits)
     }
 }

@@ -442,35 +442,6 @@ impl<T: Target> Core<T> {
         true
     }
 
-    /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
-    /// pointed at their lanes again (finishing reorders lanes), with their logits.
-    fn drop_failed(&mut self, plan: Plan, results: Vec<Result<Vec<f32>, String>>) -> (Plan, Vec<Vec<f32>>) {
-        let entries: Vec<_> =
-            plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
-        let (mut ran, mut logits) = (Vec::new(), Vec::new());
-        let mut ok_ids = Vec::new();
-        for (id, rows, r) in entries {
-            match r {
-                Ok(l) => {
-                    ok_ids.push(id);
-                    ran.push(rows);
-                    logits.push(l);
-                }
-                Err(e) => {
-                    if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
-                        self.finish(i, FinishReason::Error, Some(e));
-                    }
-                }
-            }
-        }
-        let plan = ok_ids
-            .iter()
-            .zip(ran)
-            .map(|(id, rows)| (self.lanes.iter().position(|s| s.id == *id).expect("still running"), rows))
-            .collect();
-        (plan, logits)
-    }
-
     /// One forward over every planned row (or one per stream when shared rounds are off): each entry's
     /// logits, or its error. Windows with drafts get logits for every row.
     fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Vec<Result<Vec<f32>, String>> {
@@ -495,6 +466,9 @@ impl<T: Target> Core<T> {
 
     /// One target forward over the rows of `plan`.
     fn forward_rows(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
+        if let Some(f) = &self.failure {
+            return Err(f.clone());
+        }
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
         let mut all_rows = Vec::new();

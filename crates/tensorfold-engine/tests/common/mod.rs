@@ -293,8 +293,10 @@ pub enum Fault {
     NanLogits,
     /// Any call holding its rows fails as a whole before touching state (an engine fault).
     RefuseCall,
-    /// Any call holding its rows fails on the device (a lost GPU, a failed collective).
+    /// Any call holding its rows fails on the device for good (a lost GPU, a failed collective).
     DeviceLost,
+    /// Any call holding its rows meets a device error that leaves the device usable (out of memory).
+    DeviceError,
 }
 
 /// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
@@ -331,7 +333,11 @@ impl Target for Poisoned {
                 Fault::RefuseCall => return Err(ForwardError::Batch("planted fault".into())),
                 Fault::DeviceLost => {
                     let message = "planted: GPU 1 stopped answering".to_string();
-                    return Err(ForwardError::Kernel(KernelError::Device { kernel: "nccl_reduce", message }));
+                    return Err(ForwardError::Kernel(KernelError::DeviceLost { kernel: "nccl_reduce", message }));
+                }
+                Fault::DeviceError => {
+                    let message = "planted: out of memory".to_string();
+                    return Err(ForwardError::Kernel(KernelError::Device { kernel: "linear", message }));
                 }
                 Fault::NanLogits => {}
             }

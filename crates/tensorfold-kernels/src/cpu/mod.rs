@@ -222,18 +222,26 @@ impl Backend for CpuBackend {
         y: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
         let h = x.len().checked_div(rows).unwrap_or(0);
-        shape("moe_experts", "sel", sel.len(), rows * k)?;
-        if first + owned.len() > total {
+        let big = |what| KernelError::Shape { kernel: "moe_experts", what, got: usize::MAX, want: 0 };
+        let assignments = rows.checked_mul(k).ok_or(big("assignments"))?;
+        shape("moe_experts", "x", x.len(), rows * h)?;
+        shape("moe_experts", "sel", sel.len(), assignments)?;
+        shape("moe_experts", "y", y.len(), assignments.checked_mul(h).ok_or(big("y"))?)?;
+        if first.checked_add(owned.len()).is_none_or(|end| end > total) {
             return Err(KernelError::Shape {
                 kernel: "moe_experts",
                 what: "owned experts' end",
-                got: first + owned.len(),
+                got: first,
                 want: total,
             });
         }
-        shape("moe_experts", "y", y.len(), rows * k * h)?;
-        if let Some(f) = owned.iter().find(|f| f.w1.cols != h || f.w2.rows != h) {
-            return Err(KernelError::Shape { kernel: "moe_experts", what: "expert hidden", got: f.w1.cols, want: h });
+        for f in owned {
+            let inter = f.w1.rows;
+            shape("moe_experts", "expert w1 columns", f.w1.cols, h)?;
+            shape("moe_experts", "expert w3 columns", f.w3.cols, h)?;
+            shape("moe_experts", "expert w3 rows", f.w3.rows, inter)?;
+            shape("moe_experts", "expert w2 rows", f.w2.rows, h)?;
+            shape("moe_experts", "expert w2 columns", f.w2.cols, inter)?;
         }
         moe::experts(x, rows, sel, k, owned, first, y);
         Ok(())

@@ -142,3 +142,36 @@ pub fn combine(y: &[f32], wts: &[f32], rows: usize, k: usize, out: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::{Backend, Ffn, KernelError};
+    use crate::bytes::MatView;
+    use crate::cpu::CpuBackend;
+
+    fn expert(h: usize, inter: usize) -> Ffn<MatView> {
+        let m = |r: usize, c: usize| MatView::from_f32(r, c, &vec![0.01; r * c]);
+        Ffn { w1: m(inter, h), w3: m(inter, h), w2: m(h, inter) }
+    }
+
+    #[test]
+    fn moe_experts_refuses_mismatched_shapes_and_owners_by_name() {
+        let (h, k, rows) = (8, 2, 3);
+        let x = vec![0.5f32; rows * h];
+        let sel: Vec<f32> = vec![0.0, 1.0, 1.0, 2.0, 3.0, 0.0];
+        let owned = [expert(h, 4), expert(h, 4)];
+        let mut y = vec![f32::NAN; rows * k * h];
+        CpuBackend.moe_experts(&x, rows, &sel, k, &owned, 1, 4, &mut y).expect("experts 1 and 2 of 4");
+        // Assignments of experts 0 and 3 (not owned) are +0; the owned ones are not.
+        for (a, &e) in sel.iter().enumerate() {
+            let row = &y[a * h..(a + 1) * h];
+            assert_eq!(row.iter().all(|v| v.to_bits() == 0), !(1.0..=2.0).contains(&e), "assignment {a}");
+        }
+        let shape = |r: Result<(), KernelError>| matches!(r, Err(KernelError::Shape { kernel: "moe_experts", .. }));
+        assert!(shape(CpuBackend.moe_experts(&x, rows, &sel, k, &owned, 3, 4, &mut y)), "past the last expert");
+        assert!(shape(CpuBackend.moe_experts(&x, rows, &sel[..5].to_vec(), k, &owned, 0, 4, &mut y)), "short sel");
+        let bad = [Ffn { w3: MatView::from_f32(3, h, &[0.0; 24]), ..expert(h, 4) }];
+        assert!(shape(CpuBackend.moe_experts(&x, rows, &sel, k, &bad, 0, 4, &mut y)), "w3 of another width");
+        assert!(shape(CpuBackend.moe_experts(&x, rows, &sel, k, &owned, usize::MAX, 4, &mut y)), "overflowing owner");
+    }
+}

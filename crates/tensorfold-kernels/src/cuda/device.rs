@@ -131,7 +131,8 @@ pub struct Dev {
     pub name: String,
     cache: Option<PathBuf>,
     modules: Mutex<Modules>,
-    error: Mutex<Option<String>>,
+    /// The first failure waiting to be reported, and whether it left the device unusable.
+    error: Mutex<Option<(String, bool)>>,
     /// Page-locked staging for small host-to-device copies (see [`Staging`]).
     staging: Mutex<Option<Staging>>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
@@ -156,7 +157,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A driver failure as a [`CudaError`].
 pub fn driver(what: &str, e: DriverError) -> CudaError {
-    CudaError::Driver { what: what.to_string(), message: format!("{e}") }
+    use sys::CUresult::*;
+    let (what, message) = (what.to_string(), format!("{e}"));
+    // Sticky errors: the context can run nothing more (CUDA's programming guide, "error checking").
+    match e.0 {
+        CUDA_ERROR_ILLEGAL_ADDRESS
+        | CUDA_ERROR_LAUNCH_FAILED
+        | CUDA_ERROR_HARDWARE_STACK_ERROR
+        | CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | CUDA_ERROR_MISALIGNED_ADDRESS
+        | CUDA_ERROR_INVALID_ADDRESS_SPACE
+        | CUDA_ERROR_INVALID_PC
+        | CUDA_ERROR_ECC_UNCORRECTABLE
+        | CUDA_ERROR_LAUNCH_TIMEOUT
+        | CUDA_ERROR_DEINITIALIZED
+        | CUDA_ERROR_CONTEXT_IS_DESTROYED
+        | CUDA_ERROR_DEVICE_UNAVAILABLE => CudaError::Lost { what, message },
+        _ => CudaError::Driver { what, message },
+    }
 }
 
 impl Dev {
@@ -462,7 +480,7 @@ impl Dev {
         if let Err(e) = r {
             let mut g = lock(&self.error);
             if g.is_none() {
-                *g = Some(format!("{what}: {e}"));
+                *g = Some((format!("{what}: {e}"), e.is_lost()));
             }
         }
     }
@@ -475,7 +493,8 @@ impl Dev {
     /// Reports (and clears) a waiting failure as `kernel`'s error.
     pub fn take(&self, kernel: &'static str) -> Result<(), KernelError> {
         match lock(&self.error).take() {
-            Some(message) => Err(KernelError::Device { kernel, message }),
+            Some((message, true)) => Err(KernelError::DeviceLost { kernel, message }),
+            Some((message, false)) => Err(KernelError::Device { kernel, message }),
             None => Ok(()),
         }
     }

@@ -65,6 +65,14 @@ pub enum CudaError {
         /// Compiler log.
         log: String,
     },
+    /// A failure that leaves the device or the collective unusable (a sticky driver error, a failed NCCL call).
+    #[error("CUDA device lost in {what}: {message}")]
+    Lost {
+        /// The call.
+        what: String,
+        /// The driver's or NCCL's error.
+        message: String,
+    },
     /// A device buffer whose allocation had failed was used.
     #[error("a device buffer was used whose allocation had failed")]
     Unallocated,
@@ -76,7 +84,15 @@ pub enum CudaError {
 impl CudaError {
     /// As a kernel's error.
     pub(crate) fn kernel(self, kernel: &'static str) -> KernelError {
-        KernelError::Device { kernel, message: self.to_string() }
+        match self {
+            CudaError::Lost { .. } => KernelError::DeviceLost { kernel, message: self.to_string() },
+            _ => KernelError::Device { kernel, message: self.to_string() },
+        }
+    }
+
+    /// Whether the device (or the collective) is unusable after this error.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, CudaError::Lost { .. })
     }
 }
 

@@ -1,6 +1,7 @@
 //! NCCL collectives between the GPUs of one host (expert parallelism): one communicator a GPU from `ncclCommInitAll`,
 //! calls grouped so one host thread drives every rank, each on its device's one stream. NCCL is loaded at run time
-//! (cudarc's dynamic loading); NVLink multicast (NVLS) is never asked for.
+//! (cudarc's dynamic loading). NVLink multicast stays off: the binary sets `NCCL_NVLS_ENABLE=0` at start unless the
+//! environment sets it (`tensorfold` `main`).
 
 use super::types::CudaBuf;
 use super::{CudaBackend, CudaError};
@@ -8,6 +9,7 @@ use crate::backend::KernelError;
 use crate::collective::Collective;
 use cudarc::nccl::{result, sys};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One NCCL communicator.
 struct Comm(sys::ncclComm_t);
@@ -20,25 +22,30 @@ unsafe impl Sync for Comm {}
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // SAFETY: created by ncclCommInitAll and destroyed once, here.
-        let _ = unsafe { result::comm_destroy(self.0) };
+        if !self.0.is_null() {
+            // SAFETY: created by ncclCommInitAll and destroyed once, here (an aborted one is null).
+            let _ = unsafe { result::comm_destroy(self.0) };
+        }
     }
 }
 
-/// NCCL over the devices of `backends`, rank `r` = `backends[r]`.
+/// NCCL over the devices of `backends`, rank `r` = `backends[r]`. Fields drop in order: the communicators go before
+/// the devices they run on.
 pub struct NcclCollective {
-    ranks: Vec<CudaBackend>,
     comms: Vec<Comm>,
+    ranks: Vec<CudaBackend>,
+    /// A collective failed: the communicators are aborted, not drained, on drop.
+    failed: AtomicBool,
 }
 
+/// An NCCL failure leaves the communicator unusable.
 fn nccl_error(what: &str, e: result::NcclError) -> CudaError {
-    CudaError::Driver { what: what.to_string(), message: format!("{e:?}") }
+    CudaError::Lost { what: what.to_string(), message: format!("{e:?}") }
 }
 
 impl NcclCollective {
     /// Communicators over `backends` (one a distinct GPU, rank order as given). Errors: [`CudaError::NoNccl`] when
-    /// `libnccl` cannot be loaded, a repeated device, or NCCL's own error. Multicast stays off: `NCCL_NVLS_ENABLE`
-    /// is set to 0 unless the environment already sets it.
+    /// `libnccl` cannot be loaded, a repeated device, or NCCL's own error.
     pub fn new(backends: &[CudaBackend]) -> Result<Self, CudaError> {
         // SAFETY: only probes whether the shared library can be opened.
         if !unsafe { sys::is_culib_present() } {
@@ -50,10 +57,6 @@ impl NcclCollective {
         seen.dedup();
         if seen.len() != ordinals.len() || ordinals.is_empty() {
             return Err(CudaError::Shape(format!("NCCL ranks need distinct GPUs, got {ordinals:?}")));
-        }
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            // SAFETY: set once before NCCL reads its environment, while no other thread reads it.
-            unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
         }
         // A binding the library lacks makes cudarc panic; it must be a named error.
         let init = std::panic::catch_unwind(|| {
@@ -67,7 +70,7 @@ impl NcclCollective {
             Ok(Err(e)) => return Err(nccl_error("ncclCommInitAll", e)),
             Err(_) => return Err(CudaError::NoNccl),
         };
-        Ok(Self { ranks: backends.to_vec(), comms })
+        Ok(Self { comms, ranks: backends.to_vec(), failed: AtomicBool::new(false) })
     }
 
     /// Runs `call(rank, comm, stream)` for every rank inside one NCCL group, after each rank's waiting errors.
@@ -79,22 +82,37 @@ impl NcclCollective {
         for b in &self.ranks {
             b.dev.take(what)?;
         }
+        // Every stream first: a rank that cannot enqueue must fail the call before any rank has.
+        let streams =
+            self.ranks.iter().map(|b| b.dev.stream()).collect::<Result<Vec<_>, _>>().map_err(|e| e.kernel(what))?;
         result::group_start().map_err(|e| nccl_error("ncclGroupStart", e).kernel(what))?;
         let mut first = Ok(());
-        for (r, (b, c)) in self.ranks.iter().zip(&self.comms).enumerate() {
-            let stream = b.dev.stream().map_err(|e| e.kernel(what))?;
+        for (r, (c, stream)) in self.comms.iter().zip(streams).enumerate() {
             if let Err(e) = call(r, c.0, stream as sys::cudaStream_t) {
                 first = first.and(Err(e.kernel(what)));
             }
         }
         // The group must be closed even after a failed enqueue.
         let end = result::group_end().map_err(|e| nccl_error("ncclGroupEnd", e).kernel(what));
-        first.and(end.map(|_| ()))
+        let r = first.and(end.map(|_| ()));
+        if r.is_err() {
+            self.failed.store(true, Ordering::Release);
+        }
+        r
     }
 }
 
 impl Drop for NcclCollective {
     fn drop(&mut self) {
+        if self.failed.load(Ordering::Acquire) {
+            // A failed collective may never finish: abort instead of waiting for it.
+            for c in &mut self.comms {
+                // SAFETY: aborted once here; the null handle makes Comm's drop skip the destroy.
+                let _ = unsafe { result::comm_abort(c.0) };
+                c.0 = std::ptr::null_mut();
+            }
+            return;
+        }
         // Every enqueued collective finishes before its communicator goes.
         for b in &self.ranks {
             let _ = b.dev.sync();
