@@ -128,14 +128,19 @@ impl<B: Backend> ExpertParallel<B> {
 
 /// Opens a MoE checkpoint with its experts split over `backends` (rank 0 first; [`expert_ranges`]): rank 0 binds
 /// every other tensor and its experts, each other rank only its experts. `comm` spans the same devices in the same
-/// order. Errors: [`OpenError::ExpertParallel`] for a dense model, more ranks than experts, or a `comm` of another
-/// size; otherwise as [`crate::open`].
+/// order. A dense model on one rank opens plainly. Errors: [`OpenError::ExpertParallel`] for a dense model on several
+/// ranks, more ranks than experts, or a `comm` of another size; otherwise as [`crate::open`].
 pub fn open_expert_parallel<B: Backend>(
     src: &Source,
     mut backends: Vec<B>,
     comm: Box<dyn Collective<B>>,
 ) -> Result<Loaded<B>, OpenError> {
     let cfg = crate::load::read_config(src)?;
+    if cfg.moe.is_none() && backends.len() == 1 && comm.world() == 1 {
+        // One rank of a dense model: nothing to split, the plain model.
+        let table = TensorTable::open(src)?;
+        return crate::load::open_table(src, cfg, &table, backends.remove(0), 0..usize::MAX);
+    }
     let experts = cfg.moe.as_ref().map(|m| m.experts).ok_or_else(|| {
         OpenError::ExpertParallel("the model has no MoE layers, so there are no experts to split".into())
     })?;

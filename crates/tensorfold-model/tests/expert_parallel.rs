@@ -92,6 +92,8 @@ fn ranks_hold_disjoint_experts_and_together_every_byte() {
 fn what_cannot_be_split_is_refused_by_name() {
     let dense = sharded(&source("tests/fixtures/lfm2-dense-f32"), 2);
     assert!(matches!(&dense, Err(OpenError::ExpertParallel(m)) if m.contains("no MoE layers")));
+    let one = sharded(&source("tests/fixtures/lfm2-dense-f32"), 1).expect("a dense model on one rank opens plainly");
+    assert!(one.ep.is_none());
     let many = sharded(&source("tests/fixtures/lfm2-moe-f32"), 9);
     assert!(matches!(&many, Err(OpenError::ExpertParallel(m)) if m.contains("8 experts cannot be split over 9")));
     let mismatch = open_expert_parallel(

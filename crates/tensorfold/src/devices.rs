@@ -53,20 +53,26 @@ impl<B: Ranks> Devices<B> {
 /// The most ranks `--gpus` takes (a MoE layer has at most 1024 experts: the routing kernel's bound).
 const MAX_RANKS: usize = 1024;
 
+/// Refuses `--gpus` values that no model could take: 0, more than [`MAX_RANKS`], or past the last ordinal.
+pub fn check_gpus(first: usize, gpus: Option<usize>) -> anyhow::Result<()> {
+    match gpus {
+        Some(0) => anyhow::bail!("--gpus must be at least 1"),
+        Some(n) if n > MAX_RANKS => anyhow::bail!("--gpus {n}: at most {MAX_RANKS} devices"),
+        Some(n) if first.checked_add(n).is_none() => anyhow::bail!("--gpu {first} --gpus {n}: no such GPUs"),
+        _ => Ok(()),
+    }
+}
+
 /// The ranks of `--gpus n` from `open(ordinal)`, ordinals `first .. first + n`; `None` without `--gpus`.
 pub fn ranks<B>(
     first: usize,
     gpus: Option<usize>,
     open: impl Fn(usize) -> anyhow::Result<B>,
 ) -> anyhow::Result<Option<Vec<B>>> {
+    check_gpus(first, gpus)?;
     match gpus {
         None => Ok(None),
-        Some(0) => anyhow::bail!("--gpus must be at least 1"),
-        Some(n) if n > MAX_RANKS => anyhow::bail!("--gpus {n}: at most {MAX_RANKS} devices"),
-        Some(n) => {
-            let end = first.checked_add(n).ok_or_else(|| anyhow::anyhow!("--gpu {first} --gpus {n}: no such GPUs"))?;
-            (first..end).map(open).collect::<anyhow::Result<Vec<_>>>().map(Some)
-        }
+        Some(n) => (first..first + n).map(open).collect::<anyhow::Result<Vec<_>>>().map(Some),
     }
 }
 

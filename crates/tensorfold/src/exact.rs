@@ -25,7 +25,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     gpu: usize,
     /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
-    /// cpu`, host ranks: the stand-in CI runs).
+    /// cpu`, host ranks: the stand-in CI runs). At most the model's experts a layer; a dense model takes only 1.
+    /// Default: one device, no collectives.
     #[arg(long)]
     gpus: Option<usize>,
 }

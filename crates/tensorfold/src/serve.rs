@@ -88,7 +88,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0, env = "TENSORFOLD_GPU")]
     gpu: usize,
     /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; the other layers
-    /// and every KV cache stay on the first); with `--device cpu`, host ranks (the stand-in CI runs).
+    /// and every KV cache stay on the first); with `--device cpu`, host ranks (the stand-in CI runs). At most the
+    /// model's experts a layer; a dense model takes only 1. Default: one device, no collectives.
     #[arg(long, env = "TENSORFOLD_GPUS")]
     gpus: Option<usize>,
 }
@@ -96,6 +97,8 @@ pub struct Args {
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     check_device(a.device)?;
+    // What needs no model is refused before the port opens.
+    devices::check_gpus(a.gpu, a.gpus)?;
     for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
     {
         if v == 0 {
