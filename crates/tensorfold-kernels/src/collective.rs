@@ -18,6 +18,12 @@ pub trait Collective<B: Backend>: Send + Sync {
     /// The order of a sum over ranks is the library's; the MoE's use is exact in any order, since each element has
     /// at most one nonzero contributor. Errors: a length mismatch, or the device's.
     fn reduce_sum(&self, root: &mut B::Buf, others: &[&B::Buf]) -> Result<(), KernelError>;
+    /// Whether every collective so far completed: called after a forward has read its results, so a collective that
+    /// failed asynchronously (a peer lost mid-call) fails the forward instead of handing on what it left.
+    /// Errors: [`KernelError::DeviceLost`].
+    fn check(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
 }
 
 /// The experts each of `world` ranks owns: contiguous ranges, rank 0 first, the first `experts % world` ranks one

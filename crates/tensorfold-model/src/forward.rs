@@ -299,7 +299,12 @@ impl<B: Backend> Model<B> {
             states[s.cache].last_start = s.start_pos;
             states[s.cache].pos += s.rows;
         }
-        Ok(self.head(&x, segs, which))
+        let out = self.head(&x, segs, which);
+        // The logits are read: a collective that failed on the way fails the call (its results may be garbage).
+        if let Some(ep) = &self.ep {
+            ep.comm.check()?;
+        }
+        Ok(out)
     }
 
     /// The drafter's block pass for several streams: `anchors[i]` is stream i's pending token, at the

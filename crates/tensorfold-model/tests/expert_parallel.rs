@@ -3,8 +3,8 @@
 //! run's, and models or rank counts that cannot be split are refused by name.
 
 use std::path::PathBuf;
-use tensorfold_kernels::{CpuBackend, HostCollective, Segment};
-use tensorfold_model::{LogitRows, Model, OpenError, Source, open, open_expert_parallel};
+use tensorfold_kernels::{Collective, CpuBackend, HostCollective, KernelError, Segment};
+use tensorfold_model::{ForwardError, LogitRows, Model, OpenError, Source, open, open_expert_parallel};
 
 fn source(rel: &str) -> Source {
     Source::Dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel))
@@ -104,4 +104,46 @@ fn what_cannot_be_split_is_refused_by_name() {
     assert!(matches!(&mismatch, Err(OpenError::ExpertParallel(m)) if m.contains("2 devices but a collective over 3")));
     let none = open_expert_parallel(&source("tests/fixtures/lfm2-moe-f32"), vec![], Box::new(HostCollective::new(1)));
     assert!(matches!(none, Err(OpenError::ExpertParallel(_))));
+}
+
+/// The host stand-in, except that its collectives report an asynchronous failure once `after` calls have run.
+struct FailsAfter {
+    inner: HostCollective,
+    calls: std::sync::atomic::AtomicUsize,
+    after: usize,
+}
+
+impl Collective<CpuBackend> for FailsAfter {
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    fn broadcast(&self, root: &Vec<f32>, others: &mut [&mut Vec<f32>]) -> Result<(), KernelError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.broadcast(root, others)
+    }
+    fn reduce_sum(&self, root: &mut Vec<f32>, others: &[&Vec<f32>]) -> Result<(), KernelError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.reduce_sum(root, others)
+    }
+    fn check(&self) -> Result<(), KernelError> {
+        if self.calls.load(std::sync::atomic::Ordering::Relaxed) > self.after {
+            return Err(KernelError::DeviceLost { kernel: "nccl", message: "planted: a peer was lost".into() });
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_collective_that_failed_on_the_way_fails_the_forward_as_a_lost_device() {
+    let src = source("tests/fixtures/lfm2-moe-f32");
+    let comm = FailsAfter { inner: HostCollective::new(2), calls: 0.into(), after: 1_000_000 };
+    let m = open_expert_parallel(&src, vec![CpuBackend; 2], Box::new(comm)).expect("splits").model;
+    let mut s = m.new_state();
+    let seg = [Segment { first_row: 0, rows: 3, start_pos: 0, cache: 0 }];
+    assert!(m.forward(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last).is_ok(), "a healthy collective");
+    let comm = FailsAfter { inner: HostCollective::new(2), calls: 0.into(), after: 3 };
+    let m = open_expert_parallel(&src, vec![CpuBackend; 2], Box::new(comm)).expect("splits").model;
+    let mut s = m.new_state();
+    let r = m.forward(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last);
+    assert!(matches!(r, Err(ForwardError::Kernel(KernelError::DeviceLost { .. }))), "{:?}", r.err());
 }

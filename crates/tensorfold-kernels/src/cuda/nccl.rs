@@ -10,33 +10,62 @@ use crate::collective::Collective;
 use cudarc::nccl::{result, sys};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// One NCCL communicator.
-struct Comm(sys::ncclComm_t);
+/// The communicators and their health, shared with the watchdog thread. Handles are kept as integers: NCCL allows
+/// `ncclCommGetAsyncError` and `ncclCommAbort` from another thread than the one issuing collectives.
+struct Watch {
+    comms: Vec<usize>,
+    /// A collective failed (synchronously, or asynchronously as the watchdog or `check` saw it).
+    failed: AtomicBool,
+    /// The communicators were aborted (never destroyed after that).
+    aborted: Mutex<bool>,
+    stop: AtomicBool,
+}
 
-// SAFETY: a communicator is used from one thread at a time (the engine's), every call under `&self` of the owner,
-// which orders them; NCCL communicators may move between threads.
-unsafe impl Send for Comm {}
-// SAFETY: as above; the engine's single forward thread makes every call.
-unsafe impl Sync for Comm {}
+impl Watch {
+    /// Polls every communicator's asynchronous error; on one, marks the collective failed and aborts it, so that
+    /// operations waiting on a peer end instead of hanging.
+    fn poll(&self) -> bool {
+        for &c in &self.comms {
+            let mut r = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator (destroyed only after the watchdog has stopped) and a valid out pointer.
+            let call = unsafe { sys::ncclCommGetAsyncError(c as sys::ncclComm_t, &mut r) };
+            let bad =
+                |x: sys::ncclResult_t| !matches!(x, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress);
+            if bad(call) || bad(r) {
+                self.failed.store(true, Ordering::Release);
+            }
+        }
+        if self.failed.load(Ordering::Acquire) {
+            self.abort();
+        }
+        !self.failed.load(Ordering::Acquire)
+    }
 
-impl Drop for Comm {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: created by ncclCommInitAll and destroyed once, here (an aborted one is null).
-            let _ = unsafe { result::comm_destroy(self.0) };
+    /// Aborts every communicator once.
+    fn abort(&self) {
+        let mut aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if !*aborted {
+            for &c in &self.comms {
+                // SAFETY: a live communicator, aborted once (the flag is held).
+                let _ = unsafe { result::comm_abort(c as sys::ncclComm_t) };
+            }
+            *aborted = true;
         }
     }
 }
 
-/// NCCL over the devices of `backends`, rank `r` = `backends[r]`. Fields drop in order: the communicators go before
-/// the devices they run on.
+/// NCCL over the devices of `backends`, rank `r` = `backends[r]`, with a watchdog thread that polls NCCL's
+/// asynchronous errors every [`WATCH_PERIOD`] and aborts the communicators on one.
 pub struct NcclCollective {
-    comms: Vec<Comm>,
+    watch: Arc<Watch>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
     ranks: Vec<CudaBackend>,
-    /// A collective failed: the communicators are aborted, not drained, on drop.
-    failed: AtomicBool,
 }
+
+/// How often the watchdog polls.
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// An NCCL failure leaves the communicator unusable.
 fn nccl_error(what: &str, e: result::NcclError) -> CudaError {
@@ -63,14 +92,29 @@ impl NcclCollective {
             let mut raw = vec![std::ptr::null_mut(); ordinals.len()];
             // SAFETY: `raw` has room for one communicator per listed device.
             unsafe { result::comm_init_all(raw.as_mut_ptr(), ordinals.len() as c_int, ordinals.as_ptr()) }
-                .map(|_| raw.into_iter().map(Comm).collect::<Vec<_>>())
+                .map(|_| raw.into_iter().map(|c| c as usize).collect::<Vec<_>>())
         });
         let comms = match init {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(nccl_error("ncclCommInitAll", e)),
             Err(_) => return Err(CudaError::NoNccl),
         };
-        Ok(Self { comms, ranks: backends.to_vec(), failed: AtomicBool::new(false) })
+        let watch = Arc::new(Watch {
+            comms,
+            failed: AtomicBool::new(false),
+            aborted: Mutex::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let w = watch.clone();
+        let watchdog = std::thread::Builder::new()
+            .name("tensorfold-nccl-watch".into())
+            .spawn(move || {
+                while !w.stop.load(Ordering::Acquire) && w.poll() {
+                    std::thread::park_timeout(WATCH_PERIOD);
+                }
+            })
+            .map_err(|e| CudaError::Driver { what: "starting the NCCL watchdog".into(), message: e.to_string() })?;
+        Ok(Self { watch, watchdog: Some(watchdog), ranks: backends.to_vec() })
     }
 
     /// Runs `call(rank, comm, stream)` for every rank inside one NCCL group, after each rank's waiting errors.
@@ -79,6 +123,12 @@ impl NcclCollective {
         what: &'static str,
         mut call: impl FnMut(usize, sys::ncclComm_t, sys::cudaStream_t) -> Result<(), CudaError>,
     ) -> Result<(), KernelError> {
+        if self.watch.failed.load(Ordering::Acquire) {
+            return Err(KernelError::DeviceLost {
+                kernel: what,
+                message: "an NCCL communicator failed earlier".into(),
+            });
+        }
         for b in &self.ranks {
             b.dev.take(what)?;
         }
@@ -87,8 +137,8 @@ impl NcclCollective {
             self.ranks.iter().map(|b| b.dev.stream()).collect::<Result<Vec<_>, _>>().map_err(|e| e.kernel(what))?;
         result::group_start().map_err(|e| nccl_error("ncclGroupStart", e).kernel(what))?;
         let mut first = Ok(());
-        for (r, (c, stream)) in self.comms.iter().zip(streams).enumerate() {
-            if let Err(e) = call(r, c.0, stream as sys::cudaStream_t) {
+        for (r, (&c, stream)) in self.watch.comms.iter().zip(streams).enumerate() {
+            if let Err(e) = call(r, c as sys::ncclComm_t, stream as sys::cudaStream_t) {
                 first = first.and(Err(e.kernel(what)));
             }
         }
@@ -96,7 +146,7 @@ impl NcclCollective {
         let end = result::group_end().map_err(|e| nccl_error("ncclGroupEnd", e).kernel(what));
         let r = first.and(end.map(|_| ()));
         if r.is_err() {
-            self.failed.store(true, Ordering::Release);
+            self.watch.failed.store(true, Ordering::Release);
         }
         r
     }
@@ -104,18 +154,24 @@ impl NcclCollective {
 
 impl Drop for NcclCollective {
     fn drop(&mut self) {
-        if self.failed.load(Ordering::Acquire) {
+        self.watch.stop.store(true, Ordering::Release);
+        if let Some(t) = self.watchdog.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        if self.watch.failed.load(Ordering::Acquire) {
             // A failed collective may never finish: abort instead of waiting for it.
-            for c in &mut self.comms {
-                // SAFETY: aborted once here; the null handle makes Comm's drop skip the destroy.
-                let _ = unsafe { result::comm_abort(c.0) };
-                c.0 = std::ptr::null_mut();
-            }
-            return;
+            return self.watch.abort();
         }
         // Every enqueued collective finishes before its communicator goes.
         for b in &self.ranks {
             let _ = b.dev.sync();
+        }
+        if !*self.watch.aborted.lock().unwrap_or_else(|p| p.into_inner()) {
+            for &c in &self.watch.comms {
+                // SAFETY: created by ncclCommInitAll, not aborted, destroyed once, after the watchdog stopped.
+                let _ = unsafe { result::comm_destroy(c as sys::ncclComm_t) };
+            }
         }
     }
 }
@@ -131,6 +187,14 @@ fn ptr(b: &CudaBuf) -> Result<*mut c_void, CudaError> {
 impl Collective<CudaBackend> for NcclCollective {
     fn world(&self) -> usize {
         self.ranks.len()
+    }
+
+    fn check(&self) -> Result<(), KernelError> {
+        if self.watch.poll() {
+            Ok(())
+        } else {
+            Err(KernelError::DeviceLost { kernel: "nccl", message: "an NCCL communicator reported an error".into() })
+        }
     }
 
     fn broadcast(&self, root: &CudaBuf, others: &mut [&mut CudaBuf]) -> Result<(), KernelError> {
