@@ -9,15 +9,8 @@
 #   tools/cuda/bench_shapes.sh [STEPS]   STEPS: any of check f24 e24 p24 f8 e8 hf8 (default: all; check = tools/cuda/check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/tensorfold-bench}
-mkdir -p "$OUT" carry/bin
-[ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
-BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
+. tools/cuda/env.sh /tmp/tensorfold-bench
 STEPS=${1:-check f24 e24 p24 f8 e8 hf8}
-for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export LD_LIBRARY_PATH XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} RUST_LOG=${RUST_LOG:-warn}
 summary=()
 run() { # name, timeout, command...
     local name=$1 limit=$2

@@ -9,21 +9,7 @@
 #   tools/cuda/expert_parallel.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/tensorfold-ep}
-mkdir -p "$OUT" carry/bin
-[ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
-BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
-for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-# NCCL comes with PyTorch's wheels as libnccl.so.2, a name cudarc does not try: link it as libnccl.so.
-nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
-if [ -n "$nccl" ]; then
-    mkdir -p /tmp/nccl-lib && ln -sf "$nccl" /tmp/nccl-lib/libnccl.so && LD_LIBRARY_PATH="/tmp/nccl-lib:$LD_LIBRARY_PATH"
-fi
-# NVLink multicast stays off (the host's GPUs are shared).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} RUST_LOG=${RUST_LOG:-warn}
+. tools/cuda/env.sh /tmp/tensorfold-ep
 BUDGET=${EP_SECONDS:-560}
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }

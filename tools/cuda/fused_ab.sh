@@ -7,14 +7,7 @@
 #   tools/cuda/fused_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/tensorfold-ab}
-mkdir -p "$OUT" carry/bin
-[ -f carry/bin/tensorfold.gz ] && [ ! -x carry/bin/tensorfold ] && gunzip -kf carry/bin/tensorfold.gz && chmod +x carry/bin/tensorfold
-BIN=${TENSORFOLD_BIN:-carry/bin/tensorfold}
-for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export LD_LIBRARY_PATH XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} RUST_LOG=${RUST_LOG:-warn}
+. tools/cuda/env.sh /tmp/tensorfold-ab
 OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1
 echo "check rc=$?"
 grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"

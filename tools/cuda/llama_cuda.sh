@@ -9,16 +9,8 @@
 #   tools/cuda/llama_cuda.sh [TOKENS]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/tensorfold-llama}
 TOKENS=${1:-128}
-mkdir -p "$OUT"
-[ -x carry/bin/tensorfold ] || { xz -dkc carry/bin/tensorfold.xz >carry/bin/tensorfold && chmod +x carry/bin/tensorfold; }
-BIN=$PWD/carry/bin/tensorfold
-for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export LD_LIBRARY_PATH PATH="/usr/local/cuda/bin:$PATH" XDG_CACHE_HOME=/tmp/tensorfold-cache RUST_LOG=warn
-export NCCL_NVLS_ENABLE=0
+. tools/cuda/env.sh /tmp/tensorfold-llama
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/steps.log"; }
 stamp "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); nvcc $(nvcc --version | tail -1)"

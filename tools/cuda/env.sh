@@ -1,0 +1,22 @@
+# Sourced by the GPU-machine scripts of tools/cuda/ (run from the repository root): unpacks the carried binary
+# (carry/bin/tensorfold.gz or .xz) into BIN, puts the driver, NVRTC and NCCL on the loader path (NCCL comes as
+# PyTorch's libnccl.so.2, a name cudarc does not try: linked as libnccl.so), keeps NVLink multicast off, and sets
+# the kernel cache and log level. OUT defaults to $1.
+OUT=${OUT:-$1}
+mkdir -p "$OUT" carry/bin
+if [ ! -x carry/bin/tensorfold ]; then
+    if [ -f carry/bin/tensorfold.gz ]; then gunzip -kf carry/bin/tensorfold.gz; fi
+    if [ -f carry/bin/tensorfold.xz ]; then xz -dkc carry/bin/tensorfold.xz >carry/bin/tensorfold; fi
+    [ -f carry/bin/tensorfold ] && chmod +x carry/bin/tensorfold
+fi
+BIN=${TENSORFOLD_BIN:-$PWD/carry/bin/tensorfold}
+for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+if [ -n "$nccl" ]; then
+    mkdir -p /tmp/nccl-lib && ln -sf "$nccl" /tmp/nccl-lib/libnccl.so && LD_LIBRARY_PATH="/tmp/nccl-lib:$LD_LIBRARY_PATH"
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH PATH="/usr/local/cuda/bin:$PATH" XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} \
+    RUST_LOG=${RUST_LOG:-warn}
