@@ -11,17 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tools/cuda/env.sh /tmp/tensorfold-bench
 STEPS=${1:-check f24 e24 p24 f8 e8 hf8}
-summary=()
-run() { # name, timeout, command...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$(date +%s)
-    echo "== $name: $*" | tee -a "$OUT/$name.log"
-    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
-    local rc=$?
-    summary+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
-    tail -30 "$OUT/$name.log"
-}
+RUN_TAIL=30
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader)" | tee "$OUT/host.log"
 free -g | tee -a "$OUT/host.log"

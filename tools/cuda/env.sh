@@ -20,3 +20,19 @@ fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH PATH="/usr/local/cuda/bin:$PATH" XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/tensorfold-cache} \
     RUST_LOG=${RUST_LOG:-warn}
+# run NAME LIMIT CMD...: CMD under `timeout LIMIT`, output appended to $OUT/NAME.log, its tail (RUN_TAIL lines) shown
+# and "NAME rc=.. Ns" added to `summary`; skipped when less than LIMIT of BUDGET seconds (from sourcing) is left.
+summary=()
+start_s=$(date +%s)
+left() { echo $((${BUDGET:-1000000} - ($(date +%s) - start_s))); }
+run() {
+    local name=$1 limit=$2
+    shift 2
+    [ "$(left)" -lt "$limit" ] && { summary+=("$name skipped: $(left)s left"); return; }
+    local t0=$(date +%s)
+    echo "== $name: $*" | tee -a "$OUT/$name.log"
+    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    summary+=("$name rc=$rc $(($(date +%s) - t0))s")
+    tail -"${RUN_TAIL:-12}" "$OUT/$name.log"
+}

@@ -11,20 +11,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tools/cuda/env.sh /tmp/tensorfold-ep
 BUDGET=${EP_SECONDS:-560}
-start=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - start))); }
-summary=()
-run() { # name, timeout, command...
-    local name=$1 limit=$2
-    shift 2
-    [ "$(left)" -lt "$limit" ] && { summary+=("$name skipped: $(left)s left"); return; }
-    local t0=$(date +%s)
-    echo "== $name: $*" | tee -a "$OUT/$name.log"
-    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
-    local rc=$?
-    summary+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
-    tail -12 "$OUT/$name.log"
-}
 {
     echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tr '\n' ';')"
     echo "nccl: ${nccl:-not found}"
