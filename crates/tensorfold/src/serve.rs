@@ -13,9 +13,12 @@ use tensorfold_server::{ServeOptions, state::Ready};
 /// Arguments of `tensorfold serve`; every flag has a `TENSORFOLD_*` environment mirror (the flag wins).
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model directory (default: the embedded default model).
+    /// Hugging Face model directory, or `synthetic:SHAPE[@SEED]` (default: the embedded default model).
     #[arg(env = "TENSORFOLD_MODEL")]
     model: Option<PathBuf>,
+    /// The same as the positional MODEL, as the other commands spell it.
+    #[arg(long = "model", value_name = "MODEL", conflicts_with = "model")]
+    model_flag: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "TENSORFOLD_HOST")]
     host: String,
@@ -95,8 +98,11 @@ pub struct Args {
 }
 
 /// Runs the server until SIGINT/SIGTERM.
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     check_device(a.device)?;
+    if a.model_flag.is_some() {
+        a.model = a.model_flag.take();
+    }
     // What needs no model is refused before the port opens.
     devices::check_gpus(a.gpu, a.gpus)?;
     for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
@@ -111,7 +117,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.memory_gib <= 0.0 {
         bail!("--memory-gib must be positive: every request would be refused");
     }
-    if let Some(d) = a.model.as_ref().filter(|d| !d.is_dir()) {
+    let synthetic = |d: &PathBuf| d.to_str().is_some_and(|s| s.starts_with(default_model::SYNTHETIC));
+    if let Some(d) = a.model.as_ref().filter(|d| !d.is_dir() && !synthetic(d)) {
         bail!("model directory {} does not exist or is not a directory", d.display());
     }
     let api_key = match (&a.api_key, &a.api_key_file) {

@@ -264,3 +264,11 @@ fn gpu_counts_that_cannot_split_the_experts_are_refused_by_name() {
     let d = refused(&tensorfold(&["generate", "--model", path_str(&dense), "--prompt-ids", "1", "--gpus", "2"]));
     assert!(d.contains("no MoE layers"), "{d}");
 }
+
+#[test]
+fn serve_takes_the_model_as_a_flag_too_and_refuses_a_missing_one_before_listening() {
+    let err = refused(&tensorfold(&["serve", "--model", "/nonexistent/model-dir", "--port", "0"]));
+    assert!(err.contains("model directory /nonexistent/model-dir does not exist"), "{err}");
+    let both = tensorfold(&["serve", "a", "--model", "b"]);
+    assert!(!both.status.success() && stderr(&both).contains("cannot be used with"), "{}", stderr(&both));
+}
