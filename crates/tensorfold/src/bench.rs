@@ -49,17 +49,8 @@ pub struct ForwardArgs {
     /// Prefill chunk (rows per call).
     #[arg(long, default_value_t = 2048)]
     chunk: usize,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
-    device: crate::Device,
-    /// GPU number with `--device cuda` (the first, with `--gpus`).
-    #[arg(long, default_value_t = 0)]
-    gpu: usize,
-    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
-    /// cpu`, host ranks: the stand-in CI runs). At most the model's experts a layer; a dense model takes only 1.
-    /// Default: one device, no collectives.
-    #[arg(long)]
-    gpus: Option<usize>,
+    #[command(flatten)]
+    dev: crate::devices::DeviceArgs,
 }
 
 /// Benchmarks.
@@ -77,7 +68,7 @@ pub enum What {
 /// Runs a benchmark.
 pub fn run(w: What) -> anyhow::Result<ExitCode> {
     match w {
-        What::Forward(a) => crate::on_device(a.device, a.gpu, a.gpus, a),
+        What::Forward(a) => crate::on_device(a.dev, a),
         What::Engine(a) => bench_engine::run(a),
         What::Serve(a) => bench_serve::run(a),
     }

@@ -49,17 +49,8 @@ pub struct Args {
     /// Context copies: shortest recurring suffix (0: copies off, only the drafter drafts).
     #[arg(long, default_value_t = 8)]
     copy_min: usize,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value_t = crate::Device::Cpu)]
-    device: crate::Device,
-    /// GPU number with `--device cuda` (the first, with `--gpus`).
-    #[arg(long, default_value_t = 0)]
-    gpu: usize,
-    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
-    /// cpu`, host ranks: the stand-in CI runs). At most the model's experts a layer; a dense model takes only 1.
-    /// Default: one device, no collectives.
-    #[arg(long)]
-    gpus: Option<usize>,
+    #[command(flatten)]
+    dev: crate::devices::DeviceArgs,
     /// Prompts as JSON lines (one JSON string a line), tokenized with the model's tokenizer; request i
     /// takes line i mod n (default: random token ids).
     #[arg(long)]
@@ -91,7 +82,7 @@ fn collect(rx: Receiver<Event>) -> anyhow::Result<Reply> {
 
 /// Runs the benchmark on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    crate::on_device(a.device, a.gpu, a.gpus, a)
+    crate::on_device(a.dev, a)
 }
 
 impl crate::OnBackend for Args {

@@ -5,6 +5,22 @@ use anyhow::Context;
 use tensorfold_kernels::{Backend, Collective, CpuBackend, HostCollective};
 use tensorfold_model::{Loaded, Source};
 
+/// The device flags every running command takes (each has a `TENSORFOLD_*` environment mirror).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DeviceArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = crate::Device::Cpu, env = "TENSORFOLD_DEVICE")]
+    pub device: crate::Device,
+    /// GPU number with `--device cuda` (the first, with `--gpus`).
+    #[arg(long, default_value_t = 0, env = "TENSORFOLD_GPU")]
+    pub gpu: usize,
+    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; the other layers
+    /// and every KV cache stay on the first); with `--device cpu`, host ranks (the stand-in CI runs). At most the
+    /// model's experts a layer; a dense model takes only 1. Default: one device, no collectives.
+    #[arg(long, env = "TENSORFOLD_GPUS")]
+    pub gpus: Option<usize>,
+}
+
 /// A backend whose devices can work together: how to make the collective over a list of them.
 pub trait Ranks: Backend + Clone + 'static {
     /// The collective over `ranks` (rank 0 first).

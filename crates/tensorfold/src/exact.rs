@@ -1,6 +1,6 @@
 //! `tensorfold exact`: the engine's logits against a reference file; one line per check, then a count.
 
-use crate::{Device, default_model};
+use crate::default_model;
 use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,22 +18,13 @@ pub struct Args {
     /// Largest allowed |engine - reference| over a row, relative to the row's largest |logit|.
     #[arg(long, default_value_t = 1e-4)]
     tolerance: f64,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    device: Device,
-    /// GPU number with `--device cuda` (the first, with `--gpus`).
-    #[arg(long, default_value_t = 0)]
-    gpu: usize,
-    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
-    /// cpu`, host ranks: the stand-in CI runs). At most the model's experts a layer; a dense model takes only 1.
-    /// Default: one device, no collectives.
-    #[arg(long)]
-    gpus: Option<usize>,
+    #[command(flatten)]
+    dev: crate::devices::DeviceArgs,
 }
 
 /// Runs the command on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    crate::on_device(a.device, a.gpu, a.gpus, a)
+    crate::on_device(a.dev, a)
 }
 
 impl crate::OnBackend for Args {

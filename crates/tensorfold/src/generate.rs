@@ -1,6 +1,6 @@
 //! `tensorfold generate`: one prompt, streamed to stdout, then prompt/decode counts and speeds.
 
-use crate::{Device, Verify, default_model};
+use crate::{Verify, default_model};
 use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
@@ -80,17 +80,8 @@ pub struct Args {
     /// windows): every round drafts. For measuring acceptance.
     #[arg(long)]
     no_round_guard: bool,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
-    device: Device,
-    /// GPU number with `--device cuda` (the first, with `--gpus`).
-    #[arg(long, default_value_t = 0)]
-    gpu: usize,
-    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; with `--device
-    /// cpu`, host ranks: the stand-in CI runs). At most the model's experts a layer; a dense model takes only 1.
-    /// Default: one device, no collectives.
-    #[arg(long)]
-    gpus: Option<usize>,
+    #[command(flatten)]
+    dev: crate::devices::DeviceArgs,
 }
 
 impl crate::OnBackend for Args {
@@ -101,7 +92,7 @@ impl crate::OnBackend for Args {
 
 /// Runs the command on `--device`.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    crate::on_device(a.device, a.gpu, a.gpus, a)
+    crate::on_device(a.dev, a)
 }
 
 fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) -> anyhow::Result<ExitCode> {

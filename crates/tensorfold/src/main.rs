@@ -167,13 +167,13 @@ pub trait OnBackend {
 
 /// Runs `job` on the CPU, or on GPU `gpu` for `--device cuda` (refused by name without the `cuda` feature or
 /// without a driver or that GPU); with `gpus`, on that many ranks from `gpu` on (CPU ranks: the host stand-in).
-pub fn on_device(d: Device, gpu: usize, gpus: Option<usize>, job: impl OnBackend) -> anyhow::Result<ExitCode> {
-    check_device(d)?;
-    match d {
-        Device::Cpu => job.run(devices::cpu(gpus)?),
+pub fn on_device(d: devices::DeviceArgs, job: impl OnBackend) -> anyhow::Result<ExitCode> {
+    check_device(d.device)?;
+    match d.device {
+        Device::Cpu => job.run(devices::cpu(d.gpus)?),
         #[cfg(feature = "cuda")]
-        Device::Cuda => job.run(devices::cuda(gpu, gpus)?),
+        Device::Cuda => job.run(devices::cuda(d.gpu, d.gpus)?),
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda => unreachable!("check_device refused it (gpu {gpu})"),
+        Device::Cuda => unreachable!("check_device refused it (gpu {})", d.gpu),
     }
 }

@@ -84,27 +84,18 @@ pub struct Args {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "TENSORFOLD_GRACE_SECONDS")]
     grace_seconds: u64,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TENSORFOLD_DEVICE")]
-    device: Device,
-    /// GPU number with `--device cuda` (the first, with `--gpus`).
-    #[arg(long, default_value_t = 0, env = "TENSORFOLD_GPU")]
-    gpu: usize,
-    /// Split the MoE experts over this many GPUs from `--gpu` on (expert parallelism through NCCL; the other layers
-    /// and every KV cache stay on the first); with `--device cpu`, host ranks (the stand-in CI runs). At most the
-    /// model's experts a layer; a dense model takes only 1. Default: one device, no collectives.
-    #[arg(long, env = "TENSORFOLD_GPUS")]
-    gpus: Option<usize>,
+    #[command(flatten)]
+    dev: crate::devices::DeviceArgs,
 }
 
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
-    check_device(a.device)?;
+    check_device(a.dev.device)?;
     if a.model_flag.is_some() {
         a.model = a.model_flag.take();
     }
     // What needs no model is refused before the port opens.
-    devices::check_gpus(a.gpu, a.gpus)?;
+    devices::check_gpus(a.dev.gpu, a.dev.gpus)?;
     for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
     {
         if v == 0 {
@@ -170,9 +161,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         max_tokens: a.max_tokens,
         verify: a.verify,
         cfg,
-        device: a.device,
-        gpu: a.gpu,
-        gpus: a.gpus,
+        dev: a.dev,
     };
     let load = move || plan.load();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -192,9 +181,7 @@ struct LoadPlan {
     max_tokens: usize,
     verify: Verify,
     cfg: EngineConfig,
-    device: Device,
-    gpu: usize,
-    gpus: Option<usize>,
+    dev: devices::DeviceArgs,
 }
 
 impl LoadPlan {
@@ -202,18 +189,19 @@ impl LoadPlan {
     /// ranks with `--gpus`.
     fn load(self) -> Result<(Ready, Engine), String> {
         let e = |e: anyhow::Error| format!("{e:#}");
-        match self.device {
+        let d = self.dev;
+        match d.device {
             Device::Cpu => {
-                let dev = devices::cpu(self.gpus).map_err(e)?;
+                let dev = devices::cpu(d.gpus).map_err(e)?;
                 self.load_on(dev)
             }
             #[cfg(feature = "cuda")]
             Device::Cuda => {
-                let dev = devices::cuda(self.gpu, self.gpus).map_err(e)?;
+                let dev = devices::cuda(d.gpu, d.gpus).map_err(e)?;
                 self.load_on(dev)
             }
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda => Err(format!("--device cuda (gpu {}): this build has no CUDA backend", self.gpu)),
+            Device::Cuda => Err(format!("--device cuda (gpu {}): this build has no CUDA backend", d.gpu)),
         }
     }
 
