@@ -245,13 +245,23 @@ fn experts_split_over_host_ranks_pass_exact_and_generate_the_same_tokens() {
             tensorfold(&["exact", "--model", path_str(&model), "--reference", path_str(&reference), "--gpus", gpus]);
         assert_eq!(ok(&o).lines().last(), Some("7 passed, 0 failed"), "--gpus {gpus}");
     }
-    let args = ["generate", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--temperature", "0", "--ignore-eos"];
     let sha = |o: &Output| stderr(o).split("token_sha256: ").nth(1).map(|t| t[..64].to_owned());
-    let one = tensorfold(&args);
-    ok(&one);
-    let two = tensorfold(&[&args[..], &["--gpus", "2"]].concat());
-    ok(&two);
-    assert_eq!(sha(&one), sha(&two));
+    // Drafted (the embedded default drafts) and plain, greedy and sampled: every run at 2 ranks equals the plain
+    // one-device run's tokens.
+    let prompt = ["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "24"];
+    for sampling in [&["--temperature", "0"][..], &["--temperature", "0.8", "--seed", "5"][..]] {
+        let base = [&prompt[..], sampling, &["--ignore-eos"][..]].concat();
+        let plain = tensorfold(&[&base[..], &["--no-drafts"]].concat());
+        ok(&plain);
+        for extra in [&["--gpus", "2"][..], &["--gpus", "2", "--no-drafts"][..]] {
+            let o = tensorfold(&[&base[..], extra].concat());
+            ok(&o);
+            assert_eq!(sha(&o), sha(&plain), "{sampling:?} {extra:?}");
+        }
+        let drafted = stderr(&tensorfold(&[&base[..], &["--gpus", "2"]].concat()));
+        let n: usize = drafted.split("drafted: ").nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).unwrap_or(0);
+        assert!(n > 0, "the drafter drafted at 2 ranks: {drafted}");
+    }
 }
 
 #[test]
