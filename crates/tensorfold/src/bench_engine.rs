@@ -212,14 +212,17 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             }
         }
     }
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    // GiB from 1 GiB up, MiB below (a small model's share would print as 0.00 GiB).
+    let size = |b: usize| match b as f64 / (1u64 << 30) as f64 {
+        g if g >= 1.0 => format!("{g:.2} GiB"),
+        g => format!("{:.1} MiB", g * 1024.0),
+    };
     for (d, (w, high)) in
         solo_model.weight_bytes_by_rank().into_iter().zip(solo_model.memory_high_by_rank()).enumerate()
     {
-        let high = high.map_or("host memory".into(), |(a, r)| {
-            format!("peak {:.2} GiB allocated, {:.2} GiB reserved", gib(a), gib(r))
-        });
-        println!("device {d}: weights {:.2} GiB, {high}", gib(w));
+        let high =
+            high.map_or("host memory".into(), |(a, r)| format!("peak {} allocated, {} reserved", size(a), size(r)));
+        println!("device {d}: weights {}, {high}", size(w));
     }
     println!("equal: {equal_all} of {total_all} concurrent replies checked equal their solo runs");
     Ok(if equal_all == total_all { ExitCode::SUCCESS } else { ExitCode::FAILURE })

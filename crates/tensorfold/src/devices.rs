@@ -53,11 +53,13 @@ impl<B: Ranks> Devices<B> {
     /// Opens `src` on these devices: plainly, or with its experts split over the ranks (a new collective each time,
     /// so two models never share a communicator).
     pub fn open(&self, src: &Source) -> anyhow::Result<Loaded<B>> {
-        match &self.ranks {
+        let loaded = match &self.ranks {
             None => tensorfold_model::open(src, self.backend.clone()),
             Some(r) => tensorfold_model::open_expert_parallel(src, r.clone(), B::collective(r)?),
         }
-        .with_context(|| format!("opening {}", src.describe()))
+        .with_context(|| format!("opening {}", src.describe()))?;
+        tracing::info!("opened {} on {} x{}", src.describe(), self.backend.name(), loaded.model.world());
+        Ok(loaded)
     }
 
     /// Devices in use.
