@@ -13,7 +13,8 @@ BIN=${TENSORFOLD_BIN:-$PWD/carry/bin/tensorfold}
 for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
-nccl=$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+[ -n "$nccl" ] || nccl=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
 if [ -n "$nccl" ]; then
     mkdir -p /tmp/nccl-lib && ln -sf "$nccl" /tmp/nccl-lib/libnccl.so && LD_LIBRARY_PATH="/tmp/nccl-lib:$LD_LIBRARY_PATH"
 fi
