@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use tensorfold_model::Source;
 use tensorfold_model::drafter::DrafterBits;
 
+#[cfg(feature = "embedded-model")]
 macro_rules! embed {
     ($dir:literal: $($name:literal),*) => {
         &[$(($name, include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/", $dir, "/", $name)) as &[u8])),*]
@@ -12,6 +13,7 @@ macro_rules! embed {
 }
 
 /// `models/lfm2-moe-pycode`: the trained 10 M-parameter LFM2-MoE on CPython's standard library (bf16).
+#[cfg(feature = "embedded-model")]
 static FILES: &[(&str, &[u8])] = embed!("lfm2-moe-pycode":
     "config.json",
     "generation_config.json",
@@ -23,6 +25,7 @@ static FILES: &[(&str, &[u8])] = embed!("lfm2-moe-pycode":
 );
 
 /// `models/lfm2-moe-pycode-dspark`: its DSpark drafter (bf16).
+#[cfg(feature = "embedded-model")]
 static DRAFTER: &[(&str, &[u8])] = embed!("lfm2-moe-pycode-dspark": "config.json", "model.safetensors");
 
 /// Prefix of `--model` that asks for a synthetic checkpoint: `synthetic:SHAPE[@SEED]`.
@@ -37,8 +40,31 @@ pub fn source(dir: Option<PathBuf>) -> anyhow::Result<Source> {
             Some(spec) => Source::Synthetic(std::sync::Arc::new(tensorfold_model::synthetic::Synthetic::parse(spec)?)),
             None => Source::Dir(d),
         },
-        None => Source::Embedded(FILES),
+        None => default_model(),
     })
+}
+
+/// The default model: embedded (the `embedded-model` feature, on by default).
+#[cfg(feature = "embedded-model")]
+fn default_model() -> Source {
+    Source::Embedded(FILES)
+}
+
+/// The default model of a build without `embedded-model` (a slim binary for machines that get the repository
+/// beside it): read from `models/lfm2-moe-pycode` under the working directory.
+#[cfg(not(feature = "embedded-model"))]
+fn default_model() -> Source {
+    Source::Dir(PathBuf::from("models/lfm2-moe-pycode"))
+}
+
+#[cfg(feature = "embedded-model")]
+fn default_drafter() -> Source {
+    Source::Embedded(DRAFTER)
+}
+
+#[cfg(not(feature = "embedded-model"))]
+fn default_drafter() -> Source {
+    Source::Dir(PathBuf::from("models/lfm2-moe-pycode-dspark"))
 }
 
 /// The drafter to attach: `--drafter DIR`, else the embedded default's own drafter when the model is the
@@ -46,7 +72,7 @@ pub fn source(dir: Option<PathBuf>) -> anyhow::Result<Source> {
 pub fn drafter_source(model: &Option<PathBuf>, drafter: Option<PathBuf>) -> Option<Source> {
     match (drafter, model) {
         (Some(d), _) => Some(Source::Dir(d)),
-        (None, None) => Some(Source::Embedded(DRAFTER)),
+        (None, None) => Some(default_drafter()),
         (None, Some(_)) => None,
     }
 }

@@ -1,4 +1,4 @@
-//! Linear kernels: one warp an output column over a tile of up to RT rows; plain, fused gate-up (SwiGLU) and MoE expert-grouped forms.
+//! Linear kernels: one warp an output column over a tile of up to RT rows, or one row with several loads in flight; plain, fused gate-up (SwiGLU) and MoE expert-grouped forms.
 // The reduction order (the row-invariance promise): for a weight row of length k, lane l of the warp accumulates
 // with fmaf the elements of its chunks l, l+32, l+64, ... in increasing order, where a chunk is 8 consecutive
 // elements when k (and a Q8 matrix's group) is a multiple of 8 (the "v8" kernels), else 1 element (the "v1"
@@ -13,35 +13,57 @@ struct Mat {
   int group;            // Q8 only: elements a group
 };
 
-// 8 consecutive weights of row `row` from column c (c % 8 == 0, k % 8 == 0, Q8: group % 8 == 0, so the 8 share
-// one group). Row starts are then 16-byte (f32, bf16) or 8-byte (Q8) aligned: device allocations are 256-byte aligned.
+// 8 consecutive weights of row `row` from column c as loaded (c % 8 == 0, k % 8 == 0, Q8: group % 8 == 0, so the 8
+// share one group), widened to f32 only by widen8: a group of loads can be in flight before the first multiply. Row
+// starts are then 16-byte (f32, bf16) or 8-byte (Q8) aligned: device allocations are 256-byte aligned.
+struct Raw8 {
+  uint4 a;  // bf16: 8 values; f32: the first 4; Q8: .x, .y the 8 codes
+  uint4 b;  // f32: the last 4
+  float s;  // Q8: the group's scale
+  float o;  // Q8: the group's bias
+};
+
 template <int DT>
-__device__ __forceinline__ void load_w8(const Mat& m, u64 row, int k, int c, float* o) {
+__device__ __forceinline__ Raw8 load_raw8(const Mat& m, u64 row, int k, int c) {
   u64 at = row * (u64)k + (u64)c;
+  Raw8 r;
   if (DT == DT_F32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(m.w) + at);
-    float4 a = __ldg(p);
-    float4 b = __ldg(p + 1);
-    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(m.w) + at);
+    r.a = __ldg(p);
+    r.b = __ldg(p + 1);
   } else if (DT == DT_BF16) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const u16*>(m.w) + at);
-    uint4 a = __ldg(p);
-    // Little-endian: element c is the low half of the first word.
-    o[0] = __uint_as_float(a.x << 16); o[1] = __uint_as_float(a.x & 0xffff0000u);
-    o[2] = __uint_as_float(a.y << 16); o[3] = __uint_as_float(a.y & 0xffff0000u);
-    o[4] = __uint_as_float(a.z << 16); o[5] = __uint_as_float(a.z & 0xffff0000u);
-    o[6] = __uint_as_float(a.w << 16); o[7] = __uint_as_float(a.w & 0xffff0000u);
+    r.a = __ldg(reinterpret_cast<const uint4*>(static_cast<const u16*>(m.w) + at));
   } else {
-    const uint2* p = reinterpret_cast<const uint2*>(static_cast<const u8*>(m.w) + at);
-    uint2 a = __ldg(p);
+    uint2 a = __ldg(reinterpret_cast<const uint2*>(static_cast<const u8*>(m.w) + at));
+    r.a.x = a.x;
+    r.a.y = a.y;
     u64 g = row * (u64)(k / m.group) + (u64)(c / m.group);
-    float s = __ldg(m.scales + g);
-    float b = __ldg(m.biases + g);
-    o[0] = fmaf((float)(a.x & 0xffu), s, b); o[1] = fmaf((float)((a.x >> 8) & 0xffu), s, b);
-    o[2] = fmaf((float)((a.x >> 16) & 0xffu), s, b); o[3] = fmaf((float)(a.x >> 24), s, b);
-    o[4] = fmaf((float)(a.y & 0xffu), s, b); o[5] = fmaf((float)((a.y >> 8) & 0xffu), s, b);
-    o[6] = fmaf((float)((a.y >> 16) & 0xffu), s, b); o[7] = fmaf((float)(a.y >> 24), s, b);
+    r.s = __ldg(m.scales + g);
+    r.o = __ldg(m.biases + g);
+  }
+  return r;
+}
+
+template <int DT>
+__device__ __forceinline__ void widen8(const Raw8& r, float* o) {
+  if (DT == DT_F32) {
+    o[0] = __uint_as_float(r.a.x); o[1] = __uint_as_float(r.a.y);
+    o[2] = __uint_as_float(r.a.z); o[3] = __uint_as_float(r.a.w);
+    o[4] = __uint_as_float(r.b.x); o[5] = __uint_as_float(r.b.y);
+    o[6] = __uint_as_float(r.b.z); o[7] = __uint_as_float(r.b.w);
+  } else if (DT == DT_BF16) {
+    // Little-endian: element c is the low half of the first word.
+    o[0] = __uint_as_float(r.a.x << 16); o[1] = __uint_as_float(r.a.x & 0xffff0000u);
+    o[2] = __uint_as_float(r.a.y << 16); o[3] = __uint_as_float(r.a.y & 0xffff0000u);
+    o[4] = __uint_as_float(r.a.z << 16); o[5] = __uint_as_float(r.a.z & 0xffff0000u);
+    o[6] = __uint_as_float(r.a.w << 16); o[7] = __uint_as_float(r.a.w & 0xffff0000u);
+  } else {
+    u32 x = r.a.x;
+    u32 y = r.a.y;
+    o[0] = fmaf((float)(x & 0xffu), r.s, r.o); o[1] = fmaf((float)((x >> 8) & 0xffu), r.s, r.o);
+    o[2] = fmaf((float)((x >> 16) & 0xffu), r.s, r.o); o[3] = fmaf((float)(x >> 24), r.s, r.o);
+    o[4] = fmaf((float)(y & 0xffu), r.s, r.o); o[5] = fmaf((float)((y >> 8) & 0xffu), r.s, r.o);
+    o[6] = fmaf((float)((y >> 16) & 0xffu), r.s, r.o); o[7] = fmaf((float)(y >> 24), r.s, r.o);
   }
 }
 
@@ -55,50 +77,95 @@ __device__ __forceinline__ float load_w1(const Mat& m, u64 row, int k, int i) {
   return fmaf((float)__ldg(static_cast<const u8*>(m.w) + at), __ldg(m.scales + g), __ldg(m.biases + g));
 }
 
-// This lane's part of the dots of weight row `row` of m0 (and of m1 when NW == 2) with the tile's rows xs[0..nr).
+// This lane's part of the dots of weight row `row` of m0 (and of m1 when NW == 2) with the tile's rows xs[0..nr),
+// nr <= R. The lane's chunks are loaded U at a time (all U loads issued before the first multiply) and multiplied
+// in the same increasing order whatever U: U only changes how many loads are in flight, never a bit. The one-row
+// kernels (R = 1) take U > 1; the RT-row tiles keep U = 1 (their registers go to the rows).
 // `rev` walks the lane's chunks backwards: only the planted FAULT_LINEAR_BATCH_ORDER sets it.
-template <int DT, int V, int NW>
+template <int DT, int V, int NW, int R, int U>
 __device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, int k, const float* const* xs, int nr,
                                          float* a0, float* a1, bool rev) {
   int lane = threadIdx.x & 31;
   int first = lane * V;
   int steps = first < k ? (k - first + 32 * V - 1) / (32 * V) : 0;
-  for (int s = 0; s < steps; s++) {
-    int c = first + 32 * V * (rev ? steps - 1 - s : s);
+  for (int s0 = 0; s0 < steps; s0 += U) {
+    int n = steps - s0 < U ? steps - s0 : U;
     if (V == 8) {
-      float w0[8];
-      float w1[8];
-      load_w8<DT>(m0, row, k, c, w0);
-      if (NW == 2) load_w8<DT>(m1, row, k, c, w1);
+      Raw8 r0[U];
+      Raw8 r1[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (u < n) {
+          int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
+          r0[u] = load_raw8<DT>(m0, row, k, c);
+          if (NW == 2) r1[u] = load_raw8<DT>(m1, row, k, c);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < U; q++) {
+#ifdef FAULT_LINEAR_R1_ORDER
+        int u = R == 1 ? U - 1 - q : q;
+#else
+        int u = q;
+#endif
+        if (u < n) {
+          int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
+          float w0[8];
+          float w1[8];
+          widen8<DT>(r0[u], w0);
+          if (NW == 2) widen8<DT>(r1[u], w1);
 #ifdef FAULT_LINEAR_DROP_LAST
-      if (c + 8 == k) { w0[7] = 0.0f; w1[7] = 0.0f; }
+          if (c + 8 == k) { w0[7] = 0.0f; w1[7] = 0.0f; }
 #endif
 #pragma unroll
-      for (int r = 0; r < RT; r++) {
-        if (r < nr) {
-          const float4* xp = reinterpret_cast<const float4*>(xs[r] + c);
-          float4 xa = __ldg(xp);
-          float4 xb = __ldg(xp + 1);
-          float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+          for (int r = 0; r < R; r++) {
+            if (r < nr) {
+              const float4* xp = reinterpret_cast<const float4*>(xs[r] + c);
+              float4 xa = __ldg(xp);
+              float4 xb = __ldg(xp + 1);
+              float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-          for (int e = 0; e < 8; e++) {
-            a0[r] = fmaf(w0[e], xv[e], a0[r]);
-            if (NW == 2) a1[r] = fmaf(w1[e], xv[e], a1[r]);
+              for (int e = 0; e < 8; e++) {
+                a0[r] = fmaf(w0[e], xv[e], a0[r]);
+                if (NW == 2) a1[r] = fmaf(w1[e], xv[e], a1[r]);
+              }
+            }
           }
         }
       }
     } else {
-      float w0 = load_w1<DT>(m0, row, k, c);
-      float w1 = NW == 2 ? load_w1<DT>(m1, row, k, c) : 0.0f;
+      float w0[U];
+      float w1[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (u < n) {
+          int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
+          w0[u] = load_w1<DT>(m0, row, k, c);
+          w1[u] = NW == 2 ? load_w1<DT>(m1, row, k, c) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < U; q++) {
+#ifdef FAULT_LINEAR_R1_ORDER
+        int u = R == 1 ? U - 1 - q : q;
+#else
+        int u = q;
+#endif
+        if (u < n) {
+          int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
+          float v0 = w0[u];
+          float v1 = w1[u];
 #ifdef FAULT_LINEAR_DROP_LAST
-      if (c + 1 == k) { w0 = 0.0f; w1 = 0.0f; }
+          if (c + 1 == k) { v0 = 0.0f; v1 = 0.0f; }
 #endif
 #pragma unroll
-      for (int r = 0; r < RT; r++) {
-        if (r < nr) {
-          float xv = __ldg(xs[r] + c);
-          a0[r] = fmaf(w0, xv, a0[r]);
-          if (NW == 2) a1[r] = fmaf(w1, xv, a1[r]);
+          for (int r = 0; r < R; r++) {
+            if (r < nr) {
+              float xv = __ldg(xs[r] + c);
+              a0[r] = fmaf(v0, xv, a0[r]);
+              if (NW == 2) a1[r] = fmaf(v1, xv, a1[r]);
+            }
+          }
         }
       }
     }
@@ -113,66 +180,61 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.0f + exp_f(-g)) * u;
 }
 
-// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; column j is this warp's.
-template <int DT, int V>
-__device__ __forceinline__ void linear_tile(const float* x, int rows, int k, int n, Mat m, const float* bias, float* out,
-                                            int row0) {
-  int warp = threadIdx.x >> 5;
+// Warp j's outputs over a tile of nt slots (nt <= RT), R slots at a time: slot i reads input row in_row(i) of x
+// (k values) and hands its dot with m0's row j (and m1's, when NW == 2) to put(i, v0, v1) on lane 0. Each slot's
+// accumulators start from 0 and fold alone, so R and U (one-row kernels) change no bit.
+template <int DT, int V, int NW, int R, int U, class In, class Put>
+__device__ __forceinline__ void tile_run(const Mat& m0, const Mat& m1, int j, int k, int nt, const float* x, In in_row,
+                                         Put put, bool rev) {
   int lane = threadIdx.x & 31;
-  int j = blockIdx.x * WPB + warp;
-  int r0 = row0 + (int)blockIdx.y * RT;
-  if (j >= n || r0 >= rows) return;  // whole warps leave together
-  int nr = rows - r0 < RT ? rows - r0 : RT;
-  const float* xs[RT];
-  float a0[RT];
-  float a1[RT];
+  for (int b = 0; b < nt; b += R) {
+    int nr = nt - b < R ? nt - b : R;
+    const float* xs[R];
+    float a0[R];
+    float a1[R];
 #pragma unroll
-  for (int r = 0; r < RT; r++) {
-    xs[r] = x + (u64)(r0 + (r < nr ? r : 0)) * (u64)k;
-    a0[r] = 0.0f;
-    a1[r] = 0.0f;
-  }
-  bool rev = false;
-#ifdef FAULT_LINEAR_BATCH_ORDER
-  rev = rows > 1;
-#endif
-  tile_dot<DT, V, 1>(m, m, (u64)j, k, xs, nr, a0, a1, rev);
+    for (int r = 0; r < R; r++) {
+      xs[r] = x + (u64)in_row(b + (r < nr ? r : 0)) * (u64)k;
+      a0[r] = 0.0f;
+      a1[r] = 0.0f;
+    }
+    tile_dot<DT, V, NW, R, U>(m0, m1, (u64)j, k, xs, nr, a0, a1, rev);
 #pragma unroll
-  for (int r = 0; r < RT; r++) {
-    if (r < nr) {
-      float v = warp_sum(a0[r]);
-      if (lane == 0) out[(u64)(r0 + r) * (u64)n + j] = bias ? v + bias[j] : v;
+    for (int r = 0; r < R; r++) {
+      if (r < nr) {
+        float v0 = warp_sum(a0[r]);
+        float v1 = NW == 2 ? warp_sum(a1[r]) : 0.0f;
+        if (lane == 0) put(b + r, v0, v1);
+      }
     }
   }
 }
 
+// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; column j is this warp's.
+template <int DT, int V, int R, int U>
+__device__ __forceinline__ void linear_tile(const float* x, int rows, int k, int n, Mat m, const float* bias, float* out,
+                                            int row0) {
+  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
+  int r0 = row0 + (int)blockIdx.y * RT;
+  if (j >= n || r0 >= rows) return;  // whole warps leave together
+  bool rev = false;
+#ifdef FAULT_LINEAR_BATCH_ORDER
+  rev = rows > 1;
+#endif
+  auto in_row = [&](int i) { return r0 + i; };
+  auto put = [&](int i, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };
+  tile_run<DT, V, 1, R, U>(m, m, j, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, rev);
+}
+
 // act[r, j] = silu(dot(x[r], g[j])) * dot(x[r], u[j]): the SwiGLU gate and up projections in one pass over x.
-template <int DT, int V>
+template <int DT, int V, int R, int U>
 __device__ __forceinline__ void gateup_tile(const float* x, int rows, int k, int n, Mat g, Mat u, float* act, int row0) {
-  int warp = threadIdx.x >> 5;
-  int lane = threadIdx.x & 31;
-  int j = blockIdx.x * WPB + warp;
+  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
   int r0 = row0 + (int)blockIdx.y * RT;
   if (j >= n || r0 >= rows) return;
-  int nr = rows - r0 < RT ? rows - r0 : RT;
-  const float* xs[RT];
-  float a0[RT];
-  float a1[RT];
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    xs[r] = x + (u64)(r0 + (r < nr ? r : 0)) * (u64)k;
-    a0[r] = 0.0f;
-    a1[r] = 0.0f;
-  }
-  tile_dot<DT, V, 2>(g, u, (u64)j, k, xs, nr, a0, a1, false);
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    if (r < nr) {
-      float gv = warp_sum(a0[r]);
-      float uv = warp_sum(a1[r]);
-      if (lane == 0) act[(u64)(r0 + r) * (u64)n + j] = silu_mul(gv, uv);
-    }
-  }
+  auto in_row = [&](int i) { return r0 + i; };
+  auto put = [&](int i, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };
+  tile_run<DT, V, 2, R, U>(g, u, j, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, false);
 }
 
 // Expert matrices of a MoE call, 9 words an expert: w1, w1 scales, w1 biases, w3 (same), w2 (same).
@@ -188,79 +250,46 @@ __device__ __forceinline__ Mat expert_mat(const u64* tab, int e, int which, int 
 
 // MoE gate-up over one expert tile: tile t = tile0 + blockIdx.y holds (expert, first slot, slots); slot s is the
 // assignment list[s] = row * kk + rank, whose input row is x[list[s] / kk]. act[s, j] as gateup_tile.
-template <int DT, int V>
+template <int DT, int V, int R, int U>
 __device__ __forceinline__ void moe_gateup_tile(const float* x, int k, int n, const u64* tab, int group, const int* tiles,
                                                 const int* ntiles, const int* list, int kk, float* act, int tile0) {
-  int warp = threadIdx.x >> 5;
-  int lane = threadIdx.x & 31;
   int t = tile0 + (int)blockIdx.y;
-  int j = blockIdx.x * WPB + warp;
+  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
   if (t >= *ntiles || j >= n) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
-  int nr = tiles[3 * t + 2];
-  const float* xs[RT];
-  float a0[RT];
-  float a1[RT];
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    xs[r] = x + (u64)(list[s0 + (r < nr ? r : 0)] / kk) * (u64)k;
-    a0[r] = 0.0f;
-    a1[r] = 0.0f;
-  }
+  auto in_row = [&](int i) { return list[s0 + i] / kk; };
+  auto put = [&](int i, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };
   Mat g = expert_mat(tab, e, 0, group);
   Mat u = expert_mat(tab, e, 1, group);
-  tile_dot<DT, V, 2>(g, u, (u64)j, k, xs, nr, a0, a1, false);
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    if (r < nr) {
-      float gv = warp_sum(a0[r]);
-      float uv = warp_sum(a1[r]);
-      if (lane == 0) act[(u64)(s0 + r) * (u64)n + j] = silu_mul(gv, uv);
-    }
-  }
+  tile_run<DT, V, 2, R, U>(g, u, j, k, tiles[3 * t + 2], x, in_row, put, false);
 }
 
 // MoE down projection over one expert tile: y[list[s], j] = dot(act[s], w2[j]).
-template <int DT, int V>
+template <int DT, int V, int R, int U>
 __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, const u64* tab, int group, const int* tiles,
                                               const int* ntiles, const int* list, float* y, int tile0) {
-  int warp = threadIdx.x >> 5;
-  int lane = threadIdx.x & 31;
   int t = tile0 + (int)blockIdx.y;
-  int j = blockIdx.x * WPB + warp;
+  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
   if (t >= *ntiles || j >= n) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
-  int nr = tiles[3 * t + 2];
-  const float* xs[RT];
-  float a0[RT];
-  float a1[RT];
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    xs[r] = act + (u64)(s0 + (r < nr ? r : 0)) * (u64)k;
-    a0[r] = 0.0f;
-    a1[r] = 0.0f;
-  }
+  auto in_row = [&](int i) { return s0 + i; };
+  auto put = [&](int i, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };
   Mat w = expert_mat(tab, e, 2, group);
-  tile_dot<DT, V, 1>(w, w, (u64)j, k, xs, nr, a0, a1, false);
-#pragma unroll
-  for (int r = 0; r < RT; r++) {
-    if (r < nr) {
-      float v = warp_sum(a0[r]);
-      if (lane == 0) y[(u64)list[s0 + r] * (u64)n + j] = v;
-    }
-  }
+  tile_run<DT, V, 1, R, U>(w, w, j, k, tiles[3 * t + 2], act, in_row, put, false);
 }
 
-// Entry points, one per (dtype, chunk form): linear_bf16_v8, gateup_q8_v1, moe_down_f32_v8, ...
-#define TF_DENSE_ENTRIES(NAME, DT, V)                                                                                \
+// Entry points, one per (dtype, chunk form, row form): linear_bf16_v8 (tiles of RT rows), linear_bf16_v8_r1 (one
+// row, U chunks in flight a lane), gateup_q8_v1, moe_down_f32_v8_r1, ... The host takes the _r1 form for one-row
+// calls (decode at one stream); both forms give every row the same bits.
+#define TF_DENSE_ENTRIES(NAME, DT, V, R, U)                                                                          \
   extern "C" __global__ void __launch_bounds__(256) linear_##NAME(                                                  \
       const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb, int group,            \
       const float* bias, float* out, int row0) {                                                                     \
     Mat m;                                                                                                           \
     m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                          \
-    linear_tile<DT, V>(x, rows, k, n, m, bias, out, row0);                                                           \
+    linear_tile<DT, V, R, U>(x, rows, k, n, m, bias, out, row0);                                                     \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) gateup_##NAME(                                                  \
       const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,        \
@@ -269,22 +298,30 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
     mg.w = g; mg.scales = gs; mg.biases = gb; mg.group = group;                                                      \
     Mat mu;                                                                                                          \
     mu.w = u; mu.scales = us; mu.biases = ub; mu.group = group;                                                      \
-    gateup_tile<DT, V>(x, rows, k, n, mg, mu, act, row0);                                                            \
+    gateup_tile<DT, V, R, U>(x, rows, k, n, mg, mu, act, row0);                                                      \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) moe_gateup_##NAME(                                              \
       const float* x, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles, const int* list, \
       int kk, float* act, int tile0) {                                                                               \
-    moe_gateup_tile<DT, V>(x, k, n, tab, group, tiles, ntiles, list, kk, act, tile0);                                \
+    moe_gateup_tile<DT, V, R, U>(x, k, n, tab, group, tiles, ntiles, list, kk, act, tile0);                          \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) moe_down_##NAME(                                                \
       const float* act, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles,                \
       const int* list, float* y, int tile0) {                                                                        \
-    moe_down_tile<DT, V>(act, k, n, tab, group, tiles, ntiles, list, y, tile0);                                      \
+    moe_down_tile<DT, V, R, U>(act, k, n, tab, group, tiles, ntiles, list, y, tile0);                                \
   }
 
-TF_DENSE_ENTRIES(f32_v8, DT_F32, 8)
-TF_DENSE_ENTRIES(f32_v1, DT_F32, 1)
-TF_DENSE_ENTRIES(bf16_v8, DT_BF16, 8)
-TF_DENSE_ENTRIES(bf16_v1, DT_BF16, 1)
-TF_DENSE_ENTRIES(q8_v8, DT_Q8, 8)
-TF_DENSE_ENTRIES(q8_v1, DT_Q8, 1)
+TF_DENSE_ENTRIES(f32_v8, DT_F32, 8, RT, 1)
+TF_DENSE_ENTRIES(f32_v1, DT_F32, 1, RT, 1)
+TF_DENSE_ENTRIES(bf16_v8, DT_BF16, 8, RT, 1)
+TF_DENSE_ENTRIES(bf16_v1, DT_BF16, 1, RT, 1)
+TF_DENSE_ENTRIES(q8_v8, DT_Q8, 8, RT, 1)
+TF_DENSE_ENTRIES(q8_v1, DT_Q8, 1, RT, 1)
+// One row: 8 chunks in flight a lane (a bf16 lane then holds 8 x 16 B of one weight row, 2 x that for gate-up);
+// f32 chunks are twice the registers, so 4.
+TF_DENSE_ENTRIES(f32_v8_r1, DT_F32, 8, 1, 4)
+TF_DENSE_ENTRIES(f32_v1_r1, DT_F32, 1, 1, 8)
+TF_DENSE_ENTRIES(bf16_v8_r1, DT_BF16, 8, 1, 8)
+TF_DENSE_ENTRIES(bf16_v1_r1, DT_BF16, 1, 1, 8)
+TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8)
+TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8)

@@ -6,7 +6,7 @@ use super::CudaError;
 use super::nvrtc::{self, Image};
 use crate::backend::KernelError;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -142,13 +142,20 @@ pub struct Dev {
     /// False with `TENSORFOLD_CUDA_UNFUSED` set: fused kernels run as their parts (a measuring aid for A/B runs in
     /// one binary; the bits are the same either way).
     pub fused: bool,
+    /// False with `TENSORFOLD_CUDA_TILES_ONLY` set: one-row linears run the RT-row tile kernels instead of their
+    /// `_r1` forms (a measuring aid for A/B runs in one binary; the bits are the same either way).
+    pub one_row: bool,
 }
 
-/// Per-kernel launch counts and synchronized wall time (a measuring aid: every launch is bracketed by syncs).
+/// Per-kernel launch counts and times (a measuring aid). `TENSORFOLD_CUDA_PROFILE=events`: each launch is
+/// bracketed by two timing events and nothing waits, so a kernel's time is its own device time and the stream's
+/// idle time between launches shows; any other value: each launch is bracketed by syncs (host wall time).
 #[derive(Default)]
 struct Profile {
     names: HashMap<usize, String>,
     stats: HashMap<String, (u64, f64)>,
+    /// Events mode: (kernel, event before, event after) of each launch since the last report.
+    events: Option<Vec<(String, CudaEvent, CudaEvent)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -216,8 +223,10 @@ impl Dev {
             error: Mutex::default(),
             consts: Mutex::default(),
             staging: Mutex::new(Staging::new()),
-            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|_| Mutex::default()),
+            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE")
+                .map(|v| Mutex::new(Profile { events: (v == "events").then(Vec::new), ..Profile::default() })),
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
+            one_row: std::env::var_os("TENSORFOLD_CUDA_TILES_ONLY").is_none(),
         }))
     }
 
@@ -427,9 +436,16 @@ impl Dev {
             })
             .collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let events = self.profile.as_ref().is_some_and(|p| lock(p).events.is_some());
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = match &self.profile {
+            Some(_) if events => None,
             Some(_) => Some((self.sync()?, std::time::Instant::now()).1),
             None => None,
+        };
+        let before = match events {
+            true => Some(self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?),
+            false => None,
         };
         // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers are
         // live allocations of this context (or null where the kernel never reads them), and the kernels stay in
@@ -445,6 +461,12 @@ impl Dev {
             let e = p.stats.entry(name).or_default();
             (e.0, e.1) = (e.0 + 1, e.1 + t0.elapsed().as_secs_f64());
         }
+        if let (Some(p), Some(before)) = (&self.profile, before) {
+            let after = self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?;
+            let mut p = lock(p);
+            let name = p.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_default();
+            p.events.get_or_insert_with(Vec::new).push((name, before, after));
+        }
         Ok(())
     }
 
@@ -452,10 +474,19 @@ impl Dev {
     /// `TENSORFOLD_CUDA_PROFILE` was set when the device opened.
     pub fn take_profile(&self) -> Option<String> {
         let mut p = lock(self.profile.as_ref()?);
+        let head = match p.events.take() {
+            Some(ev) => {
+                p.events = Some(Vec::new());
+                let (head, stats) = event_stats(self, ev);
+                p.stats = stats;
+                head
+            }
+            None => "synchronized per launch".to_string(),
+        };
         let mut rows: Vec<(String, (u64, f64))> = p.stats.drain().collect();
         rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
         let total: f64 = rows.iter().map(|r| r.1.1).sum();
-        let mut out = format!("kernel profile (synchronized per launch), {:.3} ms in all:\n", total * 1e3);
+        let mut out = format!("kernel profile ({head}), {:.3} ms in all:\n", total * 1e3);
         for (name, (n, s)) in rows {
             out += &format!("  {name:<32} {n:>8} launches {:>10.3} ms {:>9.1} us each\n", s * 1e3, s * 1e6 / n as f64);
         }
@@ -505,6 +536,30 @@ impl Drop for Dev {
         // Queued copies may still read the staging ring, which is freed with the Dev.
         let _ = self.sync();
     }
+}
+
+/// The events profile's per-kernel (launches, device seconds), and a head line: the span from the first launch's
+/// start to the last one's end, the device time inside kernels, and the rest (the stream idle, waiting for the host,
+/// or running copies and memsets).
+fn event_stats(dev: &Dev, ev: Vec<(String, CudaEvent, CudaEvent)>) -> (String, HashMap<String, (u64, f64)>) {
+    let mut stats: HashMap<String, (u64, f64)> = HashMap::new();
+    if dev.sync().is_err() || ev.is_empty() {
+        return ("device events: none readable".to_string(), stats);
+    }
+    let mut busy = 0f64;
+    for (name, a, b) in &ev {
+        let ms = a.elapsed_ms(b).unwrap_or(0.0) as f64;
+        busy += ms;
+        let e = stats.entry(name.clone()).or_default();
+        (e.0, e.1) = (e.0 + 1, e.1 + ms * 1e-3);
+    }
+    let span = ev[0].1.elapsed_ms(&ev[ev.len() - 1].2).unwrap_or(0.0) as f64;
+    let head = format!(
+        "device time by events, {} launches: span {span:.3} ms, in kernels {busy:.3} ms, between them {:.3} ms",
+        ev.len(),
+        span - busy
+    );
+    (head, stats)
 }
 
 fn low_bytes(b: [u8; 4]) -> u64 {

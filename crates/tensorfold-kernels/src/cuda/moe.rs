@@ -132,7 +132,7 @@ pub(crate) fn experts(
     ];
     be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
     let tab = be.dev.constant(&expert_table(owned)?)?;
-    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound };
+    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound, rows };
     let act = be.buf(mul(nassign, inter)?)?;
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &plan)
@@ -177,6 +177,8 @@ struct Plan {
     list: u64,
     kk: i32,
     bound: usize,
+    /// The call's rows: with one, every tile holds one slot (a row's experts are distinct), so the `_r1` kernels run.
+    rows: usize,
 }
 
 /// Every expert's w1 and w3 `[inter, hidden]` alike (one gate-up kernel reads them), every w2 `[hidden, inter]`
@@ -217,7 +219,7 @@ fn grouped(
     (k, n): (usize, usize),
     plan: &Plan,
 ) -> Result<(), CudaError> {
-    let f = be.func(Src::Dense, &m.kernel(kind))?;
+    let f = be.func(Src::Dense, &m.kernel_for(kind, plan.rows, be.dev.one_row))?;
     let gx = int(n.div_ceil(WPB), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
     for tile0 in (0..plan.bound).step_by(GRID_YZ) {

@@ -159,7 +159,7 @@ pub(crate) fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let f = be.func(Src::Dense, &w.kernel("linear"))?;
+    let f = be.func(Src::Dense, &w.kernel_for("linear", rows, be.dev.one_row))?;
     let (wp, sp, bp) = w.ptrs()?;
     let bias = match bias {
         Some(b) => b.ptr()?,
@@ -202,7 +202,7 @@ pub(crate) fn swiglu(
     expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
     let act = be.buf(mul(rows, inter)?)?;
     if rows > 0 && inter > 0 {
-        let func = be.func(Src::Dense, &f.w1.kernel("gateup"))?;
+        let func = be.func(Src::Dense, &f.w1.kernel_for("gateup", rows, be.dev.one_row))?;
         let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
         let (xp, ap) = (x.ptr()?, act.ptr()?);
         let (ri, hi, ii, gi) = (int(rows, "rows")?, int(h, "hidden")?, int(inter, "width")?, int(f.w1.group, "group")?);

@@ -87,6 +87,13 @@ impl CudaMat {
         format!("{kind}_{dt}_{}", if self.v8() { "v8" } else { "v1" })
     }
 
+    /// [`Self::kernel`] for a call whose tiles hold at most `rows` rows: the `_r1` form (one row, several loads in
+    /// flight a lane, the same bits) when that is 1 and `one_row` allows it.
+    pub(crate) fn kernel_for(&self, kind: &str, rows: usize, one_row: bool) -> String {
+        let name = self.kernel(kind);
+        if rows == 1 && one_row { name + "_r1" } else { name }
+    }
+
     /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`).
     pub(crate) fn dtype_code(&self) -> i32 {
         match self.dtype {

@@ -48,6 +48,7 @@ struct Linear(CudaBackend);
 pub(super) const LINEAR_PLANTS: &[Planted] = &[
     ("dropped-last-column", Src::Dense, "FAULT_LINEAR_DROP_LAST"),
     ("batch-dependent-order", Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
+    ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
 ];
 
 impl Linear {
@@ -123,6 +124,10 @@ impl Kernel for Linear {
         &[
             Fault { name: "dropped-last-column", what: "the last input column is skipped" },
             Fault { name: "batch-dependent-order", what: "calls of several rows walk each lane's chunks in reverse" },
+            Fault {
+                name: "one-row-order",
+                what: "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {

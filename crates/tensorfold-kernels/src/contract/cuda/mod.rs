@@ -71,9 +71,10 @@ pub(super) fn limits(be: &CudaBackend, src: Src, names: &[&str]) -> Vec<String> 
     be.limits(src, names)
 }
 
-/// The dense.cu entry points of `kind` for every dtype and chunk form.
+/// The dense.cu entry points of `kind` for every dtype, chunk form and row form (tiles, one row).
 pub(super) fn dense_names(kind: &str) -> Vec<String> {
-    ["f32_v8", "f32_v1", "bf16_v8", "bf16_v1", "q8_v8", "q8_v1"].iter().map(|s| format!("{kind}_{s}")).collect()
+    let forms = ["f32_v8", "f32_v1", "bf16_v8", "bf16_v1", "q8_v8", "q8_v1"];
+    forms.iter().flat_map(|s| [format!("{kind}_{s}"), format!("{kind}_{s}_r1")]).collect()
 }
 
 /// Splits `rows` rows over `streams` streams as contiguous segments at positions `starts` (stream i gets a share;

@@ -14,7 +14,8 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
 
 /// MoE shapes: (hidden, experts, width, top-k, dtype). f32 at odd widths takes the one-element chunk kernels.
 fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
-    let mut v = vec![(48, 8, 24, 4, "bf16"), (33, 6, 20, 2, "f32")];
+    // hidden 1024 gives each lane several chunks, so a reordered one-row kernel changes bits.
+    let mut v = vec![(48, 8, 24, 4, "bf16"), (33, 6, 20, 2, "f32"), (1024, 8, 264, 2, "bf16")];
     if scale == Scale::Served {
         v.insert(0, (2048, 64, 1536, 4, "bf16"));
     }
@@ -27,6 +28,7 @@ pub(super) const MOE_PLANTS: &[Planted] = &[
     ("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"),
     ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS"),
     ("plan-unowned", Src::Moe, "FAULT_MOE_PLAN_ALL"),
+    ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
 ];
 
 /// One shape's device weights and host references.
@@ -88,6 +90,10 @@ impl Kernel for Moe {
             Fault {
                 name: "plan-unowned",
                 what: "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own",
+            },
+            Fault {
+                name: "one-row-order",
+                what: "the one-row expert kernels multiply each group of in-flight chunks in reverse",
             },
         ]
     }
