@@ -14,6 +14,8 @@ typedef unsigned long long u64;
 #define WPB 8
 // Rows a linear tile shares its weight loads over (a MoE expert tile holds at most RT rows too).
 #define RT 8
+// Output columns a warp of a tile kernel computes, sharing each input load over them (the one-row kernels take 1).
+#define CT 4
 // Keys one attention block covers: a FIXED chunk, so a row's chunks depend only on its own key count.
 #define KEY_CHUNK 256
 

@@ -77,46 +77,54 @@ __device__ __forceinline__ float load_w1(const Mat& m, u64 row, int k, int i) {
   return fmaf((float)__ldg(static_cast<const u8*>(m.w) + at), __ldg(m.scales + g), __ldg(m.biases + g));
 }
 
-// This lane's part of the dots of weight row `row` of m0 (and of m1 when NW == 2) with the tile's rows xs[0..nr),
-// nr <= R. The lane's chunks are loaded U at a time (all U loads issued before the first multiply) and multiplied
-// in the same increasing order whatever U: U only changes how many loads are in flight, never a bit. The one-row
-// kernels (R = 1) take U > 1; the RT-row tiles keep U = 1 (their registers go to the rows).
+// This lane's part of the dots of weight rows row .. row + nc - 1 (nc <= C) of m0 (and of m1 when NW == 2) with
+// the tile's rows xs[0..nr) (nr <= R), into a0[r * C + q] (a1). The lane's chunks are loaded U at a time (all U
+// loads issued before the first multiply) and multiplied in the same increasing order whatever U, R or C: U puts
+// more loads in flight, C reuses each x load over C columns, and neither changes a bit. The one-row kernels (R = 1)
+// take U = 8, C = 1; the RT-row tiles U = 1, C = CT (their registers go to the rows and columns).
 // `rev` walks the lane's chunks backwards: only the planted FAULT_LINEAR_BATCH_ORDER sets it.
-template <int DT, int V, int NW, int R, int U>
-__device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, int k, const float* const* xs, int nr,
-                                         float* a0, float* a1, bool rev) {
+template <int DT, int V, int NW, int R, int U, int C>
+__device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, int nc, int k, const float* const* xs,
+                                         int nr, float* a0, float* a1, bool rev) {
   int lane = threadIdx.x & 31;
   int first = lane * V;
   int steps = first < k ? (k - first + 32 * V - 1) / (32 * V) : 0;
   for (int s0 = 0; s0 < steps; s0 += U) {
     int n = steps - s0 < U ? steps - s0 : U;
     if (V == 8) {
-      Raw8 r0[U];
-      Raw8 r1[U];
+      Raw8 r0[U][C];
+      Raw8 r1[U][C];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (u < n) {
           int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
-          r0[u] = load_raw8<DT>(m0, row, k, c);
-          if (NW == 2) r1[u] = load_raw8<DT>(m1, row, k, c);
+#pragma unroll
+          for (int q = 0; q < C; q++) {
+            u64 w = row + (u64)(q < nc ? q : 0);
+            r0[u][q] = load_raw8<DT>(m0, w, k, c);
+            if (NW == 2) r1[u][q] = load_raw8<DT>(m1, w, k, c);
+          }
         }
       }
 #pragma unroll
-      for (int q = 0; q < U; q++) {
+      for (int p = 0; p < U; p++) {
 #ifdef FAULT_LINEAR_R1_ORDER
-        int u = R == 1 ? U - 1 - q : q;
+        int u = R == 1 ? U - 1 - p : p;
 #else
-        int u = q;
+        int u = p;
 #endif
         if (u < n) {
           int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
-          float w0[8];
-          float w1[8];
-          widen8<DT>(r0[u], w0);
-          if (NW == 2) widen8<DT>(r1[u], w1);
+          float w0[C][8];
+          float w1[C][8];
+#pragma unroll
+          for (int q = 0; q < C; q++) {
+            widen8<DT>(r0[u][q], w0[q]);
+            if (NW == 2) widen8<DT>(r1[u][q], w1[q]);
 #ifdef FAULT_LINEAR_DROP_LAST
-          if (c + 8 == k) { w0[7] = 0.0f; w1[7] = 0.0f; }
+            if (c + 8 == k) { w0[q][7] = 0.0f; w1[q][7] = 0.0f; }
 #endif
+          }
 #pragma unroll
           for (int r = 0; r < R; r++) {
             if (r < nr) {
@@ -125,45 +133,55 @@ __device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, 
               float4 xb = __ldg(xp + 1);
               float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-              for (int e = 0; e < 8; e++) {
-                a0[r] = fmaf(w0[e], xv[e], a0[r]);
-                if (NW == 2) a1[r] = fmaf(w1[e], xv[e], a1[r]);
+              for (int q = 0; q < C; q++) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                  a0[r * C + q] = fmaf(w0[q][e], xv[e], a0[r * C + q]);
+                  if (NW == 2) a1[r * C + q] = fmaf(w1[q][e], xv[e], a1[r * C + q]);
+                }
               }
             }
           }
         }
       }
     } else {
-      float w0[U];
-      float w1[U];
+      float w0[U][C];
+      float w1[U][C];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (u < n) {
           int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
-          w0[u] = load_w1<DT>(m0, row, k, c);
-          w1[u] = NW == 2 ? load_w1<DT>(m1, row, k, c) : 0.0f;
+#pragma unroll
+          for (int q = 0; q < C; q++) {
+            u64 w = row + (u64)(q < nc ? q : 0);
+            w0[u][q] = load_w1<DT>(m0, w, k, c);
+            w1[u][q] = NW == 2 ? load_w1<DT>(m1, w, k, c) : 0.0f;
+          }
         }
       }
 #pragma unroll
-      for (int q = 0; q < U; q++) {
+      for (int p = 0; p < U; p++) {
 #ifdef FAULT_LINEAR_R1_ORDER
-        int u = R == 1 ? U - 1 - q : q;
+        int u = R == 1 ? U - 1 - p : p;
 #else
-        int u = q;
+        int u = p;
 #endif
         if (u < n) {
           int c = first + 32 * V * (rev ? steps - 1 - (s0 + u) : s0 + u);
-          float v0 = w0[u];
-          float v1 = w1[u];
-#ifdef FAULT_LINEAR_DROP_LAST
-          if (c + 1 == k) { v0 = 0.0f; v1 = 0.0f; }
-#endif
 #pragma unroll
           for (int r = 0; r < R; r++) {
             if (r < nr) {
               float xv = __ldg(xs[r] + c);
-              a0[r] = fmaf(v0, xv, a0[r]);
-              if (NW == 2) a1[r] = fmaf(v1, xv, a1[r]);
+#pragma unroll
+              for (int q = 0; q < C; q++) {
+                float v0 = w0[u][q];
+                float v1 = w1[u][q];
+#ifdef FAULT_LINEAR_DROP_LAST
+                if (c + 1 == k) { v0 = 0.0f; v1 = 0.0f; }
+#endif
+                a0[r * C + q] = fmaf(v0, xv, a0[r * C + q]);
+                if (NW == 2) a1[r * C + q] = fmaf(v1, xv, a1[r * C + q]);
+              }
             }
           }
         }
@@ -180,61 +198,78 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.0f + exp_f(-g)) * u;
 }
 
-// Warp j's outputs over a tile of nt slots (nt <= RT), R slots at a time: slot i reads input row in_row(i) of x
-// (k values) and hands its dot with m0's row j (and m1's, when NW == 2) to put(i, v0, v1) on lane 0. Each slot's
-// accumulators start from 0 and fold alone, so R and U (one-row kernels) change no bit.
-template <int DT, int V, int NW, int R, int U, class In, class Put>
-__device__ __forceinline__ void tile_run(const Mat& m0, const Mat& m1, int j, int k, int nt, const float* x, In in_row,
-                                         Put put, bool rev) {
+// The warp's outputs, columns j .. j + nc - 1 (nc <= C), over a tile of nt slots (nt <= RT), R slots at a time:
+// slot i reads input row in_row(i) of x (k values) and hands its dot with m0's row j + q (and m1's, when NW == 2)
+// to put(i, q, v0, v1) on lane 0. Each (slot, column) accumulator starts from 0 and folds alone, so R, U and C
+// change no bit.
+template <int DT, int V, int NW, int R, int U, int C, class In, class Put>
+__device__ __forceinline__ void tile_run(const Mat& m0, const Mat& m1, int j, int nc, int k, int nt, const float* x,
+                                         In in_row, Put put, bool rev) {
   int lane = threadIdx.x & 31;
   for (int b = 0; b < nt; b += R) {
     int nr = nt - b < R ? nt - b : R;
     const float* xs[R];
-    float a0[R];
-    float a1[R];
+    float a0[R * C];
+    float a1[R * C];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      xs[r] = x + (u64)in_row(b + (r < nr ? r : 0)) * (u64)k;
-      a0[r] = 0.0f;
-      a1[r] = 0.0f;
+    for (int r = 0; r < R; r++) xs[r] = x + (u64)in_row(b + (r < nr ? r : 0)) * (u64)k;
+#pragma unroll
+    for (int i = 0; i < R * C; i++) {
+      a0[i] = 0.0f;
+      a1[i] = 0.0f;
     }
-    tile_dot<DT, V, NW, R, U>(m0, m1, (u64)j, k, xs, nr, a0, a1, rev);
+    tile_dot<DT, V, NW, R, U, C>(m0, m1, (u64)j, nc, k, xs, nr, a0, a1, rev);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      if (r < nr) {
-        float v0 = warp_sum(a0[r]);
-        float v1 = NW == 2 ? warp_sum(a1[r]) : 0.0f;
-        if (lane == 0) put(b + r, v0, v1);
+#pragma unroll
+      for (int q = 0; q < C; q++) {
+        if (r < nr && q < nc) {
+          float v0 = warp_sum(a0[r * C + q]);
+          float v1 = NW == 2 ? warp_sum(a1[r * C + q]) : 0.0f;
+          if (lane == 0) put(b + r, q, v0, v1);
+        }
       }
     }
   }
 }
 
-// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; column j is this warp's.
-template <int DT, int V, int R, int U>
+// The first output column of this warp (C columns a warp, WPB warps a block along x) and how many it has of n.
+template <int C>
+__device__ __forceinline__ int warp_cols(int n, int* nc) {
+  int j = (blockIdx.x * WPB + (threadIdx.x >> 5)) * C;
+  *nc = n - j < C ? n - j : C;
+  return j;
+}
+
+// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; the warp's columns j.
+template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void linear_tile(const float* x, int rows, int k, int n, Mat m, const float* bias, float* out,
                                             int row0) {
-  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
+  int nc;
+  int j = warp_cols<C>(n, &nc);
   int r0 = row0 + (int)blockIdx.y * RT;
-  if (j >= n || r0 >= rows) return;  // whole warps leave together
+  if (nc <= 0 || r0 >= rows) return;  // whole warps leave together
   bool rev = false;
 #ifdef FAULT_LINEAR_BATCH_ORDER
   rev = rows > 1;
 #endif
   auto in_row = [&](int i) { return r0 + i; };
-  auto put = [&](int i, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };
-  tile_run<DT, V, 1, R, U>(m, m, j, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, rev);
+  auto put = [&](int i, int q, float v, float) {
+    out[(u64)(r0 + i) * (u64)n + j + q] = bias ? v + bias[j + q] : v;
+  };
+  tile_run<DT, V, 1, R, U, C>(m, m, j, nc, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, rev);
 }
 
 // act[r, j] = silu(dot(x[r], g[j])) * dot(x[r], u[j]): the SwiGLU gate and up projections in one pass over x.
-template <int DT, int V, int R, int U>
+template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void gateup_tile(const float* x, int rows, int k, int n, Mat g, Mat u, float* act, int row0) {
-  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
+  int nc;
+  int j = warp_cols<C>(n, &nc);
   int r0 = row0 + (int)blockIdx.y * RT;
-  if (j >= n || r0 >= rows) return;
+  if (nc <= 0 || r0 >= rows) return;
   auto in_row = [&](int i) { return r0 + i; };
-  auto put = [&](int i, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };
-  tile_run<DT, V, 2, R, U>(g, u, j, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, false);
+  auto put = [&](int i, int q, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j + q] = silu_mul(gv, uv); };
+  tile_run<DT, V, 2, R, U, C>(g, u, j, nc, k, rows - r0 < RT ? rows - r0 : RT, x, in_row, put, false);
 }
 
 // Expert matrices of a MoE call, 9 words an expert: w1, w1 scales, w1 biases, w3 (same), w2 (same).
@@ -250,78 +285,82 @@ __device__ __forceinline__ Mat expert_mat(const u64* tab, int e, int which, int 
 
 // MoE gate-up over one expert tile: tile t = tile0 + blockIdx.y holds (expert, first slot, slots); slot s is the
 // assignment list[s] = row * kk + rank, whose input row is x[list[s] / kk]. act[s, j] as gateup_tile.
-template <int DT, int V, int R, int U>
+template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void moe_gateup_tile(const float* x, int k, int n, const u64* tab, int group, const int* tiles,
                                                 const int* ntiles, const int* list, int kk, float* act, int tile0) {
   int t = tile0 + (int)blockIdx.y;
-  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
-  if (t >= *ntiles || j >= n) return;
+  int nc;
+  int j = warp_cols<C>(n, &nc);
+  if (t >= *ntiles || nc <= 0) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
   auto in_row = [&](int i) { return list[s0 + i] / kk; };
-  auto put = [&](int i, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };
+  auto put = [&](int i, int q, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j + q] = silu_mul(gv, uv); };
   Mat g = expert_mat(tab, e, 0, group);
   Mat u = expert_mat(tab, e, 1, group);
-  tile_run<DT, V, 2, R, U>(g, u, j, k, tiles[3 * t + 2], x, in_row, put, false);
+  tile_run<DT, V, 2, R, U, C>(g, u, j, nc, k, tiles[3 * t + 2], x, in_row, put, false);
 }
 
 // MoE down projection over one expert tile: y[list[s], j] = dot(act[s], w2[j]).
-template <int DT, int V, int R, int U>
+template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, const u64* tab, int group, const int* tiles,
                                               const int* ntiles, const int* list, float* y, int tile0) {
   int t = tile0 + (int)blockIdx.y;
-  int j = blockIdx.x * WPB + (threadIdx.x >> 5);
-  if (t >= *ntiles || j >= n) return;
+  int nc;
+  int j = warp_cols<C>(n, &nc);
+  if (t >= *ntiles || nc <= 0) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
   auto in_row = [&](int i) { return s0 + i; };
-  auto put = [&](int i, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };
+  auto put = [&](int i, int q, float v, float) { y[(u64)list[s0 + i] * (u64)n + j + q] = v; };
   Mat w = expert_mat(tab, e, 2, group);
-  tile_run<DT, V, 1, R, U>(w, w, j, k, tiles[3 * t + 2], act, in_row, put, false);
+  tile_run<DT, V, 1, R, U, C>(w, w, j, nc, k, tiles[3 * t + 2], act, in_row, put, false);
 }
 
 // Entry points, one per (dtype, chunk form, row form): linear_bf16_v8 (tiles of RT rows), linear_bf16_v8_r1 (one
 // row, U chunks in flight a lane), gateup_q8_v1, moe_down_f32_v8_r1, ... The host takes the _r1 form for one-row
-// calls (decode at one stream); both forms give every row the same bits.
-#define TF_DENSE_ENTRIES(NAME, DT, V, R, U)                                                                          \
-  extern "C" __global__ void __launch_bounds__(256) linear_##NAME(                                                  \
-      const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb, int group,            \
-      const float* bias, float* out, int row0) {                                                                     \
-    Mat m;                                                                                                           \
-    m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                          \
-    linear_tile<DT, V, R, U>(x, rows, k, n, m, bias, out, row0);                                                     \
-  }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256) gateup_##NAME(                                                  \
-      const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,        \
-      const float* us, const float* ub, int group, float* act, int row0) {                                           \
-    Mat mg;                                                                                                          \
-    mg.w = g; mg.scales = gs; mg.biases = gb; mg.group = group;                                                      \
-    Mat mu;                                                                                                          \
-    mu.w = u; mu.scales = us; mu.biases = ub; mu.group = group;                                                      \
-    gateup_tile<DT, V, R, U>(x, rows, k, n, mg, mu, act, row0);                                                      \
-  }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256) moe_gateup_##NAME(                                              \
-      const float* x, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles, const int* list, \
-      int kk, float* act, int tile0) {                                                                               \
-    moe_gateup_tile<DT, V, R, U>(x, k, n, tab, group, tiles, ntiles, list, kk, act, tile0);                          \
-  }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(256) moe_down_##NAME(                                                \
-      const float* act, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles,                \
-      const int* list, float* y, int tile0) {                                                                        \
-    moe_down_tile<DT, V, R, U>(act, k, n, tab, group, tiles, ntiles, list, y, tile0);                                \
+// calls (decode at one stream); both forms give every row the same bits. A warp of a tile form covers CT columns
+// (CT / 2 for the gate-up forms, which read two matrices), of a one-row form 1.
+#define GC(C) ((C + 1) / 2)
+#define TF_DENSE_ENTRIES(NAME, DT, V, R, U, C)                                                                         \
+  extern "C" __global__ void __launch_bounds__(256) linear_##NAME(                                                     \
+      const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb, int group,              \
+      const float* bias, float* out, int row0) {                                                                       \
+    Mat m;                                                                                                             \
+    m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                            \
+    linear_tile<DT, V, R, U, C>(x, rows, k, n, m, bias, out, row0);                                                    \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) gateup_##NAME(                                                     \
+      const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,          \
+      const float* us, const float* ub, int group, float* act, int row0) {                                             \
+    Mat mg;                                                                                                            \
+    mg.w = g; mg.scales = gs; mg.biases = gb; mg.group = group;                                                        \
+    Mat mu;                                                                                                            \
+    mu.w = u; mu.scales = us; mu.biases = ub; mu.group = group;                                                        \
+    gateup_tile<DT, V, R, U, GC(C)>(x, rows, k, n, mg, mu, act, row0);                                                 \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) moe_gateup_##NAME(                                                 \
+      const float* x, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles, const int* list,   \
+      int kk, float* act, int tile0) {                                                                                 \
+    moe_gateup_tile<DT, V, R, U, GC(C)>(x, k, n, tab, group, tiles, ntiles, list, kk, act, tile0);                     \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) moe_down_##NAME(                                                   \
+      const float* act, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles,                  \
+      const int* list, float* y, int tile0) {                                                                          \
+    moe_down_tile<DT, V, R, U, C>(act, k, n, tab, group, tiles, ntiles, list, y, tile0);                               \
   }
 
-TF_DENSE_ENTRIES(f32_v8, DT_F32, 8, RT, 1)
-TF_DENSE_ENTRIES(f32_v1, DT_F32, 1, RT, 1)
-TF_DENSE_ENTRIES(bf16_v8, DT_BF16, 8, RT, 1)
-TF_DENSE_ENTRIES(bf16_v1, DT_BF16, 1, RT, 1)
-TF_DENSE_ENTRIES(q8_v8, DT_Q8, 8, RT, 1)
-TF_DENSE_ENTRIES(q8_v1, DT_Q8, 1, RT, 1)
+TF_DENSE_ENTRIES(f32_v8, DT_F32, 8, RT, 1, CT)
+TF_DENSE_ENTRIES(f32_v1, DT_F32, 1, RT, 1, CT)
+TF_DENSE_ENTRIES(bf16_v8, DT_BF16, 8, RT, 1, CT)
+TF_DENSE_ENTRIES(bf16_v1, DT_BF16, 1, RT, 1, CT)
+TF_DENSE_ENTRIES(q8_v8, DT_Q8, 8, RT, 1, CT)
+TF_DENSE_ENTRIES(q8_v1, DT_Q8, 1, RT, 1, CT)
 // One row: 8 chunks in flight a lane (a bf16 lane then holds 8 x 16 B of one weight row, 2 x that for gate-up);
 // f32 chunks are twice the registers, so 4.
-TF_DENSE_ENTRIES(f32_v8_r1, DT_F32, 8, 1, 4)
-TF_DENSE_ENTRIES(f32_v1_r1, DT_F32, 1, 1, 8)
-TF_DENSE_ENTRIES(bf16_v8_r1, DT_BF16, 8, 1, 8)
-TF_DENSE_ENTRIES(bf16_v1_r1, DT_BF16, 1, 1, 8)
-TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8)
-TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8)
+TF_DENSE_ENTRIES(f32_v8_r1, DT_F32, 8, 1, 4, 1)
+TF_DENSE_ENTRIES(f32_v1_r1, DT_F32, 1, 1, 8, 1)
+TF_DENSE_ENTRIES(bf16_v8_r1, DT_BF16, 8, 1, 8, 1)
+TF_DENSE_ENTRIES(bf16_v1_r1, DT_BF16, 1, 1, 8, 1)
+TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8, 1)
+TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8, 1)

@@ -20,6 +20,8 @@ pub const BLOCK: u32 = 256;
 pub const WPB: usize = 8;
 /// Rows a linear tile covers (common.cuh's `RT`).
 pub const RT: usize = 8;
+/// Output columns a warp of a tile kernel covers (common.cuh's `CT`; the `_r1` kernels cover 1).
+pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
 pub const KEY_CHUNK: usize = 256;
 /// Largest grid y or z dimension.

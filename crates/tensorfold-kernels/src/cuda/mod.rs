@@ -266,7 +266,9 @@ mod tests {
             let s = src.source();
             assert!(s.starts_with("//! "), "{}", src.name());
             // The host launchers mirror these constants.
-            for (name, v) in [("KEY_CHUNK", device::KEY_CHUNK), ("RT", device::RT), ("WPB", device::WPB)] {
+            for (name, v) in
+                [("KEY_CHUNK", device::KEY_CHUNK), ("RT", device::RT), ("WPB", device::WPB), ("CT", device::CT)]
+            {
                 assert!(s.contains(&format!("#define {name} {v}\n")), "{name}");
             }
             assert_eq!(device::BLOCK as usize, 32 * device::WPB);

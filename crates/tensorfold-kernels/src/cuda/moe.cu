@@ -64,17 +64,25 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
   }
 }
 
+// Experts the plan's shared tables hold (the host checks; routing takes at most 1024 too).
+#define PLAN_MAX 1024
+
 // One block, over the owned experts first .. first + ne (local id e = sel - first; other assignments are skipped):
-// counts assignments per expert, lays the experts' slots out in expert order (offsets), cuts each expert's slots
-// into tiles of at most RT (tiles[3t..3t+3) = local expert, first slot, slots; *ntiles of them, at most `bound`),
-// then fills list[slot] = assignment (row * kk + rank). The order of slots inside an expert may vary from
-// run to run (atomics), but no value depends on it: each slot's row is computed alone.
-extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* counts, int* offsets,
-                                    int* fill, int* list, int* tiles, int* ntiles, int bound) {
+// counts assignments per expert, lays the experts' slots out in expert order, cuts each expert's slots into tiles
+// of at most RT (tiles[3t..3t+3) = local expert, first slot, slots; *ntiles of them, at most `bound`), then fills
+// list[slot] = assignment (row * kk + rank). Counts and offsets live in shared memory; only the running sums are
+// serial. The order of slots inside an expert may vary from run to run (atomics), but no value depends on it:
+// each slot's row is computed alone.
+extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
+                                    int* ntiles, int bound) {
+  __shared__ int cnt[PLAN_MAX];
+  __shared__ int off[PLAN_MAX];
+  __shared__ int tile0[PLAN_MAX];
+  __shared__ int fill[PLAN_MAX];
   int t = threadIdx.x;
   int bs = blockDim.x;
   for (int e = t; e < ne; e += bs) {
-    counts[e] = 0;
+    cnt[e] = 0;
     fill[e] = 0;
   }
   __syncthreads();
@@ -83,27 +91,31 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
 #ifdef FAULT_MOE_PLAN_ALL
     e = e < 0 ? 0 : (e >= ne ? ne - 1 : e);
 #endif
-    if (e >= 0 && e < ne) atomicAdd(&counts[e], 1);
+    if (e >= 0 && e < ne) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
   if (t == 0) {
-    int off = 0;
+    int o = 0;
     int n = 0;
     for (int e = 0; e < ne; e++) {
-      offsets[e] = off;
-      for (int s = 0; s < counts[e]; s += RT) {
-        if (n < bound) {
-          tiles[3 * n] = e;
-          tiles[3 * n + 1] = off + s;
-          tiles[3 * n + 2] = counts[e] - s < RT ? counts[e] - s : RT;
-        }
-        n++;
-      }
-      off += counts[e];
+      off[e] = o;
+      tile0[e] = n;
+      o += cnt[e];
+      n += (cnt[e] + RT - 1) / RT;
     }
     *ntiles = n < bound ? n : bound;
   }
   __syncthreads();
+  for (int e = t; e < ne; e += bs) {
+    for (int s = 0; s < cnt[e]; s += RT) {
+      int i = tile0[e] + s / RT;
+      if (i < bound) {
+        tiles[3 * i] = e;
+        tiles[3 * i + 1] = off[e] + s;
+        tiles[3 * i + 2] = cnt[e] - s < RT ? cnt[e] - s : RT;
+      }
+    }
+  }
   for (int a = t; a < nassign; a += bs) {
     int e = (int)sel[a] - first;
 #ifdef FAULT_MOE_PLAN_ALL
@@ -111,7 +123,7 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
 #endif
     if (e < 0 || e >= ne) continue;
     int p = atomicAdd(&fill[e], 1);
-    list[offsets[e] + p] = a;
+    list[off[e] + p] = a;
   }
 }
 

@@ -104,27 +104,24 @@ pub(crate) fn experts(
     }
     let inter = check_experts(owned, h)?;
     let ne = owned.len();
+    expect(ne <= 1024, || format!("moe_experts: {ne} owned experts; the plan takes at most 1024"))?;
     // Only a partial owner leaves slots the tiles do not write.
     if first > 0 || ne < total {
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
-    // One int scratch: counts | offsets | fill | list | tiles (3 a tile) | ntiles.
+    // One int scratch: list | tiles (3 a tile) | ntiles.
     let bound = ne.min(nassign) + nassign / RT;
-    let ints = 3 * ne + nassign + 3 * bound + 1;
+    let ints = nassign + 3 * bound + 1;
     let scratch = be.dev.alloc(mul(ints, 4)?)?;
     let base = scratch.as_ref().map_or(0, |m| m.ptr);
     let at = |words: usize| base + 4 * words as u64;
-    let (counts, offsets, fill) = (at(0), at(ne), at(2 * ne));
-    let (list, tiles, ntiles) = (at(3 * ne), at(nassign + 3 * ne), at(nassign + 3 * ne + 3 * bound));
+    let (list, tiles, ntiles) = (at(0), at(nassign), at(nassign + 3 * bound));
     let plan = be.func(Src::Moe, "moe_plan")?;
     let args = [
         Arg::P(sel.ptr()?),
         Arg::I(int(nassign, "assignments")?),
         Arg::I(int(first, "first expert")?),
         Arg::I(int(ne, "experts")?),
-        Arg::P(counts),
-        Arg::P(offsets),
-        Arg::P(fill),
         Arg::P(list),
         Arg::P(tiles),
         Arg::P(ntiles),
@@ -219,8 +216,9 @@ fn grouped(
     (k, n): (usize, usize),
     plan: &Plan,
 ) -> Result<(), CudaError> {
-    let f = be.func(Src::Dense, &m.kernel_for(kind, plan.rows, be.dev.one_row))?;
-    let gx = int(n.div_ceil(WPB), "blocks")? as u32;
+    let (name, cols) = m.kernel_for(kind, plan.rows, be.dev.one_row);
+    let f = be.func(Src::Dense, &name)?;
+    let gx = int(n.div_ceil(cols), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
     for tile0 in (0..plan.bound).step_by(GRID_YZ) {
         let count = (plan.bound - tile0).min(GRID_YZ) as u32;

@@ -159,7 +159,8 @@ pub(crate) fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let f = be.func(Src::Dense, &w.kernel_for("linear", rows, be.dev.one_row))?;
+    let (name, cols) = w.kernel_for("linear", rows, be.dev.one_row);
+    let f = be.func(Src::Dense, &name)?;
     let (wp, sp, bp) = w.ptrs()?;
     let bias = match bias {
         Some(b) => b.ptr()?,
@@ -167,7 +168,7 @@ pub(crate) fn linear(
     };
     let (xp, op) = (x.ptr()?, out.ptr()?);
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
-    let gx = int(n.div_ceil(WPB), "blocks")? as u32;
+    let gx = int(n.div_ceil(cols), "blocks")? as u32;
     for row0 in (0..rows).step_by(RT * GRID_YZ) {
         let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
         let args = [
@@ -202,11 +203,12 @@ pub(crate) fn swiglu(
     expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
     let act = be.buf(mul(rows, inter)?)?;
     if rows > 0 && inter > 0 {
-        let func = be.func(Src::Dense, &f.w1.kernel_for("gateup", rows, be.dev.one_row))?;
+        let (name, cols) = f.w1.kernel_for("gateup", rows, be.dev.one_row);
+        let func = be.func(Src::Dense, &name)?;
         let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
         let (xp, ap) = (x.ptr()?, act.ptr()?);
         let (ri, hi, ii, gi) = (int(rows, "rows")?, int(h, "hidden")?, int(inter, "width")?, int(f.w1.group, "group")?);
-        let gx = int(inter.div_ceil(WPB), "blocks")? as u32;
+        let gx = int(inter.div_ceil(cols), "blocks")? as u32;
         for row0 in (0..rows).step_by(RT * GRID_YZ) {
             let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
             let args = [

@@ -28,6 +28,46 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
   out[i] = v;
 }
 
+// Elements a thread of a row kernel loads before it uses the first: up to NV loads in flight a thread.
+#define NV 8
+
+// The block's total of the threads' partial sums s: each warp folds by warp_sum, thread 0 adds the 8 warp sums in
+// warp order from 0, and every thread gets the total. red holds WPB floats, total one (shared).
+__device__ __forceinline__ float block_total(float s, float* red, float* total) {
+  int t = threadIdx.x;
+  s = warp_sum(s);
+  if ((t & 31) == 0) red[t >> 5] = s;
+  __syncthreads();
+  if (t == 0) {
+    float a = 0.0f;
+    for (int i = 0; i < WPB; i++) a = a + red[i];
+    *total = a;
+  }
+  __syncthreads();
+  return *total;
+}
+
+// o[c] = x[c] * scale * w[c] for this thread's elements c = t, t + 256, ... (NV loaded before the first store).
+__device__ __forceinline__ void scale_out(const float* xr, const float* w, float scale, int width, float* o) {
+  for (int c0 = threadIdx.x; c0 < width; c0 += NV * 32 * WPB) {
+    float a[NV];
+    float g[NV];
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int c = c0 + u * 32 * WPB;
+      if (c < width) {
+        a[u] = xr[c];
+        g[u] = w[c];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int c = c0 + u * 32 * WPB;
+      if (c < width) o[c] = a[u] * scale * g[u];
+    }
+  }
+}
+
 // Row-wise RMSNorm: x * (1 / sqrt(sumsq / width + eps)) * w.
 // One block of 256 threads a row (a decode step's single row then has 8 warps of loads in flight, not one), in
 // row_sumsq's order: thread t accumulates with fmaf the squares of elements t, t+256, ..., each warp folds by
@@ -36,23 +76,23 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
                                                           float* out) {
   __shared__ float red[WPB];
   __shared__ float total;
-  int t = threadIdx.x;
   int r = blockIdx.x;
   if (r >= rows) return;  // the whole block leaves together
   const float* xr = x + (u64)r * (u64)width;
-  float* o = out + (u64)r * (u64)width;
   float s = 0.0f;
-  for (int i = t; i < width; i += 32 * WPB) s = fmaf(xr[i], xr[i], s);
-  s = warp_sum(s);
-  if ((t & 31) == 0) red[t >> 5] = s;
-  __syncthreads();
-  if (t == 0) {
-    float a = 0.0f;
-    for (int i = 0; i < WPB; i++) a = a + red[i];
-    total = a;
+  for (int i0 = threadIdx.x; i0 < width; i0 += NV * 32 * WPB) {
+    float a[NV];
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = i0 + u * 32 * WPB;
+      if (i < width) a[u] = xr[i];
+    }
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      if (i0 + u * 32 * WPB < width) s = fmaf(a[u], a[u], s);
+    }
   }
-  __syncthreads();
-  float ss = total;
+  float ss = block_total(s, red, &total);
   float n = (float)width;
 #ifdef FAULT_RMS_NO_EPS
   eps = 0.0f;
@@ -60,8 +100,7 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
 #ifdef FAULT_RMS_WIDTH_M1
   n = (float)(width - 1);
 #endif
-  float scale = 1.0f / sqrtf(ss / n + eps);
-  for (int c = t; c < width; c += 32 * WPB) o[c] = xr[c] * scale * w[c];
+  scale_out(xr, w, 1.0f / sqrtf(ss / n + eps), width, out + (u64)r * (u64)width);
 }
 
 // The residual add fused with the next RMSNorm: x[r] += y[r] (written back), then out[r] = rmsnorm(x[r]) * w, with
@@ -71,33 +110,38 @@ extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const fl
                                                               int width, int rows, float* out) {
   __shared__ float red[WPB];
   __shared__ float total;
-  int t = threadIdx.x;
   int r = blockIdx.x;
   if (r >= rows) return;  // the whole block leaves together
   float* xr = x + (u64)r * (u64)width;
   const float* yr = y + (u64)r * (u64)width;
-  float* o = out + (u64)r * (u64)width;
   float s = 0.0f;
-  for (int i = t; i < width; i += 32 * WPB) {
-    float v = xr[i] + yr[i];
+  for (int i0 = threadIdx.x; i0 < width; i0 += NV * 32 * WPB) {
+    float a[NV];
+    float b[NV];
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = i0 + u * 32 * WPB;
+      if (i < width) {
+        a[u] = xr[i];
+        b[u] = yr[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = i0 + u * 32 * WPB;
+      if (i < width) {
+        float v = a[u] + b[u];
 #ifdef FAULT_ADDNORM_PRE
-    s = fmaf(xr[i], xr[i], s);
+        s = fmaf(a[u], a[u], s);
 #else
-    s = fmaf(v, v, s);
+        s = fmaf(v, v, s);
 #endif
-    xr[i] = v;
+        xr[i] = v;
+      }
+    }
   }
-  s = warp_sum(s);
-  if ((t & 31) == 0) red[t >> 5] = s;
-  __syncthreads();
-  if (t == 0) {
-    float a = 0.0f;
-    for (int i = 0; i < WPB; i++) a = a + red[i];
-    total = a;
-  }
-  __syncthreads();
-  float scale = 1.0f / sqrtf(total / (float)width + eps);
-  for (int c = t; c < width; c += 32 * WPB) o[c] = xr[c] * scale * w[c];
+  float ss = block_total(s, red, &total);
+  scale_out(xr, w, 1.0f / sqrtf(ss / (float)width + eps), width, out + (u64)r * (u64)width);
 }
 
 // acc[i] += y[i] for i < n.

@@ -2,7 +2,7 @@
 //! KV caches that grow by reallocation, and conv states with the kept rollback window.
 
 use super::CudaError;
-use super::device::{Dev, Mem};
+use super::device::{CT, Dev, Mem, WPB};
 use crate::bytes::Dtype;
 use crate::cpu::conv::KEEP_ROWS;
 use std::sync::Arc;
@@ -87,11 +87,14 @@ impl CudaMat {
         format!("{kind}_{dt}_{}", if self.v8() { "v8" } else { "v1" })
     }
 
-    /// [`Self::kernel`] for a call whose tiles hold at most `rows` rows: the `_r1` form (one row, several loads in
-    /// flight a lane, the same bits) when that is 1 and `one_row` allows it.
-    pub(crate) fn kernel_for(&self, kind: &str, rows: usize, one_row: bool) -> String {
+    /// [`Self::kernel`] for a call whose tiles hold at most `rows` rows, and the output columns a block of it
+    /// covers: the `_r1` form (one row, several loads in flight a lane, a column a warp) when that is 1 and
+    /// `one_row` allows it, else the tile form ([`CT`] columns a warp, half that for the gate-up forms, which read
+    /// two matrices: dense.cu's `GC`). Both give the same bits.
+    pub(crate) fn kernel_for(&self, kind: &str, rows: usize, one_row: bool) -> (String, usize) {
         let name = self.kernel(kind);
-        if rows == 1 && one_row { name + "_r1" } else { name }
+        let cols = if kind.ends_with("gateup") { CT.div_ceil(2) } else { CT };
+        if rows == 1 && one_row { (name + "_r1", WPB) } else { (name, WPB * cols) }
     }
 
     /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`).
