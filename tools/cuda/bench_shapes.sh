@@ -2,7 +2,7 @@
 # Issue 7's benchmarks in one call on the GPU machine: synthetic checkpoints of LFM2.5-24B-A2B's and LFM2-8B-A1B's
 # shapes (seeded random bf16 weights made in memory, `--model synthetic:SHAPE`): `bench forward` (exactness first,
 # then prefill, one-stream decode, peak device memory, the bandwidth floor), `bench engine` (shared-round decode at
-# 1..64 streams, replies checked against solo runs), a per-kernel profile of decode steps, and transformers on the
+# 1..64 streams, replies checked against solo runs), a per-kernel profile of decode steps (device events), and transformers on the
 # same 8B weights (`tensorfold synth` writes them). Runs the binary built with `--features cuda`, stripped and gzip'd
 # to carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
 #
@@ -22,7 +22,7 @@ M8=synthetic:lfm2-8b-a1b
 LENS=${LENS:-2048,32768}
 has f24 && run f24 240 "$BIN" bench forward --device cuda --model $M24 --prompt-lens $LENS --decode 128
 has e24 && run e24 240 "$BIN" bench engine --device cuda --model $M24 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
-has p24 && TENSORFOLD_CUDA_PROFILE=1 run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 16 --decode 16
+has p24 && TENSORFOLD_CUDA_PROFILE=events run p24 120 "$BIN" bench forward --device cuda --model $M24 --prompt-lens 16 --decode 16
 has f8 && run f8 150 "$BIN" bench forward --device cuda --model $M8 --prompt-lens ${LENS8:-2048} --decode 128
 has e8 && run e8 120 "$BIN" bench engine --device cuda --model $M8 --levels 1,4,8,16,64 --tokens 256 --reps 1 --temperatures 0 --check 4
 if has hf8; then
