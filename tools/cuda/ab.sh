@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # An A/B of one measuring knob on one GPU, in one call: the CUDA check (contract and fixtures), then `bench forward`
 # on LFM2.5-24B-A2B's shape alternating A (the knob set: TENSORFOLD_CUDA_UNFUSED=1 runs fused kernels as their
-# parts, TENSORFOLD_CUDA_TILES_ONLY=1 runs one-row linears on the RT-row tile kernels) and B (the default) runs of
+# parts, TENSORFOLD_CUDA_R1_ROWS=N sets the largest call that runs the one-row linears) and B (the default) runs of
 # the same binary, each printing its token hash (which must not change), then B's per-kernel profile by device
 # events (each kernel's own time, and the stream's idle time between launches). Runs carry/bin/tensorfold.gz or
 # .xz (built with `--features cuda`); logs go to $OUT.
 #
-#   tools/cuda/ab.sh TENSORFOLD_CUDA_TILES_ONLY [DECODE]
+#   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-KNOB=${1:?name the knob, e.g. TENSORFOLD_CUDA_TILES_ONLY}
+KNOB=${1:?the knob for A, e.g. TENSORFOLD_CUDA_R1_ROWS=0}
 DECODE=${2:-128}
 . tools/cuda/env.sh /tmp/tensorfold-ab
 OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1
@@ -18,7 +18,7 @@ grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 2048 --decode $DECODE"
 for run in A1 B1 A2 B2; do
     case $run in
-        A*) env "$KNOB=1" "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
+        A*) env "$KNOB" "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
         B*) "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
     esac
     echo "-- $run rc=$?"

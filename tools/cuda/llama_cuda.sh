@@ -9,7 +9,9 @@
 #   tools/cuda/llama_cuda.sh stage          carry ["carry/lp1"]: keeps the server's first half in /tmp
 #   tools/cuda/llama_cuda.sh run [TOKENS]   carry ["carry/bin", "carry/lp2"]: the rest, then the comparison
 #
-# Logs go to $OUT.
+# With CHECK=1, the CUDA check (tools/cuda/check.sh) runs first, beside the weights' synthesis and conversion. With
+# AB=NAME=VALUE, `bench engine` on the 8B weights then alternates A (the knob set) and B (the default) at 1, 4, 8
+# and 16 streams before the servers. Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:?stage or run}
@@ -29,14 +31,36 @@ cat $STAGE/llama-server.xz.a carry/lp2/llama-server.xz.b >/tmp/llama-server.xz
 xz -dc /tmp/llama-server.xz >/tmp/llama-server && chmod +x /tmp/llama-server
 stamp "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); $(/tmp/llama-server --version 2>&1 | head -2 | tr '\n' ' ')"
 mkdir -p /tmp/conv && tar -C /tmp/conv -xJf carry/lp2/convert.tar.xz
-# The same weights for both: synthesize, pad the fixture tokenizer to the vocabulary, convert.
-"$BIN" synth lfm2-8b-a1b --out /tmp/m8 >"$OUT/synth.log" 2>&1 || stamp "synth failed"
-cp tests/fixtures/lfm2-moe-f32/tokenizer.json tests/fixtures/lfm2-moe-f32/tokenizer_config.json /tmp/m8/
-python3 tools/peers/pad_tokenizer.py /tmp/m8 /tmp/m8p >>"$OUT/synth.log" 2>&1
-stamp "weights ready"
-(cd /tmp/conv && PYTHONPATH=/tmp/conv/gguf-py python3 convert_hf_to_gguf.py /tmp/m8p --outtype bf16 \
-    --outfile /tmp/m8.gguf) >"$OUT/convert.log" 2>&1 || { stamp "convert failed: $(tail -3 "$OUT/convert.log")"; exit 1; }
-stamp "converted: $(ls -la /tmp/m8.gguf 2>&1)"
+# The same weights for both: synthesize, pad the fixture tokenizer to the vocabulary, convert (in the background).
+weights() {
+    "$BIN" synth lfm2-8b-a1b --out /tmp/m8 >"$OUT/synth.log" 2>&1 || stamp "synth failed"
+    cp tests/fixtures/lfm2-moe-f32/tokenizer.json tests/fixtures/lfm2-moe-f32/tokenizer_config.json /tmp/m8/
+    python3 tools/peers/pad_tokenizer.py /tmp/m8 /tmp/m8p >>"$OUT/synth.log" 2>&1
+    stamp "weights ready"
+    (cd /tmp/conv && PYTHONPATH=/tmp/conv/gguf-py python3 convert_hf_to_gguf.py /tmp/m8p --outtype bf16 \
+        --outfile /tmp/m8.gguf) >"$OUT/convert.log" 2>&1 || stamp "convert failed: $(tail -3 "$OUT/convert.log")"
+    stamp "converted: $(ls -la /tmp/m8.gguf 2>&1)"
+}
+weights &
+wpid=$!
+if [ "${CHECK:-0}" = 1 ]; then
+    OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-100} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1
+    stamp "check rc=$?"
+    grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log" | sort | uniq -c
+fi
+wait $wpid
+[ -f /tmp/m8.gguf ] || exit 1
+if [ -n "${AB:-}" ]; then
+    E="bench engine --device cuda --model /tmp/m8p --levels 1,4,8,16 --tokens 256 --reps 1 --temperatures 0 --check 4"
+    for run in A1 B1 A2 B2; do
+        case $run in
+            A*) env "$AB" "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;
+            B*) "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;
+        esac
+        stamp "e8 $run rc=$?"
+        grep -E "^ +[0-9]+ |^replies|equal:" "$OUT/e8-$run.log"
+    done
+fi
 wait_health() { for _ in $(seq 1 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; return 1; }
 B="--levels 1,4,8,16,64 --tokens $TOKENS --reps 1 --temperatures 0"
 for r in 1 2; do

@@ -105,6 +105,9 @@ pub fn cuda(gpu: usize, gpus: Option<usize>) -> anyhow::Result<Devices<tensorfol
     let open = |g: usize| {
         let be = tensorfold_kernels::CudaBackend::new(g).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
         tracing::info!("CUDA device {g}: {} ({})", be.device_name(), be.arch());
+        let t = std::time::Instant::now();
+        be.warm_up().map_err(|e| anyhow::anyhow!("--device cuda: compiling the kernels: {e}"))?;
+        tracing::info!("CUDA device {g}: kernels ready in {:.1} s", t.elapsed().as_secs_f64());
         Ok(be)
     };
     let ranks = ranks(gpu, gpus, open)?;

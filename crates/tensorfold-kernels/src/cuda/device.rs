@@ -20,6 +20,10 @@ pub const BLOCK: u32 = 256;
 pub const WPB: usize = 8;
 /// Rows a linear tile covers (common.cuh's `RT`).
 pub const RT: usize = 8;
+/// Calls of at most this many rows run the `_r1` forms by default: one chunk load in flight a step of a tile
+/// kernel costs a memory round trip per step, while an `_r1` kernel issues 8 at once and re-reads the weights from
+/// cache for each further row.
+pub const R1_ROWS: usize = 4;
 /// Output columns a warp of a tile kernel covers (common.cuh's `CT`; the `_r1` kernels cover 1).
 pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
@@ -144,9 +148,10 @@ pub struct Dev {
     /// False with `TENSORFOLD_CUDA_UNFUSED` set: fused kernels run as their parts (a measuring aid for A/B runs in
     /// one binary; the bits are the same either way).
     pub fused: bool,
-    /// False with `TENSORFOLD_CUDA_TILES_ONLY` set: one-row linears run the RT-row tile kernels instead of their
-    /// `_r1` forms (a measuring aid for A/B runs in one binary; the bits are the same either way).
-    pub one_row: bool,
+    /// The largest call (rows; for a MoE call, rows of the layer) that runs the `_r1` forms of the linears:
+    /// `TENSORFOLD_CUDA_R1_ROWS`, default [`R1_ROWS`]; 0 runs the tile kernels always (a measuring aid for A/B
+    /// runs in one binary; the bits are the same either way).
+    pub r1_rows: usize,
 }
 
 /// Per-kernel launch counts and times (a measuring aid). `TENSORFOLD_CUDA_PROFILE=events`: each launch is
@@ -228,7 +233,7 @@ impl Dev {
             profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE")
                 .map(|v| Mutex::new(Profile { events: (v == "events").then(Vec::new), ..Profile::default() })),
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
-            one_row: std::env::var_os("TENSORFOLD_CUDA_TILES_ONLY").is_none(),
+            r1_rows: std::env::var("TENSORFOLD_CUDA_R1_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(R1_ROWS),
         }))
     }
 
@@ -356,6 +361,11 @@ impl Dev {
     pub fn sync(&self) -> Result<(), CudaError> {
         self.bind()?;
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
+    }
+
+    /// Module `src` (no planted fault) compiled and loaded now.
+    pub fn warm(&self, src: Src) -> Result<(), CudaError> {
+        self.module(src, None).map(|_| ())
     }
 
     /// Kernel `name` of module `src`, compiled with `define` (a planted fault) or without.

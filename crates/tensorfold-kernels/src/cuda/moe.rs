@@ -174,7 +174,8 @@ struct Plan {
     list: u64,
     kk: i32,
     bound: usize,
-    /// The call's rows: with one, every tile holds one slot (a row's experts are distinct), so the `_r1` kernels run.
+    /// The call's rows: the `_r1` kernels run for few (with one, every tile holds one slot: a row's experts are
+    /// distinct).
     rows: usize,
 }
 
@@ -216,7 +217,7 @@ fn grouped(
     (k, n): (usize, usize),
     plan: &Plan,
 ) -> Result<(), CudaError> {
-    let (name, cols) = m.kernel_for(kind, plan.rows, be.dev.one_row);
+    let (name, cols) = m.kernel_for(kind, plan.rows, be.dev.r1_rows);
     let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
