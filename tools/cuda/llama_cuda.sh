@@ -11,7 +11,8 @@
 #
 # With CHECK=1, the CUDA check (tools/cuda/check.sh) runs first, beside the weights' synthesis and conversion. With
 # AB=NAME=VALUE, `bench engine` on the 8B weights then alternates A (the knob set) and B (the default) at 1, 4, 8
-# and 16 streams before the servers. Logs go to $OUT.
+# and 16 streams before the servers. Logs go to /tmp/tensorfold-llama, then as one logs.tgz (and the summary) to $OUT
+# (a call brings back at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:?stage or run}
@@ -21,7 +22,10 @@ if [ "$MODE" = stage ]; then
     mkdir -p $STAGE && cp carry/lp1/llama-server.xz.a $STAGE/ && ls -la $STAGE
     exit
 fi
-. tools/cuda/env.sh /tmp/tensorfold-llama
+DEST=${OUT:-/tmp/tensorfold-llama-out}
+mkdir -p "$DEST"
+OUT=/tmp/tensorfold-llama
+. tools/cuda/env.sh $OUT
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/steps.log"; }
 [ -f $STAGE/llama-server.xz.a ] || { stamp "no staged first half: the machine was not the warm one of the stage call"; exit 2; }
@@ -81,4 +85,5 @@ for r in 1 2; do
     wait $lpid
 done
 stamp "done"
-for f in tf-1 llama-1 tf-2 llama-2; do echo "-- $f"; tail -8 "$OUT/$f.txt"; done
+for f in tf-1 llama-1 tf-2 llama-2; do echo "-- $f"; tail -8 "$OUT/$f.txt"; done | tee "$DEST/summary.txt"
+(cd "$OUT" && tar czf "$DEST/logs.tgz" --exclude='*.gguf' ./*.txt ./*.json ./*.log check 2>/dev/null)
