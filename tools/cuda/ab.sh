@@ -6,6 +6,9 @@
 # events (each kernel's own time, and the stream's idle time between launches). Runs carry/bin/tensorfold.gz or
 # .xz (built with `--features cuda`); logs go to $OUT.
 #
+# With ENGINE=SHAPE, the runs are `bench engine` (LEVELS streams, default 1,4,8,16,64; TOKENS, default 256) on that
+# synthetic shape instead (their reply hashes must not change either), and no profile.
+#
 #   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,14 +19,17 @@ OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tool
 echo "check rc=$?"
 grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 2048 --decode $DECODE"
+[ -n "${ENGINE:-}" ] && F="bench engine --device cuda --model synthetic:$ENGINE --levels ${LEVELS:-1,4,8,16,64}
+    --tokens ${TOKENS:-256} --reps 1 --temperatures 0 --check 4"
 for run in A1 B1 A2 B2; do
     case $run in
         A*) env "$KNOB" "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
         B*) "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
     esac
     echo "-- $run rc=$?"
-    grep -E "exactness|prefill|decode|floor" "$OUT/f24-$run.log"
+    grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:" "$OUT/f24-$run.log"
 done
+[ -n "${ENGINE:-}" ] && exit 0
 TENSORFOLD_CUDA_PROFILE=events "$BIN" bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 16 \
     --decode 16 >"$OUT/p24.log" 2>&1
 echo "-- profile rc=$?"

@@ -148,10 +148,9 @@ pub struct Dev {
     /// False with `TENSORFOLD_CUDA_UNFUSED` set: fused kernels run as their parts (a measuring aid for A/B runs in
     /// one binary; the bits are the same either way).
     pub fused: bool,
-    /// The largest call (rows; for a MoE call, rows of the layer) that runs the `_r1` forms of the linears:
-    /// `TENSORFOLD_CUDA_R1_ROWS`, default [`R1_ROWS`]; 0 runs the tile kernels always (a measuring aid for A/B
-    /// runs in one binary; the bits are the same either way).
-    pub r1_rows: usize,
+    /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
+    /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: see [`Dev::one_row`].
+    pub r1_rows: Option<usize>,
 }
 
 /// Per-kernel launch counts and times (a measuring aid). `TENSORFOLD_CUDA_PROFILE=events`: each launch is
@@ -233,7 +232,7 @@ impl Dev {
             profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE")
                 .map(|v| Mutex::new(Profile { events: (v == "events").then(Vec::new), ..Profile::default() })),
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
-            r1_rows: std::env::var("TENSORFOLD_CUDA_R1_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(R1_ROWS),
+            r1_rows: std::env::var("TENSORFOLD_CUDA_R1_ROWS").ok().and_then(|v| v.parse().ok()),
         }))
     }
 
@@ -361,6 +360,14 @@ impl Dev {
     pub fn sync(&self) -> Result<(), CudaError> {
         self.bind()?;
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
+    }
+
+    /// Whether a call of `rows` rows runs the `_r1` linears: a dense call of at most [`R1_ROWS`] rows; a MoE call
+    /// (`experts` = Some((top_k, experts))) whose assignments average at most 2 an expert, since a tile kernel waits
+    /// a memory round trip per step whatever its rows, while an `_r1` kernel re-reads an expert's weights from cache
+    /// for its second row. `TENSORFOLD_CUDA_R1_ROWS` overrides both.
+    pub fn one_row(&self, rows: usize, experts: Option<(usize, usize)>) -> bool {
+        one_row(self.r1_rows, rows, experts)
     }
 
     /// Module `src` (no planted fault) compiled and loaded now.
@@ -572,6 +579,15 @@ fn event_stats(dev: &Dev, ev: Vec<(String, CudaEvent, CudaEvent)>) -> (String, H
         span - busy
     );
     (head, stats)
+}
+
+/// [`Dev::one_row`] with the override `r1_rows` given.
+pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize, experts: Option<(usize, usize)>) -> bool {
+    match (r1_rows, experts) {
+        (Some(n), _) => rows <= n,
+        (None, None) => rows <= R1_ROWS,
+        (None, Some((k, ne))) => rows.saturating_mul(k) <= ne.saturating_mul(2),
+    }
 }
 
 fn low_bytes(b: [u8; 4]) -> u64 {

@@ -129,7 +129,8 @@ pub(crate) fn experts(
     ];
     be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
     let tab = be.dev.constant(&expert_table(owned)?)?;
-    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound, rows };
+    let one_row = be.dev.one_row(rows, Some((kk, total)));
+    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound, one_row };
     let act = be.buf(mul(nassign, inter)?)?;
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &plan)
@@ -174,9 +175,8 @@ struct Plan {
     list: u64,
     kk: i32,
     bound: usize,
-    /// The call's rows: the `_r1` kernels run for few (with one, every tile holds one slot: a row's experts are
-    /// distinct).
-    rows: usize,
+    /// Whether the `_r1` kernels run ([`super::device::Dev::one_row`] over the layer's rows, top-k and experts).
+    one_row: bool,
 }
 
 /// Every expert's w1 and w3 `[inter, hidden]` alike (one gate-up kernel reads them), every w2 `[hidden, inter]`
@@ -217,7 +217,7 @@ fn grouped(
     (k, n): (usize, usize),
     plan: &Plan,
 ) -> Result<(), CudaError> {
-    let (name, cols) = m.kernel_for(kind, plan.rows, be.dev.r1_rows);
+    let (name, cols) = m.kernel_for(kind, plan.one_row);
     let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);

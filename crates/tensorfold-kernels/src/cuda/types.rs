@@ -87,14 +87,14 @@ impl CudaMat {
         format!("{kind}_{dt}_{}", if self.v8() { "v8" } else { "v1" })
     }
 
-    /// [`Self::kernel`] for a call of `rows` rows, and the output columns a block of it covers: the `_r1` form (a
-    /// row at a time, 8 loads in flight a lane, a column a warp) when `rows <= r1_rows`, else the tile form ([`CT`]
+    /// [`Self::kernel`], and the output columns a block of it covers: the `_r1` form (a row at a time, 8 loads in
+    /// flight a lane, a column a warp) when `one_row` ([`super::device::Dev::one_row`]), else the tile form ([`CT`]
     /// columns a warp, half that for the gate-up forms, which read two matrices: dense.cu's `GC`). Both give every
     /// row the same bits.
-    pub(crate) fn kernel_for(&self, kind: &str, rows: usize, r1_rows: usize) -> (String, usize) {
+    pub(crate) fn kernel_for(&self, kind: &str, one_row: bool) -> (String, usize) {
         let name = self.kernel(kind);
         let cols = if kind.ends_with("gateup") { CT.div_ceil(2) } else { CT };
-        if rows <= r1_rows { (name + "_r1", WPB) } else { (name, WPB * cols) }
+        if one_row { (name + "_r1", WPB) } else { (name, WPB * cols) }
     }
 
     /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`).
