@@ -22,7 +22,8 @@ pub const WPB: usize = 8;
 pub const RT: usize = 8;
 /// Calls of at most this many rows run the `_r1` forms by default: one chunk load in flight a step of a tile
 /// kernel costs a memory round trip per step, while an `_r1` kernel issues 8 at once and re-reads the weights from
-/// cache for each further row.
+/// cache for each further row. Measured (docs/receipts/2026-11-29-llama-cuda.md): up to 4 rows it is not slower;
+/// MoE calls of up to 2 assignments an expert on the `_r1` forms were 5 to 10% slower at 8 and 16 streams.
 pub const R1_ROWS: usize = 4;
 /// Output columns a warp of a tile kernel covers (common.cuh's `CT`; the `_r1` kernels cover 1).
 pub const CT: usize = 4;
@@ -149,7 +150,7 @@ pub struct Dev {
     /// one binary; the bits are the same either way).
     pub fused: bool,
     /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
-    /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: see [`Dev::one_row`].
+    /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
 }
 
@@ -362,12 +363,10 @@ impl Dev {
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
-    /// Whether a call of `rows` rows runs the `_r1` linears: a dense call of at most [`R1_ROWS`] rows; a MoE call
-    /// (`experts` = Some((top_k, experts))) whose assignments average at most 2 an expert, since a tile kernel waits
-    /// a memory round trip per step whatever its rows, while an `_r1` kernel re-reads an expert's weights from cache
-    /// for its second row. `TENSORFOLD_CUDA_R1_ROWS` overrides both.
-    pub fn one_row(&self, rows: usize, experts: Option<(usize, usize)>) -> bool {
-        one_row(self.r1_rows, rows, experts)
+    /// Whether a call of `rows` rows (dense, or a MoE layer's) runs the `_r1` linears: at most [`R1_ROWS`], or
+    /// `TENSORFOLD_CUDA_R1_ROWS`.
+    pub fn one_row(&self, rows: usize) -> bool {
+        one_row(self.r1_rows, rows)
     }
 
     /// Module `src` (no planted fault) compiled and loaded now.
@@ -582,12 +581,8 @@ fn event_stats(dev: &Dev, ev: Vec<(String, CudaEvent, CudaEvent)>) -> (String, H
 }
 
 /// [`Dev::one_row`] with the override `r1_rows` given.
-pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize, experts: Option<(usize, usize)>) -> bool {
-    match (r1_rows, experts) {
-        (Some(n), _) => rows <= n,
-        (None, None) => rows <= R1_ROWS,
-        (None, Some((k, ne))) => rows.saturating_mul(k) <= ne.saturating_mul(2),
-    }
+pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize) -> bool {
+    rows <= r1_rows.unwrap_or(R1_ROWS)
 }
 
 fn low_bytes(b: [u8; 4]) -> u64 {

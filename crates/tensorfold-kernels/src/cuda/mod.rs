@@ -270,16 +270,11 @@ mod tests {
     }
 
     #[test]
-    fn the_one_row_forms_take_few_rows_and_moe_calls_of_at_most_two_assignments_an_expert() {
+    fn the_one_row_forms_take_calls_of_at_most_four_rows_unless_overridden() {
         use device::one_row;
-        assert!(one_row(None, 1, None) && one_row(None, 4, None) && !one_row(None, 5, None));
-        // LFM2.5-24B-A2B: 64 experts, top-4, so up to 32 rows; LFM2-8B-A1B: 32 experts, up to 16.
-        assert!(one_row(None, 32, Some((4, 64))) && !one_row(None, 33, Some((4, 64))));
-        assert!(one_row(None, 16, Some((4, 32))) && !one_row(None, 17, Some((4, 32))));
-        // The override applies to both; 0 never takes them.
-        assert!(!one_row(Some(0), 1, None) && !one_row(Some(0), 1, Some((4, 64))));
-        assert!(one_row(Some(4), 4, Some((4, 64))) && !one_row(Some(4), 5, Some((4, 64))));
-        assert!(!one_row(None, usize::MAX, Some((4, 64))), "rows * top_k saturates instead of wrapping");
+        assert!(one_row(None, 1) && one_row(None, 4) && !one_row(None, 5));
+        assert!(!one_row(Some(0), 1), "0 never takes them");
+        assert!(one_row(Some(8), 8) && !one_row(Some(8), 9) && !one_row(Some(1), 2));
     }
 
     #[test]

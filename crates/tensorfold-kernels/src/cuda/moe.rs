@@ -129,7 +129,7 @@ pub(crate) fn experts(
     ];
     be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
     let tab = be.dev.constant(&expert_table(owned)?)?;
-    let one_row = be.dev.one_row(rows, Some((kk, total)));
+    let one_row = be.dev.one_row(rows);
     let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound, one_row };
     let act = be.buf(mul(nassign, inter)?)?;
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
@@ -175,7 +175,7 @@ struct Plan {
     list: u64,
     kk: i32,
     bound: usize,
-    /// Whether the `_r1` kernels run ([`super::device::Dev::one_row`] over the layer's rows, top-k and experts).
+    /// Whether the `_r1` kernels run ([`super::device::Dev::one_row`] over the layer's rows).
     one_row: bool,
 }
 

@@ -159,7 +159,7 @@ pub(crate) fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let (name, cols) = w.kernel_for("linear", be.dev.one_row(rows, None));
+    let (name, cols) = w.kernel_for("linear", be.dev.one_row(rows));
     let f = be.func(Src::Dense, &name)?;
     let (wp, sp, bp) = w.ptrs()?;
     let bias = match bias {
@@ -203,7 +203,7 @@ pub(crate) fn swiglu(
     expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
     let act = be.buf(mul(rows, inter)?)?;
     if rows > 0 && inter > 0 {
-        let (name, cols) = f.w1.kernel_for("gateup", be.dev.one_row(rows, None));
+        let (name, cols) = f.w1.kernel_for("gateup", be.dev.one_row(rows));
         let func = be.func(Src::Dense, &name)?;
         let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
         let (xp, ap) = (x.ptr()?, act.ptr()?);
