@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KNOB=${1:?the knob for A, e.g. TENSORFOLD_CUDA_R1_ROWS=0}
+[[ $KNOB == *=* ]] || { echo "ab.sh: the knob is NAME=VALUE (e.g. TENSORFOLD_CUDA_UNFUSED=1), got $KNOB" >&2; exit 2; }
 DECODE=${2:-128}
 . tools/cuda/env.sh /tmp/tensorfold-ab
 OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1

@@ -25,21 +25,24 @@ fi
 DEST=${OUT:-/tmp/tensorfold-llama-out}
 mkdir -p "$DEST"
 OUT=/tmp/tensorfold-llama
+rm -rf $OUT /tmp/m8 /tmp/m8p /tmp/m8.gguf
 . tools/cuda/env.sh $OUT
+# Whatever ends the run, its logs reach $DEST.
+trap '(cd "$OUT" && tar czf "$DEST/logs.tgz" --exclude="*.gguf" ./*.txt ./*.json ./*.log check 2>/dev/null)' EXIT
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/steps.log"; }
 [ -f $STAGE/llama-server.xz.a ] || { stamp "no staged first half: the machine was not the warm one of the stage call"; exit 2; }
 cat $STAGE/llama-server.xz.a carry/lp2/llama-server.xz.b >/tmp/llama-server.xz
 [ "$(sha256sum </tmp/llama-server.xz | cut -d' ' -f1)" = "$(cat carry/lp2/llama-server.xz.sha256)" ] ||
     { stamp "llama-server halves do not match their hash"; exit 2; }
-xz -dc /tmp/llama-server.xz >/tmp/llama-server && chmod +x /tmp/llama-server
+xz -dc /tmp/llama-server.xz >/tmp/llama-server && chmod +x /tmp/llama-server || { stamp "unpacking failed"; exit 2; }
 stamp "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); $(/tmp/llama-server --version 2>&1 | head -2 | tr '\n' ' ')"
 mkdir -p /tmp/conv && tar -C /tmp/conv -xJf carry/lp2/convert.tar.xz
 # The same weights for both: synthesize, pad the fixture tokenizer to the vocabulary, convert (in the background).
 weights() {
-    "$BIN" synth lfm2-8b-a1b --out /tmp/m8 >"$OUT/synth.log" 2>&1 || stamp "synth failed"
+    "$BIN" synth lfm2-8b-a1b --out /tmp/m8 >"$OUT/synth.log" 2>&1 || { stamp "synth failed"; return 1; }
     cp tests/fixtures/lfm2-moe-f32/tokenizer.json tests/fixtures/lfm2-moe-f32/tokenizer_config.json /tmp/m8/
-    python3 tools/peers/pad_tokenizer.py /tmp/m8 /tmp/m8p >>"$OUT/synth.log" 2>&1
+    python3 tools/peers/pad_tokenizer.py /tmp/m8 /tmp/m8p >>"$OUT/synth.log" 2>&1 || { stamp "padding failed"; return 1; }
     stamp "weights ready"
     (cd /tmp/conv && PYTHONPATH=/tmp/conv/gguf-py python3 convert_hf_to_gguf.py /tmp/m8p --outtype bf16 \
         --outfile /tmp/m8.gguf) >"$OUT/convert.log" 2>&1 || stamp "convert failed: $(tail -3 "$OUT/convert.log")"
@@ -86,4 +89,3 @@ for r in 1 2; do
 done
 stamp "done"
 for f in tf-1 llama-1 tf-2 llama-2; do echo "-- $f"; tail -8 "$OUT/$f.txt"; done | tee "$DEST/summary.txt"
-(cd "$OUT" && tar czf "$DEST/logs.tgz" --exclude='*.gguf' ./*.txt ./*.json ./*.log check 2>/dev/null)

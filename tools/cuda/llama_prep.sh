@@ -40,7 +40,8 @@ if [ ! -x "$CUDA/bin/nvcc" ]; then
     gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$CUDA/lib/stubs/libcuda.so" "$CUDA/lib/stubs/stub.c"
 fi
 
-# 2. llama-server with CUDA for sm_90 (flash attention and CUDA graphs on, as llama.cpp builds by default).
+# 2. llama-server with CUDA for sm_90 (flash attention and CUDA graphs at llama.cpp's defaults). A server already
+#    built in $BUILD is reused as it is: remove $BUILD after changing the source.
 if [ ! -x "$BUILD/bin/llama-server" ]; then
     PATH="$CUDA/bin:$PATH" cmake -S "$L" -B "$BUILD" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCUDAToolkit_ROOT="$CUDA" -DGGML_CUDA_FA_ALL_QUANTS=OFF \
@@ -64,7 +65,7 @@ tar -C "$L" -cJf carry/lp2/convert.tar.xz --exclude='__pycache__' convert_hf_to_
 # 4. Our binary, slim.
 cargo build --release --no-default-features --features cuda -p tensorfold
 rm -f carry/bin/tensorfold carry/bin/tensorfold.gz carry/bin/tensorfold.xz
-strip -o carry/bin/tensorfold.strip target/release/tensorfold
+strip -o carry/bin/tensorfold.strip "${CARGO_TARGET_DIR:-target}/release/tensorfold"
 xz -T0 -6 -c carry/bin/tensorfold.strip >carry/bin/tensorfold.xz && rm carry/bin/tensorfold.strip
 ls -la carry/lp1 carry/lp2 carry/bin
 echo "call 1 carry [\"carry/lp1\"]; call 2 carry [\"carry/bin\", \"carry/lp2\"]; the tree itself:" \

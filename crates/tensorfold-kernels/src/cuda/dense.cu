@@ -1,4 +1,4 @@
-//! Linear kernels: one warp an output column over a tile of up to RT rows, or one row with several loads in flight; plain, fused gate-up (SwiGLU) and MoE expert-grouped forms.
+//! Linear kernels: a warp computes CT output columns over a tile of up to RT rows, or one column a row at a time with several loads in flight; plain, fused gate-up (SwiGLU) and MoE expert-grouped forms.
 // The reduction order (the row-invariance promise): for a weight row of length k, lane l of the warp accumulates
 // with fmaf the elements of its chunks l, l+32, l+64, ... in increasing order, where a chunk is 8 consecutive
 // elements when k (and a Q8 matrix's group) is a multiple of 8 (the "v8" kernels), else 1 element (the "v1"
@@ -318,8 +318,8 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
 }
 
 // Entry points, one per (dtype, chunk form, row form): linear_bf16_v8 (tiles of RT rows), linear_bf16_v8_r1 (one
-// row, U chunks in flight a lane), gateup_q8_v1, moe_down_f32_v8_r1, ... The host takes the _r1 form for one-row
-// calls (decode at one stream); both forms give every row the same bits. A warp of a tile form covers CT columns
+// row at a time, U chunks in flight a lane), gateup_q8_v1, moe_down_f32_v8_r1, ... The host takes the _r1 form for
+// calls of at most 4 rows (Dev::one_row); both forms give every row the same bits. A warp of a tile form covers CT columns
 // (CT / 2 for the gate-up forms, which read two matrices), of a one-row form 1.
 #define GC(C) ((C + 1) / 2)
 #define TF_DENSE_ENTRIES(NAME, DT, V, R, U, C)                                                                         \

@@ -4,9 +4,10 @@
 
 use super::CudaError;
 use super::nvrtc::{self, Image};
+use super::profile::Profile;
 use crate::backend::KernelError;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -154,17 +155,6 @@ pub struct Dev {
     pub r1_rows: Option<usize>,
 }
 
-/// Per-kernel launch counts and times (a measuring aid). `TENSORFOLD_CUDA_PROFILE=events`: each launch is
-/// bracketed by two timing events and nothing waits, so a kernel's time is its own device time and the stream's
-/// idle time between launches shows; any other value: each launch is bracketed by syncs (host wall time).
-#[derive(Default)]
-struct Profile {
-    names: HashMap<usize, String>,
-    stats: HashMap<String, (u64, f64)>,
-    /// Events mode: (kernel, event before, event after) of each launch since the last report.
-    events: Option<Vec<(String, CudaEvent, CudaEvent)>>,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -210,6 +200,12 @@ impl Dev {
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
         }
+        let r1_rows = match std::env::var("TENSORFOLD_CUDA_R1_ROWS") {
+            Ok(v) => {
+                Some(v.trim().parse().map_err(|_| CudaError::Setting { name: "TENSORFOLD_CUDA_R1_ROWS", value: v })?)
+            }
+            Err(_) => None,
+        };
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: called before any allocation; every operation of this backend is ordered on its one stream, so
         // cudarc's cross-stream event tracking has nothing to order.
@@ -230,10 +226,9 @@ impl Dev {
             error: Mutex::default(),
             consts: Mutex::default(),
             staging: Mutex::new(Staging::new()),
-            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE")
-                .map(|v| Mutex::new(Profile { events: (v == "events").then(Vec::new), ..Profile::default() })),
+            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events"))),
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
-            r1_rows: std::env::var("TENSORFOLD_CUDA_R1_ROWS").ok().and_then(|v| v.parse().ok()),
+            r1_rows,
         }))
     }
 
@@ -384,7 +379,7 @@ impl Dev {
         self.bind()?;
         let f = loaded.module.load_function(name).map_err(|e| driver(&format!("cuModuleGetFunction({name})"), e))?;
         if let Some(p) = &self.profile {
-            lock(p).names.insert(f.cu_function() as usize, name.to_string());
+            lock(p).name(f.cu_function() as usize, name);
         }
         funcs.insert(name.to_string(), f.clone());
         Ok(f)
@@ -454,14 +449,13 @@ impl Dev {
             })
             .collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
-        let events = self.profile.as_ref().is_some_and(|p| lock(p).events.is_some());
+        let (synced, evented) = self.profiled();
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let t0 = match &self.profile {
-            Some(_) if events => None,
-            Some(_) => Some((self.sync()?, std::time::Instant::now()).1),
-            None => None,
+        let t0 = match synced {
+            true => Some((self.sync()?, std::time::Instant::now()).1),
+            false => None,
         };
-        let before = match events {
+        let before = match evented {
             true => Some(self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?),
             false => None,
         };
@@ -474,41 +468,26 @@ impl Dev {
         .map_err(|e| driver("cuLaunchKernel", e))?;
         if let (Some(p), Some(t0)) = (&self.profile, t0) {
             self.sync()?;
-            let mut p = lock(p);
-            let name = p.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_default();
-            let e = p.stats.entry(name).or_default();
-            (e.0, e.1) = (e.0 + 1, e.1 + t0.elapsed().as_secs_f64());
+            lock(p).timed(f.cu_function() as usize, t0.elapsed().as_secs_f64());
         }
         if let (Some(p), Some(before)) = (&self.profile, before) {
             let after = self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?;
-            let mut p = lock(p);
-            let name = p.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_default();
-            p.events.get_or_insert_with(Vec::new).push((name, before, after));
+            lock(p).evented(f.cu_function() as usize, before, after);
         }
         Ok(())
+    }
+
+    /// How the next launch is profiled: (timed between syncs, timed by events).
+    fn profiled(&self) -> (bool, bool) {
+        self.profile.as_ref().map_or((false, false), |p| lock(p).mode())
     }
 
     /// The profile table (kernel, launches, total ms, µs a launch; largest first), cleared; `None` unless
     /// `TENSORFOLD_CUDA_PROFILE` was set when the device opened.
     pub fn take_profile(&self) -> Option<String> {
-        let mut p = lock(self.profile.as_ref()?);
-        let head = match p.events.take() {
-            Some(ev) => {
-                p.events = Some(Vec::new());
-                let (head, stats) = event_stats(self, ev);
-                p.stats = stats;
-                head
-            }
-            None => "synchronized per launch".to_string(),
-        };
-        let mut rows: Vec<(String, (u64, f64))> = p.stats.drain().collect();
-        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        let total: f64 = rows.iter().map(|r| r.1.1).sum();
-        let mut out = format!("kernel profile ({head}), {:.3} ms in all:\n", total * 1e3);
-        for (name, (n, s)) in rows {
-            out += &format!("  {name:<32} {n:>8} launches {:>10.3} ms {:>9.1} us each\n", s * 1e3, s * 1e6 / n as f64);
-        }
-        Some(out)
+        let p = self.profile.as_ref()?;
+        let synced = self.sync().is_ok();
+        Some(lock(p).report(synced))
     }
 
     /// A kernel's launch limits from the driver (`cuFuncGetAttribute`), for the contract's report.
@@ -554,30 +533,6 @@ impl Drop for Dev {
         // Queued copies may still read the staging ring, which is freed with the Dev.
         let _ = self.sync();
     }
-}
-
-/// The events profile's per-kernel (launches, device seconds), and a head line: the span from the first launch's
-/// start to the last one's end, the device time inside kernels, and the rest (the stream idle, waiting for the host,
-/// or running copies and memsets).
-fn event_stats(dev: &Dev, ev: Vec<(String, CudaEvent, CudaEvent)>) -> (String, HashMap<String, (u64, f64)>) {
-    let mut stats: HashMap<String, (u64, f64)> = HashMap::new();
-    if dev.sync().is_err() || ev.is_empty() {
-        return ("device events: none readable".to_string(), stats);
-    }
-    let mut busy = 0f64;
-    for (name, a, b) in &ev {
-        let ms = a.elapsed_ms(b).unwrap_or(0.0) as f64;
-        busy += ms;
-        let e = stats.entry(name.clone()).or_default();
-        (e.0, e.1) = (e.0 + 1, e.1 + ms * 1e-3);
-    }
-    let span = ev[0].1.elapsed_ms(&ev[ev.len() - 1].2).unwrap_or(0.0) as f64;
-    let head = format!(
-        "device time by events, {} launches: span {span:.3} ms, in kernels {busy:.3} ms, between them {:.3} ms",
-        ev.len(),
-        span - busy
-    );
-    (head, stats)
 }
 
 /// [`Dev::one_row`] with the override `r1_rows` given.

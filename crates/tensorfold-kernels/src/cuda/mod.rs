@@ -14,6 +14,7 @@ mod moe;
 pub mod nccl;
 pub mod nvrtc;
 mod ops;
+mod profile;
 mod trait_impl;
 mod types;
 
@@ -79,6 +80,14 @@ pub enum CudaError {
     /// A call's shapes disagree (where the CPU backend would have panicked).
     #[error("shape mismatch: {0}")]
     Shape(String),
+    /// A measuring setting from the environment could not be read.
+    #[error("{name}={value}: not a count (a whole number of rows)")]
+    Setting {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
 }
 
 impl CudaError {
