@@ -40,21 +40,29 @@ pub fn source(dir: Option<PathBuf>) -> anyhow::Result<Source> {
             Some(spec) => Source::Synthetic(std::sync::Arc::new(tensorfold_model::synthetic::Synthetic::parse(spec)?)),
             None => Source::Dir(d),
         },
-        None => default_model(),
+        None => default_model()?,
     })
 }
 
 /// The default model: embedded (the `embedded-model` feature, on by default).
 #[cfg(feature = "embedded-model")]
-fn default_model() -> Source {
-    Source::Embedded(FILES)
+fn default_model() -> anyhow::Result<Source> {
+    Ok(Source::Embedded(FILES))
 }
 
 /// The default model of a build without `embedded-model` (a slim binary for machines that get the repository
-/// beside it): read from `models/lfm2-moe-pycode` under the working directory.
+/// beside it): read from `models/lfm2-moe-pycode` under the working directory. Errors: that folder is missing.
 #[cfg(not(feature = "embedded-model"))]
-fn default_model() -> Source {
-    Source::Dir(PathBuf::from("models/lfm2-moe-pycode"))
+fn default_model() -> anyhow::Result<Source> {
+    let dir = PathBuf::from("models/lfm2-moe-pycode");
+    anyhow::ensure!(
+        dir.is_dir(),
+        "this binary was built without the embedded default model (--no-default-features): it reads {} under the \
+         working directory ({}), which is missing; run it from the repository root or pass --model DIR",
+        dir.display(),
+        std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default()
+    );
+    Ok(Source::Dir(dir))
 }
 
 #[cfg(feature = "embedded-model")]
