@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # An A/B of one measuring knob on one GPU, in one call: the CUDA check (contract and fixtures), then `bench forward`
-# on LFM2.5-24B-A2B's shape alternating A (the knob set: TENSORFOLD_CUDA_UNFUSED=1 runs fused kernels as their
-# parts, TENSORFOLD_CUDA_R1_ROWS=N sets the largest call that runs the one-row linears) and B (the default) runs of
-# the same binary, each printing its token hash (which must not change), then B's per-kernel profile by device
-# events (each kernel's own time, and the stream's idle time between launches). Runs carry/bin/tensorfold.gz or
-# .xz (built with `--features cuda`); logs go to $OUT.
-#
-# With ENGINE=SHAPE, the runs are `bench engine` (LEVELS streams, default 1,4,8,16,64; TOKENS, default 256) on that
+# on LFM2.5-24B-A2B's shape alternating A (the knob set: TENSORFOLD_CUDA_UNFUSED=1 runs fused kernels as their parts,
+# TENSORFOLD_CUDA_R1_ROWS=N sets the largest call that runs the one-row linears) and B (the default) runs of the same
+# binary in the order A B B A (so a drift or a second-run effect weighs on both sides), each printing its token hash
+# (which must not change), then B's per-kernel profile by device events (each kernel's own time, and the stream's idle
+# time between launches). Runs carry/bin/tensorfold.gz or .xz (built with `--features cuda`); logs go to $OUT.  With
+# ENGINE=SHAPE, the runs are `bench engine` (LEVELS streams, default 1,4,8,16,64; TOKENS, default 256) on that
 # synthetic shape instead (their reply hashes must not change either), and no profile.
 #
 #   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1
@@ -22,7 +21,7 @@ grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 2048 --decode $DECODE"
 [ -n "${ENGINE:-}" ] && F="bench engine --device cuda --model synthetic:$ENGINE --levels ${LEVELS:-1,4,8,16,64}
     --tokens ${TOKENS:-256} --reps 1 --temperatures 0 --check 4"
-for run in A1 B1 A2 B2; do
+for run in A1 B1 B2 A2; do
     case $run in
         A*) env "$KNOB" "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
         B*) "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;

@@ -10,7 +10,7 @@
 #   tools/cuda/llama_cuda.sh run [TOKENS]   carry ["carry/bin", "carry/lp2"]: the rest, then the comparison
 #
 # With CHECK=1, the CUDA check (tools/cuda/check.sh) runs first, beside the weights' synthesis and conversion. With
-# AB=NAME=VALUE, `bench engine` on the 8B weights then alternates A (the knob set) and B (the default) at 1, 4, 8
+# AB=NAME=VALUE, `bench engine` on the 8B weights then runs A (the knob set) and B (the default), A B B A, at 1, 4, 8
 # and 16 streams before the servers. Logs go to /tmp/tensorfold-llama, then as one logs.tgz (and the summary) to $OUT
 # (a call brings back at most 8 files).
 set -uo pipefail
@@ -59,7 +59,7 @@ wait $wpid
 [ -f /tmp/m8.gguf ] || exit 1
 if [ -n "${AB:-}" ]; then
     E="bench engine --device cuda --model /tmp/m8p --levels 1,4,8,16 --tokens 256 --reps 1 --temperatures 0 --check 4"
-    for run in A1 B1 A2 B2; do
+    for run in A1 B1 B2 A2; do
         case $run in
             A*) env "$AB" "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;
             B*) "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;

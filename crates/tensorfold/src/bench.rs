@@ -34,7 +34,8 @@ pub struct Grid {
 /// Options of `bench forward`.
 #[derive(clap::Args)]
 pub struct ForwardArgs {
-    /// Model directory or `synthetic:SHAPE[@SEED]` (default: the embedded default).
+    /// Model directory or `synthetic:SHAPE[@SEED]` (default: the default pair, models/lfm2-moe-pycode, compiled into
+    /// the binary unless built without `embedded-model`).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
     /// Prompt lengths to time a whole prefill at.

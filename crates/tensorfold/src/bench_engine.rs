@@ -19,7 +19,8 @@ use tensorfold_engine::{Engine, Event, FinishReason, ModelTarget, Request, Stats
 /// Options of `bench engine`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model directory (default: the embedded default).
+    /// Model directory (default: the default pair, models/lfm2-moe-pycode, compiled into the binary unless built
+    /// without `embedded-model`).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
     /// Concurrency levels, tokens, repetitions and temperatures.
@@ -34,7 +35,7 @@ pub struct Args {
     /// Most drafts a verify window carries (0: plain decode rounds only).
     #[arg(long, default_value_t = 0)]
     max_draft: usize,
-    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    /// DSpark drafter directory (default: the default pair's own drafter, when the model is the default pair).
     #[arg(long)]
     drafter: Option<std::path::PathBuf>,
     /// Quantize the drafter's linears at load: 8 = 8-bit affine codes.

@@ -9,7 +9,8 @@ use tensorfold_model::exact::{Reference, run_checks};
 /// Arguments of `tensorfold exact`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model directory (default: the embedded default model).
+    /// Hugging Face model directory (default: the default pair, models/lfm2-moe-pycode, compiled into the binary unless
+    /// built without `embedded-model`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Reference safetensors file: `input_ids` (I64 [n]) and `logits` (F32 [n, vocab]); see docs/exact.md.

@@ -16,7 +16,8 @@ use tensorfold_model::text::ChatMessage;
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "chat", "prompt_ids"])))]
 pub struct Args {
-    /// Hugging Face model directory (default: the embedded default model).
+    /// Hugging Face model directory (default: the default pair, models/lfm2-moe-pycode, compiled into the binary unless
+    /// built without `embedded-model`).
     #[arg(long, env = "TENSORFOLD_MODEL")]
     model: Option<PathBuf>,
     /// Raw prompt text (encoded with the tokenizer's special tokens).
@@ -58,7 +59,7 @@ pub struct Args {
     /// Prompt rows per prefill call.
     #[arg(long, default_value_t = 512)]
     chunk: usize,
-    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    /// DSpark drafter directory (default: the default pair's own drafter, when the model is the default pair).
     #[arg(long, env = "TENSORFOLD_DRAFTER")]
     drafter: Option<PathBuf>,
     /// Quantize the drafter's linears at load: 8 = 8-bit affine codes (default: as stored, bf16).

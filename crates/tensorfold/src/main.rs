@@ -33,7 +33,8 @@ enum Command {
     Exact(exact::Args),
     /// Print a checkpoint's family, layer plan, parameter count, dtypes and bytes.
     Inspect {
-        /// Hugging Face model directory (default: the embedded default model).
+        /// Hugging Face model directory (default: the default pair, models/lfm2-moe-pycode, compiled into the binary
+        /// unless built without `embedded-model`).
         dir: Option<PathBuf>,
     },
     /// Run the kernel contract: references, row invariance, edge cases and planted controls.

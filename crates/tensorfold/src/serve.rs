@@ -13,7 +13,8 @@ use tensorfold_server::{ServeOptions, state::Ready};
 /// Arguments of `tensorfold serve`; every flag has a `TENSORFOLD_*` environment mirror (the flag wins).
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model directory, or `synthetic:SHAPE[@SEED]` (default: the embedded default model).
+    /// Hugging Face model directory, or `synthetic:SHAPE[@SEED]` (default: the default pair, models/lfm2-moe-pycode,
+    /// compiled into the binary unless built without `embedded-model`).
     #[arg(env = "TENSORFOLD_MODEL")]
     model: Option<PathBuf>,
     /// The same as the positional MODEL, as the other commands spell it.
@@ -55,7 +56,7 @@ pub struct Args {
     /// Most drafted tokens verified in one window.
     #[arg(long, default_value_t = 8, env = "TENSORFOLD_MAX_DRAFT")]
     max_draft: usize,
-    /// DSpark drafter directory (default: the embedded default model's own drafter, when it has one).
+    /// DSpark drafter directory (default: the default pair's own drafter, when the model is the default pair).
     #[arg(long, env = "TENSORFOLD_DRAFTER")]
     drafter: Option<PathBuf>,
     /// Quantize the drafter's linears at load: 8 = 8-bit affine codes (default: as stored, bf16).
