@@ -21,14 +21,8 @@ grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 2048 --decode $DECODE"
 [ -n "${ENGINE:-}" ] && F="bench engine --device cuda --model synthetic:$ENGINE --levels ${LEVELS:-1,4,8,16,64}
     --tokens ${TOKENS:-256} --reps 1 --temperatures 0 --check 4"
-for run in A1 B1 B2 A2; do
-    case $run in
-        A*) env "$KNOB" "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
-        B*) "$BIN" $F >"$OUT/f24-$run.log" 2>&1 ;;
-    esac
-    echo "-- $run rc=$?"
-    grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:" "$OUT/f24-$run.log"
-done
+# shellcheck disable=SC2086 # F is a list of arguments
+ab_runs f24 "$KNOB" $F
 [ -n "${ENGINE:-}" ] && exit 0
 TENSORFOLD_CUDA_PROFILE=events "$BIN" bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 16 \
     --decode 16 >"$OUT/p24.log" 2>&1

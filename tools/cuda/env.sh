@@ -37,3 +37,18 @@ run() {
     summary+=("$name rc=$rc $(($(date +%s) - t0))s")
     tail -"${RUN_TAIL:-12}" "$OUT/$name.log"
 }
+# ab_runs NAME KNOB ARGS...: "$BIN" ARGS... four times, A B B A, A with the environment assignment KNOB
+# (NAME=VALUE) and B without, each into $OUT/NAME-RUN.log; prints each run's rc and its figure and hash lines.
+ab_runs() {
+    local name=$1 knob=$2 run rc
+    shift 2
+    for run in A1 B1 B2 A2; do
+        case $run in
+            A*) env "$knob" "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;
+            B*) "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;
+        esac
+        rc=$?
+        echo "-- $name $run rc=$rc"
+        grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:" "$OUT/$name-$run.log"
+    done
+}

@@ -59,14 +59,8 @@ wait $wpid
 [ -f /tmp/m8.gguf ] || exit 1
 if [ -n "${AB:-}" ]; then
     E="bench engine --device cuda --model /tmp/m8p --levels 1,4,8,16 --tokens 256 --reps 1 --temperatures 0 --check 4"
-    for run in A1 B1 B2 A2; do
-        case $run in
-            A*) env "$AB" "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;
-            B*) "$BIN" $E >"$OUT/e8-$run.log" 2>&1 ;;
-        esac
-        stamp "e8 $run rc=$?"
-        grep -E "^ +[0-9]+ |^replies|equal:" "$OUT/e8-$run.log"
-    done
+    # shellcheck disable=SC2086 # E is a list of arguments
+    ab_runs e8 "$AB" $E | tee -a "$OUT/steps.log"
 fi
 wait_health() { for _ in $(seq 1 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.2; done; return 1; }
 B="--levels 1,4,8,16,64 --tokens $TOKENS --reps 1 --temperatures 0"
