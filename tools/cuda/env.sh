@@ -49,6 +49,6 @@ ab_runs() {
         esac
         rc=$?
         echo "-- $name $run rc=$rc"
-        grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:" "$OUT/$name-$run.log"
+        grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:|cuda graphs" "$OUT/$name-$run.log"
     done
 }

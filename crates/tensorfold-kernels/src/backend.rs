@@ -302,6 +302,12 @@ pub trait Backend: Send + Sync {
     fn take_profile(&self) -> Option<String> {
         None
     }
+
+    /// One line on how the backend batched its launches since it opened (the CUDA backend's graph replays,
+    /// `cuda/graphs.rs`); `None` where there is nothing to say.
+    fn graph_report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Best of 5 host copies of 512 MiB, in bytes moved (read + write) per second.

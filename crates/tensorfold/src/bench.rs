@@ -142,6 +142,9 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         1.0 / step_s,
         prompt.len()
     );
+    if let Some(g) = m.backend.graph_report() {
+        println!("{g}");
+    }
     match m.backend.memory_high() {
         Some((used, reserved)) => println!(
             "peak device memory: {:.2} GiB allocated, {:.2} GiB reserved by the pool (weights {:.2} GiB)",

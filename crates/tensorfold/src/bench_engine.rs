@@ -225,6 +225,9 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             high.map_or("host memory".into(), |(a, r)| format!("peak {} allocated, {} reserved", size(a), size(r)));
         println!("device {d}: weights {}, {high}", size(w));
     }
+    if let Some(g) = solo_model.backend.graph_report() {
+        println!("{g}");
+    }
     println!("equal: {equal_all} of {total_all} concurrent replies checked equal their solo runs");
     Ok(if equal_all == total_all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -3,6 +3,7 @@
 //! the trait's infallible methods leave for the next fallible one.
 
 use super::CudaError;
+use super::graphs::{self, Graphs, Op, Queue};
 use super::nvrtc::{self, Image};
 use super::profile::Profile;
 use crate::backend::KernelError;
@@ -11,7 +12,6 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -32,6 +32,11 @@ pub const CT: usize = 4;
 pub const KEY_CHUNK: usize = 256;
 /// Largest grid y or z dimension.
 pub const GRID_YZ: usize = 65535;
+
+mod lane;
+
+pub(crate) use lane::graphs_setting;
+use lane::{Lane, Staging, keep_pool_memory};
 
 const COMMON: &str = include_str!("common.cuh");
 
@@ -141,8 +146,9 @@ pub struct Dev {
     modules: Mutex<Modules>,
     /// The first failure waiting to be reported, and whether it left the device unusable.
     error: Mutex<Option<(String, bool)>>,
-    /// Page-locked staging for small host-to-device copies (see [`Staging`]).
-    staging: Mutex<Option<Staging>>,
+    /// Everything that touches the stream: the staging arena, the queue of deferred operations and the graphs.
+    /// Held while an operation is recorded or issued, so no thread's work lands inside another's capture.
+    lane: Mutex<Lane>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
@@ -201,11 +207,14 @@ impl Dev {
             return Err(CudaError::NoDevice { ordinal, count });
         }
         let r1_rows = match std::env::var("TENSORFOLD_CUDA_R1_ROWS") {
-            Ok(v) => {
-                Some(v.trim().parse().map_err(|_| CudaError::Setting { name: "TENSORFOLD_CUDA_R1_ROWS", value: v })?)
-            }
+            Ok(v) => Some(v.trim().parse().map_err(|_| CudaError::Setting {
+                name: "TENSORFOLD_CUDA_R1_ROWS",
+                value: v,
+                want: "a count (a whole number of rows)",
+            })?),
             Err(_) => None,
         };
+        let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: called before any allocation; every operation of this backend is ordered on its one stream, so
         // cudarc's cross-stream event tracking has nothing to order.
@@ -214,8 +223,12 @@ impl Dev {
         let (major, minor) = ctx.compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown device".to_string());
         keep_pool_memory(&ctx);
-        // The staging ring is allocated in this context.
+        // The staging arena is allocated in this context.
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let profile = std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events")));
+        let arena = Staging::new();
+        let deferred = graphs && profile.is_none() && arena.is_some();
+        let lane = Lane { arena, queue: Queue::default(), graphs: Graphs::default(), deferred };
         Ok(Arc::new(Dev {
             ctx,
             stream,
@@ -225,8 +238,8 @@ impl Dev {
             modules: Mutex::default(),
             error: Mutex::default(),
             consts: Mutex::default(),
-            staging: Mutex::new(Staging::new()),
-            profile: std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events"))),
+            lane: Mutex::new(lane),
+            profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
         }))
@@ -241,9 +254,11 @@ impl Dev {
         self.ctx.ordinal()
     }
 
-    /// The one stream every operation of this device is ordered on (for NCCL calls), with the context bound.
+    /// The one stream every operation of this device is ordered on (for NCCL calls), with the context bound and
+    /// every queued operation issued ahead of what the caller enqueues.
     pub fn stream(&self) -> Result<sys::CUstream, CudaError> {
         self.bind()?;
+        self.flush(&mut lock(&self.lane))?;
         Ok(self.stream.cu_stream())
     }
 
@@ -253,6 +268,9 @@ impl Dev {
             return Ok(None);
         }
         self.bind()?;
+        // Stream-ordered and issued now, ahead of queued work: safe because the pool only reuses memory on this
+        // stream (`keep_pool_memory`), where every use runs in program order.
+        let _lane = lock(&self.lane);
         // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
         let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| driver("cuMemAllocAsync", e))?;
         let ptr = slice.device_ptr(&self.stream).0;
@@ -281,81 +299,6 @@ impl Dev {
         let ptr = m.ptr;
         c.insert(words.to_vec(), m);
         Ok(ptr)
-    }
-
-    /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes). Small copies (a call's
-    /// segment tables) go through page-locked staging, so they queue without the driver staging pageable memory.
-    pub fn htod<T: Copy>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        let bytes = std::mem::size_of_val(src);
-        if bytes <= STAGED_MAX {
-            let mut g = lock(&self.staging);
-            if let Some(st) = g.as_mut() {
-                if st.at + bytes > STAGING_BYTES {
-                    // Every copy queued from the ring so far must have run before its bytes are overwritten.
-                    self.sync()?;
-                    st.at = 0;
-                }
-                // SAFETY: [at, at + bytes) lies inside the page-locked block (checked above); nothing queued still
-                // reads it (the sync above, the ring only moving forward in between); src and the block don't overlap.
-                let staged = unsafe {
-                    let p = st.ptr.add(st.at);
-                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, p, bytes);
-                    std::slice::from_raw_parts(p as *const u8, bytes)
-                };
-                st.at += bytes.next_multiple_of(16);
-                // SAFETY: `dst` holds `bytes` (callers size it); `staged` stays untouched until the copy has run.
-                return unsafe { result::memcpy_htod_async(dst, staged, self.stream.cu_stream()) }
-                    .map_err(|e| driver("cuMemcpyHtoD", e));
-            }
-        }
-        // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
-        // returns, so `src` may be dropped afterwards.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(|e| driver("cuMemcpyHtoD", e))
-    }
-
-    /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
-    /// kernel's failure surfaces here).
-    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
-        if !dst.is_empty() {
-            self.bind()?;
-            // SAFETY: `src` holds `size_of_val(dst)` bytes (callers check); the stream is synchronized below
-            // before `dst` is used.
-            unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
-                .map_err(|e| driver("cuMemcpyDtoH", e))?;
-        }
-        self.sync()
-    }
-
-    /// Copies `bytes` between device addresses (stream-ordered).
-    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: both ranges hold `bytes` bytes (callers check).
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(|e| driver("cuMemcpyDtoD", e))
-    }
-
-    /// Sets `bytes` bytes at `dst` to `value` (0x00 gives f32 zeros, 0xff gives NaNs).
-    pub fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<(), CudaError> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: `dst` holds `bytes` bytes (callers check).
-        unsafe { result::memset_d8_async(dst, value, bytes, self.stream.cu_stream()) }
-            .map_err(|e| driver("cuMemsetD8", e))
-    }
-
-    /// Waits for every operation queued so far.
-    pub fn sync(&self) -> Result<(), CudaError> {
-        self.bind()?;
-        self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
     /// Whether a call of `rows` rows (dense, or a MoE layer's) runs the `_r1` linears: at most [`R1_ROWS`], or
@@ -440,7 +383,7 @@ impl Dev {
         self.bind()?;
         // One 8-byte slot an argument; the driver reads each parameter's size from the start of its slot, so a
         // 32-bit value goes into the slot's first 4 bytes.
-        let mut slots: Vec<u64> = args
+        let slots: Vec<u64> = args
             .iter()
             .map(|a| match *a {
                 Arg::P(v) | Arg::U(v) => v,
@@ -448,8 +391,20 @@ impl Dev {
                 Arg::F(v) => low_bytes(v.to_ne_bytes()),
             })
             .collect();
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let func = f.cu_function() as usize;
+        let op = Op::Launch { func, grid, block, smem, args: (0, slots.len() as u32) };
         let (synced, evented) = self.profiled();
+        if !synced && !evented {
+            let mut l = lock(&self.lane);
+            if l.deferred {
+                l.queue.launch(func, grid, block, smem, &slots);
+                return Ok(());
+            }
+            // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers
+            // are live allocations of this context (or null where the kernel never reads them), and the kernels
+            // stay in the bounds their launchers checked.
+            return unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &slots) };
+        }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = match synced {
             true => Some((self.sync()?, std::time::Instant::now()).1),
@@ -459,20 +414,15 @@ impl Dev {
             true => Some(self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?),
             false => None,
         };
-        // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers are
-        // live allocations of this context (or null where the kernel never reads them), and the kernels stay in
-        // the bounds their launchers checked. The slots outlive the call, which copies them.
-        unsafe {
-            result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
-        }
-        .map_err(|e| driver("cuLaunchKernel", e))?;
+        // SAFETY: as above.
+        unsafe { graphs::issue(self.stream.cu_stream(), std::ptr::null(), &op, &slots) }?;
         if let (Some(p), Some(t0)) = (&self.profile, t0) {
             self.sync()?;
-            lock(p).timed(f.cu_function() as usize, t0.elapsed().as_secs_f64());
+            lock(p).timed(func, t0.elapsed().as_secs_f64());
         }
         if let (Some(p), Some(before)) = (&self.profile, before) {
             let after = self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?;
-            lock(p).evented(f.cu_function() as usize, before, after);
+            lock(p).evented(func, before, after);
         }
         Ok(())
     }
@@ -530,7 +480,7 @@ impl Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
-        // Queued copies may still read the staging ring, which is freed with the Dev.
+        // Queued copies may still read the staging arena, which is freed with the Dev.
         let _ = self.sync();
     }
 }
@@ -544,93 +494,4 @@ fn low_bytes(b: [u8; 4]) -> u64 {
     let mut s = [0u8; 8];
     s[..4].copy_from_slice(&b);
     u64::from_ne_bytes(s)
-}
-
-impl Dev {
-    /// Best of 5 device-to-device copies of 512 MiB, in bytes moved (read + write) per second.
-    pub fn copy_bandwidth(&self) -> Result<f64, CudaError> {
-        let n = 512usize << 20;
-        let (src, dst) = (self.alloc(n)?, self.alloc(n)?);
-        let (Some(src), Some(dst)) = (src, dst) else { return Err(CudaError::Unallocated) };
-        // Not zeros (METHOD: zeros can run faster than real data); a copy's speed does not depend on the values.
-        self.memset(src.ptr, 0x5a, n)?;
-        self.dtod(dst.ptr, src.ptr, n)?;
-        self.sync()?;
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = std::time::Instant::now();
-            self.dtod(dst.ptr, src.ptr, n)?;
-            self.sync()?;
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        Ok(2.0 * n as f64 / best)
-    }
-
-    /// The default pool's high-water marks: `(used, reserved)` bytes.
-    pub fn pool_high(&self) -> Result<(usize, usize), CudaError> {
-        self.bind()?;
-        let attr = |a: sys::CUmemPool_attribute| -> Result<usize, CudaError> {
-            let mut v = 0u64;
-            // SAFETY: the device handle belongs to a live context; both attributes are u64.
-            unsafe {
-                let pool = result::device::get_default_mem_pool(self.ctx.cu_device())
-                    .map_err(|e| driver("cuDeviceGetDefaultMemPool", e))?;
-                result::mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut c_void)
-                    .map_err(|e| driver("cuMemPoolGetAttribute", e))?;
-            }
-            Ok(v as usize)
-        };
-        Ok((
-            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
-        ))
-    }
-}
-
-/// Largest copy that goes through [`Staging`].
-const STAGED_MAX: usize = 64 << 10;
-/// Size of the page-locked staging ring.
-const STAGING_BYTES: usize = 4 << 20;
-
-/// A page-locked host ring for small host-to-device copies: a copy from pageable memory may make the driver stage it
-/// (and wait) on every call, and a decode step makes a hundred such copies. Bytes are written at `at` and only
-/// reused after a stream sync.
-struct Staging {
-    ptr: *mut u8,
-    at: usize,
-}
-
-// SAFETY: the ring is only touched under Dev's mutex; the pointer is a driver allocation valid on every thread.
-unsafe impl Send for Staging {}
-
-impl Staging {
-    /// The ring, or `None` when page-locked memory cannot be had (copies then stay pageable).
-    fn new() -> Option<Self> {
-        // SAFETY: plain page-locked allocation; freed in Drop.
-        let p = unsafe { result::malloc_host(STAGING_BYTES, 0) }.ok()?;
-        Some(Self { ptr: p as *mut u8, at: 0 })
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host; Dev (its owner) is dropped after its stream's work is done.
-        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
-    }
-}
-
-/// Keeps freed memory in the device's default pool instead of returning it at every synchronization (the
-/// forward allocates and frees its activations every call). Best effort: a failure changes only speed.
-fn keep_pool_memory(ctx: &CudaContext) {
-    // SAFETY: the device handle belongs to a live context; the attribute takes a u64, which `v` is.
-    unsafe {
-        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
-            let mut v = u64::MAX;
-            let _ = result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut v as *mut u64 as *mut c_void,
-            );
-        }
-    }
 }

@@ -10,6 +10,7 @@
 mod attention;
 mod conv;
 mod device;
+mod graphs;
 mod moe;
 pub mod nccl;
 pub mod nvrtc;
@@ -81,12 +82,14 @@ pub enum CudaError {
     #[error("shape mismatch: {0}")]
     Shape(String),
     /// A measuring setting from the environment could not be read.
-    #[error("{name}={value}: not a count (a whole number of rows)")]
+    #[error("{name}={value}: expected {want}")]
     Setting {
         /// The variable.
         name: &'static str,
         /// Its value.
         value: String,
+        /// What it takes.
+        want: &'static str,
     },
 }
 
@@ -284,6 +287,17 @@ mod tests {
         assert!(one_row(None, 1) && one_row(None, 4) && !one_row(None, 5));
         assert!(!one_row(Some(0), 1), "0 never takes them");
         assert!(one_row(Some(8), 8) && !one_row(Some(8), 9) && !one_row(Some(1), 2));
+    }
+
+    #[test]
+    fn graphs_are_on_unless_set_to_0_and_any_other_value_is_a_named_error() {
+        use device::graphs_setting;
+        assert_eq!(graphs_setting(None), Ok(true));
+        assert_eq!(graphs_setting(Some(" 1".into())), Ok(true));
+        assert_eq!(graphs_setting(Some("0".into())), Ok(false));
+        let e = graphs_setting(Some("yes".into())).unwrap_err();
+        assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_GRAPHS", .. }), "{e}");
+        assert!(e.to_string().contains("TENSORFOLD_CUDA_GRAPHS=yes: expected 0"), "{e}");
     }
 
     #[test]

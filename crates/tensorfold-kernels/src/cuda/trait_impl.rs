@@ -315,6 +315,10 @@ impl Backend for CudaBackend {
         self.dev.take_profile()
     }
 
+    fn graph_report(&self) -> Option<String> {
+        Some(self.dev.graph_report())
+    }
+
     fn greedy(&self, logits: &CudaBuf, vocab: usize) -> Vec<Pick> {
         let rows = logits.len().checked_div(vocab).map_or(0, |_| logits.len().div_ceil(vocab));
         let flagged = || vec![Pick { token: 0, nonfinite: true }; rows];

@@ -1,0 +1,297 @@
+//! The host side of a device's one stream: the page-locked staging arena, the queue of deferred operations and its
+//! CUDA graphs (`graphs.rs`), the copies and syncs, and the memory pool's settings and probes.
+
+use super::{Dev, driver, lock};
+use crate::cuda::CudaError;
+use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue};
+use cudarc::driver::{CudaContext, result, sys};
+use std::ffi::c_void;
+
+/// The stream's host side (see [`Dev`]'s `lane`).
+pub(super) struct Lane {
+    /// Page-locked staging for small host-to-device copies; `None` when it could not be had.
+    pub(super) arena: Option<Staging>,
+    /// Operations recorded since the last flush (only while `deferred`).
+    pub(super) queue: Queue,
+    /// Captured graphs and the flush counters.
+    pub(super) graphs: Graphs<Exec>,
+    /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
+    /// `TENSORFOLD_CUDA_GRAPHS=0`, under a profile (it times launches one by one) or without a staging arena.
+    pub(super) deferred: bool,
+}
+
+impl Lane {
+    pub(super) fn arena_ptr(&self) -> *const u8 {
+        self.arena.as_ref().map_or(std::ptr::null(), |a| a.ptr as *const u8)
+    }
+}
+
+impl Dev {
+    /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes). Small copies (a call's
+    /// segment tables) go through the page-locked arena, so they queue (or join a graph) without the driver staging
+    /// pageable memory; a larger one first issues everything queued, then copies from `src` directly.
+    pub fn htod<T: Copy>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let bytes = std::mem::size_of_val(src);
+        let mut l = lock(&self.lane);
+        if bytes > STAGED_MAX || l.arena.is_none() {
+            self.flush(&mut l)?;
+            // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
+            // returns, so `src` may be dropped afterwards.
+            return unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+                .map_err(|e| driver("cuMemcpyHtoD", e));
+        }
+        if l.arena.as_ref().is_some_and(|a| a.at + bytes > STAGING_BYTES) {
+            // Every copy queued or issued from the arena must have run before its bytes are overwritten.
+            self.settle(&mut l)?;
+        }
+        let Some(st) = l.arena.as_mut() else { return Err(CudaError::Unallocated) };
+        let at = st.at;
+        // SAFETY: [at, at + bytes) lies inside the page-locked block (checked above); nothing queued or running
+        // reads it (the arena only moves forward between syncs); src and the block don't overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, st.ptr.add(at), bytes) };
+        st.at += bytes.next_multiple_of(16);
+        let op = Op::Htod { dst, at, bytes };
+        if l.deferred {
+            l.queue.ops.push(op);
+            return Ok(());
+        }
+        // SAFETY: `dst` holds `bytes` (callers size it); the staged bytes stay untouched until the copy has run.
+        unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &[]) }
+    }
+
+    /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
+    /// kernel's failure surfaces here).
+    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
+        self.bind()?;
+        let mut l = lock(&self.lane);
+        self.flush(&mut l)?;
+        if !dst.is_empty() {
+            // SAFETY: `src` holds `size_of_val(dst)` bytes (callers check); the stream is synchronized below
+            // before `dst` is used.
+            unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+                .map_err(|e| driver("cuMemcpyDtoH", e))?;
+        }
+        self.settle(&mut l)
+    }
+
+    /// Copies `bytes` between device addresses (stream-ordered).
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges hold `bytes` bytes (callers check).
+        unsafe { self.record(Op::Dtod { dst, src, bytes }) }
+    }
+
+    /// Sets `bytes` bytes at `dst` to `value` (0x00 gives f32 zeros, 0xff gives NaNs).
+    pub fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `dst` holds `bytes` bytes (callers check).
+        unsafe { self.record(Op::Memset { dst, value, bytes }) }
+    }
+
+    /// Queues `op` (deferred) or issues it now.
+    ///
+    /// # Safety
+    /// As [`graphs::issue`].
+    pub(super) unsafe fn record(&self, op: Op) -> Result<(), CudaError> {
+        self.bind()?;
+        let mut l = lock(&self.lane);
+        if l.deferred {
+            l.queue.ops.push(op);
+            return Ok(());
+        }
+        // SAFETY: per this function's contract.
+        unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &[]) }
+    }
+
+    /// Waits for every operation queued so far.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.settle(&mut lock(&self.lane))
+    }
+
+    /// Issues the queue, waits for the stream, and rewinds the arena (nothing reads it any more).
+    pub(super) fn settle(&self, l: &mut Lane) -> Result<(), CudaError> {
+        self.flush(l)?;
+        self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?;
+        if let Some(a) = l.arena.as_mut() {
+            a.at = 0;
+        }
+        Ok(())
+    }
+
+    /// Issues the queued operations: a cached graph's replay, a capture, or one by one (`graphs.rs` decides).
+    pub(super) fn flush(&self, l: &mut Lane) -> Result<(), CudaError> {
+        if l.queue.ops.is_empty() {
+            return Ok(());
+        }
+        let (arena, raw) = (l.arena_ptr(), self.stream.cu_stream());
+        let Lane { queue, graphs, .. } = l;
+        let one_by_one = |q: &Queue| {
+            // SAFETY: every op was recorded by a launcher that checked its addresses and sizes; the arena's bytes
+            // stay put until the next settle.
+            q.ops.iter().try_for_each(|op| unsafe { graphs::issue(raw, arena, op, &q.args) })
+        };
+        let r = match graphs.plan(queue) {
+            Plan::Eager => one_by_one(queue),
+            Plan::Replay(key) => match graphs.exec(key) {
+                Some(e) => e.0.launch().map_err(|e| driver("cuGraphLaunch", e)),
+                None => one_by_one(queue),
+            },
+            // SAFETY: as above.
+            Plan::Capture(key) => match unsafe { graphs::capture(&self.stream, arena, queue) } {
+                Ok(exec) => {
+                    let r = exec.0.launch().map_err(|e| driver("cuGraphLaunch", e));
+                    graphs.keep(key, queue, exec);
+                    r
+                }
+                Err(_) => {
+                    graphs.refused(key);
+                    one_by_one(queue)
+                }
+            },
+        };
+        queue.clear();
+        r
+    }
+
+    /// What the deferred queue did since the device opened (flushes replayed, captured, issued one by one), or
+    /// that it is off.
+    pub fn graph_report(&self) -> String {
+        let l = lock(&self.lane);
+        if !l.deferred {
+            return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".into();
+        }
+        let s = l.graphs.stats;
+        format!(
+            "cuda graphs: {} flushes replayed, {} captured ({} refused), {} issued op by op; {} of {} operations ran in graphs; {} graphs held",
+            s.replays,
+            s.captures,
+            s.failed,
+            s.eager,
+            s.graph_ops,
+            s.ops,
+            l.graphs.len()
+        )
+    }
+}
+
+/// `TENSORFOLD_CUDA_GRAPHS` (a measuring aid for A/B runs in one binary; the bits are the same either way): unset or
+/// `1` defers stream operations and replays graphs, `0` issues each operation when it is made.
+pub(crate) fn graphs_setting(v: Option<String>) -> Result<bool, CudaError> {
+    match v.as_deref().map(str::trim) {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(_) => Err(CudaError::Setting {
+            name: "TENSORFOLD_CUDA_GRAPHS",
+            value: v.unwrap_or_default(),
+            want: "0 (off) or 1 (on, the default)",
+        }),
+    }
+}
+
+impl Dev {
+    /// Best of 5 device-to-device copies of 512 MiB, in bytes moved (read + write) per second.
+    pub fn copy_bandwidth(&self) -> Result<f64, CudaError> {
+        let n = 512usize << 20;
+        let (src, dst) = (self.alloc(n)?, self.alloc(n)?);
+        let (Some(src), Some(dst)) = (src, dst) else { return Err(CudaError::Unallocated) };
+        // Not zeros (METHOD: zeros can run faster than real data); a copy's speed does not depend on the values.
+        self.memset(src.ptr, 0x5a, n)?;
+        self.dtod(dst.ptr, src.ptr, n)?;
+        self.sync()?;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            self.dtod(dst.ptr, src.ptr, n)?;
+            self.sync()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * n as f64 / best)
+    }
+
+    /// The default pool's high-water marks: `(used, reserved)` bytes.
+    pub fn pool_high(&self) -> Result<(usize, usize), CudaError> {
+        self.bind()?;
+        let attr = |a: sys::CUmemPool_attribute| -> Result<usize, CudaError> {
+            let mut v = 0u64;
+            // SAFETY: the device handle belongs to a live context; both attributes are u64.
+            unsafe {
+                let pool = result::device::get_default_mem_pool(self.ctx.cu_device())
+                    .map_err(|e| driver("cuDeviceGetDefaultMemPool", e))?;
+                result::mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut c_void)
+                    .map_err(|e| driver("cuMemPoolGetAttribute", e))?;
+            }
+            Ok(v as usize)
+        };
+        Ok((
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        ))
+    }
+}
+
+/// Largest copy that goes through [`Staging`].
+const STAGED_MAX: usize = 64 << 10;
+/// Size of the page-locked staging ring.
+const STAGING_BYTES: usize = 4 << 20;
+
+/// A page-locked host arena for small host-to-device copies: a copy from pageable memory may make the driver stage it
+/// (and wait) on every call, a decode step makes a hundred such copies, and a graph's copy nodes read fixed host
+/// addresses. Bytes are written at `at`, which only moves forward between stream syncs and rewinds at each one, so a
+/// step that starts after a sync stages its tables at the same offsets every time.
+pub(super) struct Staging {
+    ptr: *mut u8,
+    at: usize,
+}
+
+// SAFETY: the ring is only touched under Dev's mutex; the pointer is a driver allocation valid on every thread.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// The ring, or `None` when page-locked memory cannot be had (copies then stay pageable).
+    pub(super) fn new() -> Option<Self> {
+        // SAFETY: plain page-locked allocation; freed in Drop.
+        let p = unsafe { result::malloc_host(STAGING_BYTES, 0) }.ok()?;
+        Some(Self { ptr: p as *mut u8, at: 0 })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host; Dev (its owner) is dropped after its stream's work is done.
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+    }
+}
+
+/// Keeps freed memory in the device's default pool instead of returning it at every synchronization (the
+/// forward allocates and frees its activations every call), and lets the pool hand freed memory only to later
+/// allocations on the same stream: with deferred operations a buffer's free is enqueued before the queued kernels
+/// that last use it, which is only safe while every later user runs after them in stream order. Best effort for the
+/// threshold (a failure changes only speed); the reuse limits matter only with a second stream, which this backend
+/// never creates.
+pub(super) fn keep_pool_memory(ctx: &CudaContext) {
+    use sys::CUmemPool_attribute::*;
+    // SAFETY: the device handle belongs to a live context; the threshold takes a u64, the reuse flags an int.
+    unsafe {
+        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
+            let mut v = u64::MAX;
+            let _ = result::mem_pool::set_attribute(
+                pool,
+                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut v as *mut u64 as *mut c_void,
+            );
+            for a in [CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES] {
+                let mut off: i32 = 0;
+                let _ = result::mem_pool::set_attribute(pool, a, &mut off as *mut i32 as *mut c_void);
+            }
+        }
+    }
+}

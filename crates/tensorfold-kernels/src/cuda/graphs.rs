@@ -1,0 +1,333 @@
+//! Deferred stream operations and CUDA graphs: a device queues its launches, small copies and memsets until
+//! something waits for them, then replays a captured graph of that exact sequence when it ran before, else issues
+//! them one by one (docs/cuda.md, "CUDA graphs").
+//!
+//! Why: a 24B decode step is about 560 launches of a few microseconds each, and the stream sat idle between them
+//! (the events profile). A graph launch hands the device the whole step at once. A replay is only taken when the
+//! recorded sequence (kernels, grids, every argument word, copy addresses and sizes) equals the captured one
+//! exactly, so it runs the same kernels on the same addresses with the same arguments as issuing them would: the
+//! bits cannot differ. What changes from step to step (positions, cache addresses, token ids) travels in small
+//! host-to-device copies out of a page-locked arena, which a graph's copy nodes read when the graph runs.
+
+use super::CudaError;
+use super::device::driver;
+use cudarc::driver::{CudaGraph, CudaStream, result, sys};
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// Queues shorter than this are issued one by one: a graph's launch and bookkeeping would not pay.
+pub(crate) const MIN_GRAPH_OPS: usize = 16;
+/// Graphs kept (least recently used evicted): decode buckets times the attention key-chunk counts in use.
+const GRAPHS_MAX: usize = 64;
+/// Sequences remembered as seen once (cleared when full): a sequence is captured on its second sighting, so a
+/// one-off prefill chunk is never captured.
+const SEEN_MAX: usize = 4096;
+
+/// One stream operation, as recorded. Launch arguments live in the queue's flat `args` at `args.0 .. +args.1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Op {
+    /// `cuLaunchKernel(func, grid, (block, 1, 1), smem, args)`; `func` is the `CUfunction` handle's address.
+    Launch { func: usize, grid: (u32, u32, u32), block: u32, smem: u32, args: (u32, u32) },
+    /// `bytes` from the arena at offset `at` to device address `dst`.
+    Htod { dst: u64, at: usize, bytes: usize },
+    /// `bytes` from device address `src` to `dst`.
+    Dtod { dst: u64, src: u64, bytes: usize },
+    /// `bytes` at `dst` set to `value`.
+    Memset { dst: u64, value: u8, bytes: usize },
+}
+
+/// Recorded operations not yet issued: the ops in stream order and their launch arguments (one 8-byte slot each).
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) args: Vec<u64>,
+}
+
+impl Queue {
+    /// Records a launch.
+    pub(crate) fn launch(&mut self, func: usize, grid: (u32, u32, u32), block: u32, smem: u32, slots: &[u64]) {
+        let args = (self.args.len() as u32, slots.len() as u32);
+        self.args.extend_from_slice(slots);
+        self.ops.push(Op::Launch { func, grid, block, smem, args });
+    }
+
+    /// The sequence's hash (ops and argument words).
+    fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.ops.hash(&mut h);
+        self.args.hash(&mut h);
+        h.finish()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.ops.clear();
+        self.args.clear();
+    }
+}
+
+/// Issues `op` on `stream` now (or into the capture the stream is in). `arena` is the page-locked block an
+/// [`Op::Htod`] copies from.
+///
+/// # Safety
+/// Every address in `op` must be a live allocation of the stream's context holding the sizes recorded (the
+/// launchers check); `arena` must hold `at + bytes` bytes that stay unchanged until the copy has run.
+pub(crate) unsafe fn issue(stream: sys::CUstream, arena: *const u8, op: &Op, args: &[u64]) -> Result<(), CudaError> {
+    match *op {
+        Op::Launch { func, grid, block, smem, args: (a, n) } => {
+            let slots = &args[a as usize..(a + n) as usize];
+            // The driver reads each parameter through its pointer during the call and copies it.
+            let mut params: Vec<*mut c_void> = slots.iter().map(|s| s as *const u64 as *mut c_void).collect();
+            // SAFETY: per this function's contract; the slots outlive the call.
+            unsafe { result::launch_kernel(func as sys::CUfunction, grid, (block, 1, 1), smem, stream, &mut params) }
+                .map_err(|e| driver("cuLaunchKernel", e))
+        }
+        Op::Htod { dst, at, bytes } => {
+            // SAFETY: per this function's contract.
+            let src = unsafe { std::slice::from_raw_parts(arena.add(at), bytes) };
+            unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver("cuMemcpyHtoD", e))
+        }
+        Op::Dtod { dst, src, bytes } => {
+            // SAFETY: per this function's contract.
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| driver("cuMemcpyDtoD", e))
+        }
+        Op::Memset { dst, value, bytes } => {
+            // SAFETY: per this function's contract.
+            unsafe { result::memset_d8_async(dst, value, bytes, stream) }.map_err(|e| driver("cuMemsetD8", e))
+        }
+    }
+}
+
+/// What to do with a flushed queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Launch the cached graph of this key.
+    Replay(u64),
+    /// Capture the sequence into a graph (it was seen before), launch it and keep it under this key.
+    Capture(u64),
+    /// Issue the operations one by one.
+    Eager,
+}
+
+/// Counters of what flushes did, for the bench's report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stats {
+    /// Flushes replayed from a cached graph.
+    pub(crate) replays: u64,
+    /// Flushes captured into a new graph (then launched).
+    pub(crate) captures: u64,
+    /// Captures the driver refused (the sequence was then issued one by one).
+    pub(crate) failed: u64,
+    /// Flushes issued one by one.
+    pub(crate) eager: u64,
+    /// Operations run by graph launches, and in all.
+    pub(crate) graph_ops: u64,
+    pub(crate) ops: u64,
+}
+
+/// A cached graph with the exact sequence it was captured from.
+struct Cached<E> {
+    ops: Vec<Op>,
+    args: Vec<u64>,
+    exec: E,
+    used: u64,
+}
+
+/// The graph cache: graphs by sequence hash (each checked against its full sequence before a replay), the hashes
+/// seen once, and the counters. Generic over the executable so the policy is testable without a GPU.
+pub(crate) struct Graphs<E> {
+    cached: HashMap<u64, Cached<E>>,
+    seen: HashSet<u64>,
+    /// Sequences whose capture the driver refused: never captured again.
+    never: HashSet<u64>,
+    tick: u64,
+    pub(crate) stats: Stats,
+}
+
+impl<E> Default for Graphs<E> {
+    fn default() -> Self {
+        Graphs { cached: HashMap::new(), seen: HashSet::new(), never: HashSet::new(), tick: 0, stats: Stats::default() }
+    }
+}
+
+impl<E> Graphs<E> {
+    /// Decides what to do with `q` and counts it.
+    pub(crate) fn plan(&mut self, q: &Queue) -> Plan {
+        self.tick += 1;
+        self.stats.ops += q.ops.len() as u64;
+        if q.ops.len() < MIN_GRAPH_OPS {
+            self.stats.eager += 1;
+            return Plan::Eager;
+        }
+        let key = q.key();
+        if let Some(c) = self.cached.get_mut(&key)
+            && c.ops == q.ops
+            && c.args == q.args
+        {
+            c.used = self.tick;
+            self.stats.replays += 1;
+            self.stats.graph_ops += q.ops.len() as u64;
+            return Plan::Replay(key);
+        }
+        // A hash collision with a different sequence is issued one by one, never replayed.
+        let capturable = !self.cached.contains_key(&key) && !self.never.contains(&key);
+        if self.seen.contains(&key) && capturable {
+            return Plan::Capture(key);
+        }
+        if self.seen.len() >= SEEN_MAX {
+            self.seen.clear();
+        }
+        self.seen.insert(key);
+        self.stats.eager += 1;
+        Plan::Eager
+    }
+
+    /// The executable a [`Plan::Replay`] named.
+    pub(crate) fn exec(&self, key: u64) -> Option<&E> {
+        self.cached.get(&key).map(|c| &c.exec)
+    }
+
+    /// Keeps a graph captured from `q` under `key` (evicting the least recently used past [`GRAPHS_MAX`]).
+    pub(crate) fn keep(&mut self, key: u64, q: &Queue, exec: E) {
+        if self.cached.len() >= GRAPHS_MAX
+            && let Some(old) = self.cached.iter().min_by_key(|(_, c)| c.used).map(|(k, _)| *k)
+        {
+            self.cached.remove(&old);
+        }
+        self.stats.captures += 1;
+        self.stats.graph_ops += q.ops.len() as u64;
+        self.cached.insert(key, Cached { ops: q.ops.clone(), args: q.args.clone(), exec, used: self.tick });
+    }
+
+    /// A capture the driver refused: the sequence is issued one by one, and never captured again.
+    pub(crate) fn refused(&mut self, key: u64) {
+        self.stats.failed += 1;
+        self.stats.eager += 1;
+        if self.never.len() >= SEEN_MAX {
+            self.never.clear();
+        }
+        self.never.insert(key);
+    }
+
+    /// Graphs held.
+    pub(crate) fn len(&self) -> usize {
+        self.cached.len()
+    }
+}
+
+/// A captured, instantiated graph. cudarc's `CudaGraph` is not `Send`: it is only touched under the device's queue
+/// mutex, one thread at a time, as the driver requires of graph objects.
+pub(crate) struct Exec(pub(crate) CudaGraph);
+
+// SAFETY: see the type's doc; the driver's graph handles are valid on any thread of the process.
+unsafe impl Send for Exec {}
+
+/// Captures `q` on `stream` (issuing nothing) and instantiates it; the stream leaves capture mode whatever happens.
+///
+/// # Safety
+/// As [`issue`] for every op of `q`.
+pub(crate) unsafe fn capture(stream: &Arc<CudaStream>, arena: *const u8, q: &Queue) -> Result<Exec, CudaError> {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    stream.begin_capture(mode).map_err(|e| driver("cuStreamBeginCapture", e))?;
+    let raw = stream.cu_stream();
+    // SAFETY: per this function's contract.
+    let recorded = q.ops.iter().try_for_each(|op| unsafe { issue(raw, arena, op, &q.args) });
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(|e| driver("cuStreamEndCapture", e));
+    recorded?;
+    match graph? {
+        Some(g) => Ok(Exec(g)),
+        None => Err(CudaError::Driver { what: "cuStreamEndCapture".into(), message: "no graph was captured".into() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(n: usize, word: u64) -> Queue {
+        let mut q = Queue::default();
+        for i in 0..n {
+            q.launch(0x1000 + i, (1, 1, 1), 256, 0, &[word, i as u64]);
+        }
+        q.ops.push(Op::Htod { dst: 0x2000, at: 0, bytes: 64 });
+        q
+    }
+
+    #[test]
+    fn a_sequence_is_captured_on_its_second_sighting_and_replayed_after() {
+        let mut g = Graphs::<u32>::default();
+        let q = queue(MIN_GRAPH_OPS, 7);
+        assert_eq!(g.plan(&q), Plan::Eager);
+        let Plan::Capture(key) = g.plan(&q) else { panic!("second sighting must capture") };
+        g.keep(key, &q, 42);
+        assert_eq!(g.plan(&q), Plan::Replay(key));
+        assert_eq!(g.exec(key), Some(&42));
+        assert_eq!(g.stats, Stats { replays: 1, captures: 1, failed: 0, eager: 1, graph_ops: 2 * 17, ops: 3 * 17 });
+    }
+
+    #[test]
+    fn any_changed_word_or_copy_is_not_a_replay() {
+        let mut g = Graphs::<u32>::default();
+        let q = queue(MIN_GRAPH_OPS, 7);
+        g.plan(&q);
+        let Plan::Capture(key) = g.plan(&q) else { panic!() };
+        g.keep(key, &q, 1);
+        // One argument word differs.
+        assert_eq!(g.plan(&queue(MIN_GRAPH_OPS, 8)), Plan::Eager);
+        // One copy's size differs.
+        let mut other = queue(MIN_GRAPH_OPS, 7);
+        other.ops.push(Op::Dtod { dst: 1, src: 2, bytes: 3 });
+        assert_eq!(g.plan(&other), Plan::Eager);
+        // A grid differs.
+        let mut grid = queue(MIN_GRAPH_OPS, 7);
+        if let Op::Launch { grid: gr, .. } = &mut grid.ops[0] {
+            gr.0 = 2;
+        }
+        assert_eq!(g.plan(&grid), Plan::Eager);
+        assert_eq!(g.plan(&q), Plan::Replay(key));
+    }
+
+    #[test]
+    fn a_hash_collision_is_never_replayed() {
+        let mut g = Graphs::<u32>::default();
+        let q = queue(MIN_GRAPH_OPS, 7);
+        // A graph kept under q's key but captured from another sequence (what a collision would look like).
+        g.keep(q.key(), &queue(MIN_GRAPH_OPS, 9), 5);
+        g.seen.insert(q.key());
+        assert_eq!(g.plan(&q), Plan::Eager);
+    }
+
+    #[test]
+    fn short_queues_are_eager_and_refused_captures_are_not_retried() {
+        let mut g = Graphs::<u32>::default();
+        let short = queue(MIN_GRAPH_OPS - 2, 7);
+        assert_eq!((g.plan(&short), g.plan(&short), g.plan(&short)), (Plan::Eager, Plan::Eager, Plan::Eager));
+        let q = queue(MIN_GRAPH_OPS, 7);
+        g.plan(&q);
+        let Plan::Capture(key) = g.plan(&q) else { panic!() };
+        g.refused(key);
+        assert_eq!((g.plan(&q), g.plan(&q)), (Plan::Eager, Plan::Eager), "never captured again");
+        assert_eq!(g.stats.failed, 1);
+    }
+
+    #[test]
+    fn the_least_recently_used_graph_goes_first() {
+        let mut g = Graphs::<usize>::default();
+        let qs: Vec<Queue> = (0..=GRAPHS_MAX as u64).map(|w| queue(MIN_GRAPH_OPS, w)).collect();
+        for (i, q) in qs.iter().enumerate().take(GRAPHS_MAX) {
+            g.plan(q);
+            let Plan::Capture(k) = g.plan(q) else { panic!() };
+            g.keep(k, q, i);
+        }
+        // Touch the first so the second is the oldest.
+        assert!(matches!(g.plan(&qs[0]), Plan::Replay(_)));
+        let last = &qs[GRAPHS_MAX];
+        g.plan(last);
+        let Plan::Capture(k) = g.plan(last) else { panic!() };
+        g.keep(k, last, GRAPHS_MAX);
+        assert_eq!(g.len(), GRAPHS_MAX);
+        assert!(matches!(g.plan(&qs[0]), Plan::Replay(_)));
+        assert!(matches!(g.plan(&qs[1]), Plan::Capture(_)), "evicted, so captured again");
+    }
+}
