@@ -6,7 +6,8 @@
 # (which must not change), then B's per-kernel profile by device events (each kernel's own time, and the stream's idle
 # time between launches). Runs carry/bin/tensorfold.gz or .xz (built with `--features cuda`); logs go to $OUT.  With
 # ENGINE=SHAPE, the runs are `bench engine` (LEVELS streams, default 1,4,8,16,64; TOKENS, default 256) on that
-# synthetic shape instead (their reply hashes must not change either), and no profile.
+# synthetic shape instead (their reply hashes must not change either), and no profile. CHECK=0 skips the check,
+# PROFILE=0 the profile, ORDER=B1 runs B once (env.sh's ab_runs).
 #
 #   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1
 set -uo pipefail
@@ -15,15 +16,17 @@ KNOB=${1:?the knob for A, e.g. TENSORFOLD_CUDA_R1_ROWS=0}
 [[ $KNOB == *=* ]] || { echo "ab.sh: the knob is NAME=VALUE (e.g. TENSORFOLD_CUDA_UNFUSED=1), got $KNOB" >&2; exit 2; }
 DECODE=${2:-128}
 . tools/cuda/env.sh /tmp/tensorfold-ab
-OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1
-echo "check rc=$?"
-grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
+if [ "${CHECK:-1}" != 0 ]; then
+    OUT=$OUT/check CHECK_SECONDS=${CHECK_SECONDS:-110} TENSORFOLD_BIN=$BIN bash tools/cuda/check.sh >/dev/null 2>&1
+    echo "check rc=$?"
+    grep -E "^SUMMARY|^ok|^FAIL|^TIMEOUT|^SKIPPED" "$OUT/check/cuda-check.log"
+fi
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 2048 --decode $DECODE"
 [ -n "${ENGINE:-}" ] && F="bench engine --device cuda --model synthetic:$ENGINE --levels ${LEVELS:-1,4,8,16,64}
     --tokens ${TOKENS:-256} --reps 1 --temperatures 0 --check 4"
 # shellcheck disable=SC2086 # F is a list of arguments
 ab_runs f24 "$KNOB" $F
-[ -n "${ENGINE:-}" ] && exit 0
+[ -n "${ENGINE:-}" ] || [ "${PROFILE:-1}" = 0 ] && exit 0
 TENSORFOLD_CUDA_PROFILE=events "$BIN" bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 16 \
     --decode 16 >"$OUT/p24.log" 2>&1
 echo "-- profile rc=$?"

@@ -39,10 +39,11 @@ run() {
 }
 # ab_runs NAME KNOB ARGS...: "$BIN" ARGS... four times, A B B A, A with the environment assignment KNOB
 # (NAME=VALUE) and B without, each into $OUT/NAME-RUN.log; prints each run's rc and its figure and hash lines.
+# ORDER overrides the runs (e.g. ORDER=B1 for one run of the default).
 ab_runs() {
     local name=$1 knob=$2 run rc
     shift 2
-    for run in A1 B1 B2 A2; do
+    for run in ${ORDER:-A1 B1 B2 A2}; do
         case $run in
             A*) env "$knob" "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;
             B*) "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;

@@ -3,7 +3,7 @@
 //! the trait's infallible methods leave for the next fallible one.
 
 use super::CudaError;
-use super::graphs::{self, Graphs, Op, Queue};
+use super::graphs::{self, Op};
 use super::nvrtc::{self, Image};
 use super::profile::Profile;
 use crate::backend::KernelError;
@@ -36,7 +36,7 @@ pub const GRID_YZ: usize = 65535;
 mod lane;
 
 pub(crate) use lane::graphs_setting;
-use lane::{Lane, Staging, keep_pool_memory};
+use lane::{FREED_MAX, Lane, Staging, keep_pool_memory};
 
 const COMMON: &str = include_str!("common.cuh");
 
@@ -109,20 +109,24 @@ pub enum Arg {
     F(f32),
 }
 
-/// Device memory of `bytes > 0` bytes, freed (stream-ordered) on drop.
+/// Device memory of `bytes > 0` bytes, freed (stream-ordered) on drop: at once, or after the queued operations
+/// when some are waiting (they may still use it, and the driver refuses a copy to a freed address).
 pub struct Mem {
-    slice: CudaSlice<u8>,
+    slice: Option<CudaSlice<u8>>,
     /// Device address.
     pub ptr: u64,
     /// Size in bytes.
     pub bytes: usize,
+    lane: Arc<Mutex<Lane>>,
 }
 
 impl Drop for Mem {
     fn drop(&mut self) {
-        // The free that follows (CudaSlice's drop) needs this context current on the dropping thread, which may
-        // never have launched anything.
-        let _ = self.slice.context().bind_to_thread();
+        let Some(slice) = self.slice.take() else { return };
+        // The free (CudaSlice's drop) needs this context current on the dropping thread, which may never have
+        // launched anything.
+        let _ = slice.context().bind_to_thread();
+        lock(&self.lane).release(slice);
     }
 }
 
@@ -148,7 +152,7 @@ pub struct Dev {
     error: Mutex<Option<(String, bool)>>,
     /// Everything that touches the stream: the staging arena, the queue of deferred operations and the graphs.
     /// Held while an operation is recorded or issued, so no thread's work lands inside another's capture.
-    lane: Mutex<Lane>,
+    lane: Arc<Mutex<Lane>>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
@@ -228,7 +232,7 @@ impl Dev {
         let profile = std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events")));
         let arena = Staging::new();
         let deferred = graphs && profile.is_none() && arena.is_some();
-        let lane = Lane { arena, queue: Queue::default(), graphs: Graphs::default(), deferred };
+        let lane = Lane::new(arena, deferred);
         Ok(Arc::new(Dev {
             ctx,
             stream,
@@ -238,7 +242,7 @@ impl Dev {
             modules: Mutex::default(),
             error: Mutex::default(),
             consts: Mutex::default(),
-            lane: Mutex::new(lane),
+            lane: Arc::new(Mutex::new(lane)),
             profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
@@ -268,13 +272,16 @@ impl Dev {
             return Ok(None);
         }
         self.bind()?;
-        // Stream-ordered and issued now, ahead of queued work: safe because the pool only reuses memory on this
-        // stream (`keep_pool_memory`), where every use runs in program order.
-        let _lane = lock(&self.lane);
+        // Stream-ordered and issued now, ahead of queued work (which runs before any later use of the memory).
+        let mut l = lock(&self.lane);
+        if l.freed_bytes > FREED_MAX {
+            // Memory freed behind the queue comes back only after a flush.
+            self.flush(&mut l)?;
+        }
         // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
         let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| driver("cuMemAllocAsync", e))?;
         let ptr = slice.device_ptr(&self.stream).0;
-        Ok(Some(Mem { slice, ptr, bytes }))
+        Ok(Some(Mem { slice: Some(slice), ptr, bytes, lane: self.lane.clone() }))
     }
 
     /// Device memory holding a copy of `data`.

@@ -4,7 +4,7 @@
 use super::{Dev, driver, lock};
 use crate::cuda::CudaError;
 use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue};
-use cudarc::driver::{CudaContext, result, sys};
+use cudarc::driver::{CudaContext, CudaSlice, result, sys};
 use std::ffi::c_void;
 
 /// The stream's host side (see [`Dev`]'s `lane`).
@@ -18,9 +18,31 @@ pub(super) struct Lane {
     /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
     /// `TENSORFOLD_CUDA_GRAPHS=0`, under a profile (it times launches one by one) or without a staging arena.
     pub(super) deferred: bool,
+    /// Memory dropped while operations that may use it were queued: freed (stream-ordered) after they are issued.
+    freed: Vec<CudaSlice<u8>>,
+    /// Bytes in `freed`.
+    pub(super) freed_bytes: usize,
 }
 
+/// Bytes freed behind the queue before an allocation flushes it: a long prefill's activations would otherwise all
+/// stay allocated until its end. A decode step frees far less, so it stays one flush (one graph).
+pub(super) const FREED_MAX: usize = 256 << 20;
+
 impl Lane {
+    pub(super) fn new(arena: Option<Staging>, deferred: bool) -> Self {
+        let (queue, graphs) = (Queue::default(), Graphs::default());
+        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0 }
+    }
+
+    /// Frees `slice` now, or after the queued operations when some are waiting.
+    pub(super) fn release(&mut self, slice: CudaSlice<u8>) {
+        if self.queue.ops.is_empty() {
+            return drop(slice);
+        }
+        self.freed_bytes += slice.len();
+        self.freed.push(slice);
+    }
+
     pub(super) fn arena_ptr(&self) -> *const u8 {
         self.arena.as_ref().map_or(std::ptr::null(), |a| a.ptr as *const u8)
     }
@@ -159,6 +181,9 @@ impl Dev {
             },
         };
         queue.clear();
+        // The frees are ordered after the operations that used the memory.
+        l.freed.clear();
+        l.freed_bytes = 0;
         r
     }
 
