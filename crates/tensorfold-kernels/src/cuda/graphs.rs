@@ -143,11 +143,46 @@ pub(crate) struct Graphs<E> {
     never: HashSet<u64>,
     tick: u64,
     pub(crate) stats: Stats,
+    /// The last sequence issued one by one, and where the next ones of its length first differed from it (the first
+    /// [`MISSES_KEPT`]): what keeps a step from replaying.
+    last: Option<(Vec<Op>, Vec<u64>)>,
+    pub(crate) misses: Vec<String>,
+}
+
+/// Differences kept for the report.
+const MISSES_KEPT: usize = 6;
+
+/// Where `q` first differs from `(ops, args)` of the same length: the op's index and both sides.
+fn first_difference(ops: &[Op], args: &[u64], q: &Queue) -> Option<String> {
+    let words = |o: &Op, a: &[u64]| match *o {
+        Op::Launch { args: (s, n), .. } => a[s as usize..(s + n) as usize].to_vec(),
+        _ => Vec::new(),
+    };
+    let strip = |o: &Op| match *o {
+        Op::Launch { func, grid, block, smem, .. } => Op::Launch { func, grid, block, smem, args: (0, 0) },
+        o => o,
+    };
+    ops.iter().zip(&q.ops).enumerate().find_map(|(i, (a, b))| {
+        let (wa, wb) = (words(a, args), words(b, &q.args));
+        if strip(a) != strip(b) {
+            return Some(format!("op {i} of {}: {a:?} then {b:?}", ops.len()));
+        }
+        let j = wa.iter().zip(&wb).position(|(x, y)| x != y)?;
+        Some(format!("op {i} of {} ({b:?}): argument {j} was {:#x}, now {:#x}", ops.len(), wa[j], wb[j]))
+    })
 }
 
 impl<E> Default for Graphs<E> {
     fn default() -> Self {
-        Graphs { cached: HashMap::new(), seen: HashSet::new(), never: HashSet::new(), tick: 0, stats: Stats::default() }
+        Graphs {
+            cached: HashMap::new(),
+            seen: HashSet::new(),
+            never: HashSet::new(),
+            tick: 0,
+            stats: Stats::default(),
+            last: None,
+            misses: Vec::new(),
+        }
     }
 }
 
@@ -180,7 +215,24 @@ impl<E> Graphs<E> {
         }
         self.seen.insert(key);
         self.stats.eager += 1;
+        self.note_miss(q);
         Plan::Eager
+    }
+
+    /// Keeps where `q` differs from the last sequence of its length issued one by one (a measuring aid).
+    fn note_miss(&mut self, q: &Queue) {
+        if self.misses.len() < MISSES_KEPT
+            && let Some((ops, args)) = &self.last
+            && ops.len() == q.ops.len()
+            && let Some(d) = first_difference(ops, args, q)
+        {
+            self.misses.push(d);
+        }
+        if self.misses.len() < MISSES_KEPT {
+            self.last = Some((q.ops.clone(), q.args.clone()));
+        } else {
+            self.last = None;
+        }
     }
 
     /// The executable a [`Plan::Replay`] named.
@@ -286,6 +338,16 @@ mod tests {
         }
         assert_eq!(g.plan(&grid), Plan::Eager);
         assert_eq!(g.plan(&q), Plan::Replay(key));
+    }
+
+    #[test]
+    fn a_miss_names_the_first_word_that_differs() {
+        let mut g = Graphs::<u32>::default();
+        g.plan(&queue(MIN_GRAPH_OPS, 7));
+        g.plan(&queue(MIN_GRAPH_OPS, 8));
+        assert_eq!(g.misses.len(), 1);
+        assert!(g.misses[0].starts_with("op 0 of 17 (Launch"), "{}", g.misses[0]);
+        assert!(g.misses[0].ends_with("argument 0 was 0x7, now 0x8"), "{}", g.misses[0]);
     }
 
     #[test]

@@ -195,6 +195,7 @@ impl Dev {
             return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".into();
         }
         let s = l.graphs.stats;
+        let misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
         format!(
             "cuda graphs: {} flushes replayed, {} captured ({} refused), {} issued op by op; {} of {} operations ran in graphs; {} graphs held",
             s.replays,
@@ -203,8 +204,8 @@ impl Dev {
             s.eager,
             s.graph_ops,
             s.ops,
-            l.graphs.len()
-        )
+            l.graphs.len(),
+        ) + &misses
     }
 }
 
