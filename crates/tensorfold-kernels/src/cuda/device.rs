@@ -33,6 +33,7 @@ pub const KEY_CHUNK: usize = 256;
 /// Largest grid y or z dimension.
 pub const GRID_YZ: usize = 65535;
 
+mod blocks;
 mod lane;
 
 pub(crate) use lane::graphs_setting;
@@ -278,10 +279,27 @@ impl Dev {
             // Memory freed behind the queue comes back only after a flush.
             self.flush(&mut l)?;
         }
-        // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
-        let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| driver("cuMemAllocAsync", e))?;
+        let (size, cached) = l.size(bytes);
+        let slice = match cached.then(|| l.cached(size)).flatten() {
+            Some(s) => s,
+            None => self.fresh(&mut l, size)?,
+        };
         let ptr = slice.device_ptr(&self.stream).0;
         Ok(Some(Mem { slice: Some(slice), ptr, bytes, lane: self.lane.clone() }))
+    }
+
+    /// `size` new bytes from the driver; out of memory, the cached blocks go back first and it tries once more.
+    fn fresh(&self, l: &mut Lane, size: usize) -> Result<CudaSlice<u8>, CudaError> {
+        // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
+        match unsafe { self.stream.alloc::<u8>(size) } {
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                self.settle(l)?;
+                l.uncache();
+                // SAFETY: as above.
+                unsafe { self.stream.alloc::<u8>(size) }.map_err(|e| driver("cuMemAllocAsync", e))
+            }
+            r => r.map_err(|e| driver("cuMemAllocAsync", e)),
+        }
     }
 
     /// Device memory holding a copy of `data`.

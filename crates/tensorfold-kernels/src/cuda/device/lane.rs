@@ -1,6 +1,7 @@
 //! The host side of a device's one stream: the page-locked staging arena, the queue of deferred operations and its
 //! CUDA graphs (`graphs.rs`), the copies and syncs, and the memory pool's settings and probes.
 
+use super::blocks::{BLOCK_MAX, BlockCache, class};
 use super::{Dev, driver, lock};
 use crate::cuda::CudaError;
 use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue};
@@ -22,6 +23,9 @@ pub(super) struct Lane {
     freed: Vec<CudaSlice<u8>>,
     /// Bytes in `freed`.
     pub(super) freed_bytes: usize,
+    /// Freed blocks of at most [`BLOCK_MAX`] bytes kept for reuse while `deferred`: a step's addresses repeat, so
+    /// its sequence can replay as a graph, and memory a queued operation may still use is never given back early.
+    cache: BlockCache<CudaSlice<u8>>,
 }
 
 /// Bytes freed behind the queue before an allocation flushes it: a long prefill's activations would otherwise all
@@ -31,11 +35,43 @@ pub(super) const FREED_MAX: usize = 256 << 20;
 impl Lane {
     pub(super) fn new(arena: Option<Staging>, deferred: bool) -> Self {
         let (queue, graphs) = (Queue::default(), Graphs::default());
-        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0 }
+        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0, cache: BlockCache::default() }
+    }
+
+    /// The bytes an allocation of `bytes` takes, and whether it comes from (and goes back to) the block cache.
+    pub(super) fn size(&self, bytes: usize) -> (usize, bool) {
+        match self.deferred && bytes <= BLOCK_MAX {
+            true => (class(bytes), true),
+            false => (bytes, false),
+        }
+    }
+
+    /// A cached block of `size` bytes, if one is kept.
+    pub(super) fn cached(&mut self, size: usize) -> Option<CudaSlice<u8>> {
+        self.cache.take(size)
+    }
+
+    /// Gives every cached block back to the driver (out of device memory).
+    pub(super) fn uncache(&mut self) {
+        for s in self.cache.drain() {
+            self.free(s);
+        }
+    }
+
+    /// Keeps `slice` for reuse, or frees it.
+    pub(super) fn release(&mut self, slice: CudaSlice<u8>) {
+        let n = slice.len();
+        if self.size(n) == (n, true) {
+            for old in self.cache.put(n, slice) {
+                self.free(old);
+            }
+            return;
+        }
+        self.free(slice);
     }
 
     /// Frees `slice` now, or after the queued operations when some are waiting.
-    pub(super) fn release(&mut self, slice: CudaSlice<u8>) {
+    fn free(&mut self, slice: CudaSlice<u8>) {
         if self.queue.ops.is_empty() {
             return drop(slice);
         }
@@ -197,7 +233,7 @@ impl Dev {
         let s = l.graphs.stats;
         let misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
         format!(
-            "cuda graphs: {} flushes replayed, {} captured ({} refused), {} issued op by op; {} of {} operations ran in graphs; {} graphs held",
+            "cuda graphs: {} flushes replayed, {} captured ({} refused), {} issued op by op; {} of {} operations ran in graphs; {} graphs held; {:.1} MiB of freed blocks kept",
             s.replays,
             s.captures,
             s.failed,
@@ -205,6 +241,7 @@ impl Dev {
             s.graph_ops,
             s.ops,
             l.graphs.len(),
+            l.cache.bytes() as f64 / (1 << 20) as f64,
         ) + &misses
     }
 }
