@@ -36,8 +36,8 @@ pub const GRID_YZ: usize = 65535;
 mod blocks;
 mod lane;
 
-pub(crate) use lane::graphs_setting;
 use lane::{FREED_MAX, Lane, Staging, keep_pool_memory};
+pub(crate) use lane::{graphs_setting, part_setting};
 
 const COMMON: &str = include_str!("common.cuh");
 
@@ -220,6 +220,7 @@ impl Dev {
             Err(_) => None,
         };
         let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
+        let part = part_setting(std::env::var("TENSORFOLD_CUDA_GRAPH_OPS").ok())?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: called before any allocation; every operation of this backend is ordered on its one stream, so
         // cudarc's cross-stream event tracking has nothing to order.
@@ -233,7 +234,7 @@ impl Dev {
         let profile = std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events")));
         let arena = Staging::new();
         let deferred = graphs && profile.is_none() && arena.is_some();
-        let lane = Lane::new(arena, deferred);
+        let lane = Lane::new(arena, deferred, part);
         Ok(Arc::new(Dev {
             ctx,
             stream,
@@ -423,6 +424,10 @@ impl Dev {
             let mut l = lock(&self.lane);
             if l.deferred {
                 l.queue.launch(func, grid, block, smem, &slots);
+                if l.part > 0 && l.queue.ops.len() >= l.part {
+                    // The device starts on this part while the host records the next.
+                    self.flush(&mut l)?;
+                }
                 return Ok(());
             }
             // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers

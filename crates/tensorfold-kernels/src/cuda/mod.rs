@@ -298,6 +298,9 @@ mod tests {
         let e = graphs_setting(Some("yes".into())).unwrap_err();
         assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_GRAPHS", .. }), "{e}");
         assert!(e.to_string().contains("TENSORFOLD_CUDA_GRAPHS=yes: expected 0"), "{e}");
+        use device::part_setting;
+        assert_eq!((part_setting(None), part_setting(Some("0".into()))), (Ok(64), Ok(0)));
+        assert!(matches!(part_setting(Some("-1".into())), Err(CudaError::Setting { .. })));
     }
 
     #[test]

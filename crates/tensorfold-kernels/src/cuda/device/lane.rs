@@ -26,6 +26,9 @@ pub(super) struct Lane {
     /// Freed blocks of at most [`BLOCK_MAX`] bytes kept for reuse while `deferred`: a step's addresses repeat, so
     /// its sequence can replay as a graph, and memory a queued operation may still use is never given back early.
     cache: BlockCache<CudaSlice<u8>>,
+    /// Queued launches that make a part: the queue is flushed (as its own graph) when it reaches this many
+    /// operations, so the device runs one part while the host records the next; 0: only when something waits.
+    pub(super) part: usize,
 }
 
 /// Bytes freed behind the queue before an allocation flushes it: a long prefill's activations would otherwise all
@@ -33,9 +36,9 @@ pub(super) struct Lane {
 pub(super) const FREED_MAX: usize = 256 << 20;
 
 impl Lane {
-    pub(super) fn new(arena: Option<Staging>, deferred: bool) -> Self {
-        let (queue, graphs) = (Queue::default(), Graphs::default());
-        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0, cache: BlockCache::default() }
+    pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
+        let (queue, graphs, cache) = (Queue::default(), Graphs::default(), BlockCache::default());
+        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0, cache, part }
     }
 
     /// The bytes an allocation of `bytes` takes, and whether it comes from (and goes back to) the block cache.
@@ -243,6 +246,23 @@ impl Dev {
             l.graphs.len(),
             l.cache.bytes() as f64 / (1 << 20) as f64,
         ) + &misses
+    }
+}
+
+/// Operations a graph part holds by default (`TENSORFOLD_CUDA_GRAPH_OPS`): a 24B decode step (about 700) runs as
+/// about 11 parts.
+pub(crate) const PART_OPS: usize = 64;
+
+/// `TENSORFOLD_CUDA_GRAPH_OPS=N` (a measuring aid; the bits are the same either way): graph parts of N operations, 0
+/// for one part from one wait to the next. Unset: [`PART_OPS`].
+pub(crate) fn part_setting(v: Option<String>) -> Result<usize, CudaError> {
+    match v {
+        None => Ok(PART_OPS),
+        Some(s) => s.trim().parse().map_err(|_| CudaError::Setting {
+            name: "TENSORFOLD_CUDA_GRAPH_OPS",
+            value: s,
+            want: "a count of operations (0: no parts)",
+        }),
     }
 }
 
