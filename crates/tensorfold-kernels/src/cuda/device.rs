@@ -110,8 +110,9 @@ pub enum Arg {
     F(f32),
 }
 
-/// Device memory of `bytes > 0` bytes, freed (stream-ordered) on drop: at once, or after the queued operations
-/// when some are waiting (they may still use it, and the driver refuses a copy to a freed address).
+/// Device memory of `bytes > 0` bytes. On drop it is kept in the device's block cache for reuse (while operations
+/// are deferred, blocks of up to 256 MiB), or freed (stream-ordered): at once, or after the queued operations when
+/// some are waiting (they may still use it, and the driver refuses a copy to a freed address). See `blocks.rs`.
 pub struct Mem {
     slice: Option<CudaSlice<u8>>,
     /// Device address.
@@ -152,7 +153,8 @@ pub struct Dev {
     /// The first failure waiting to be reported, and whether it left the device unusable.
     error: Mutex<Option<(String, bool)>>,
     /// Everything that touches the stream: the staging arena, the queue of deferred operations and the graphs.
-    /// Held while an operation is recorded or issued, so no thread's work lands inside another's capture.
+    /// Held while an operation is recorded or issued, so no thread's work of this device lands inside another's
+    /// capture (work enqueued through [`Dev::stream`] is outside it: see there).
     lane: Arc<Mutex<Lane>>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
@@ -261,7 +263,9 @@ impl Dev {
     }
 
     /// The one stream every operation of this device is ordered on (for NCCL calls), with the context bound and
-    /// every queued operation issued ahead of what the caller enqueues.
+    /// every queued operation issued ahead of what the caller enqueues. The caller enqueues from the thread that
+    /// drives this device (the engine's), as the expert-parallel forward does: captures run only inside this
+    /// device's flushes on that thread, and work another thread enqueued during one would join the graph.
     pub fn stream(&self) -> Result<sys::CUstream, CudaError> {
         self.bind()?;
         self.flush(&mut lock(&self.lane))?;
@@ -276,12 +280,12 @@ impl Dev {
         self.bind()?;
         // Stream-ordered and issued now, ahead of queued work (which runs before any later use of the memory).
         let mut l = lock(&self.lane);
-        if l.freed_bytes > FREED_MAX {
+        if l.reclaim.held_bytes() > FREED_MAX {
             // Memory freed behind the queue comes back only after a flush.
             self.flush(&mut l)?;
         }
-        let (size, cached) = l.size(bytes);
-        let slice = match cached.then(|| l.cached(size)).flatten() {
+        let (size, cached) = l.reclaim.size(bytes);
+        let slice = match cached.then(|| l.reclaim.take(size)).flatten() {
             Some(s) => s,
             None => self.fresh(&mut l, size)?,
         };
@@ -295,7 +299,7 @@ impl Dev {
         match unsafe { self.stream.alloc::<u8>(size) } {
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 self.settle(l)?;
-                l.uncache();
+                l.reclaim.uncache();
                 // SAFETY: as above.
                 unsafe { self.stream.alloc::<u8>(size) }.map_err(|e| driver("cuMemAllocAsync", e))
             }

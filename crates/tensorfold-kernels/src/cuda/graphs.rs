@@ -11,15 +11,15 @@
 
 use super::CudaError;
 use super::device::driver;
-use cudarc::driver::{CudaGraph, CudaStream, result, sys};
+use cudarc::driver::{result, sys};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 /// Queues shorter than this are issued one by one: a graph's launch and bookkeeping would not pay.
 pub(crate) const MIN_GRAPH_OPS: usize = 16;
-/// Graphs kept (least recently used evicted): decode buckets times the attention key-chunk counts in use.
+/// Graphs kept (least recently used evicted): the parts of a step, for each round shape (rows, streams, attention
+/// key chunks) in use.
 const GRAPHS_MAX: usize = 64;
 /// Sequences remembered as seen once (cleared when full): a sequence is captured on its second sighting, so a
 /// one-off prefill chunk is never captured.
@@ -143,16 +143,20 @@ pub(crate) struct Graphs<E> {
     never: HashSet<u64>,
     tick: u64,
     pub(crate) stats: Stats,
-    /// The last sequence issued one by one, and where the next ones of its length first differed from it (the first
-    /// [`MISSES_KEPT`]): what keeps a step from replaying.
-    last: Option<(Vec<Op>, Vec<u64>)>,
+    /// The last sequence issued one by one at each part position of a step, and where the next one there first
+    /// differed from it (the first [`MISSES_KEPT`]): what keeps a step from replaying.
+    last: HashMap<usize, (Vec<Op>, Vec<u64>)>,
     pub(crate) misses: Vec<String>,
+    /// Why the driver last refused a capture.
+    pub(crate) refusal: Option<String>,
 }
 
 /// Differences kept for the report.
 const MISSES_KEPT: usize = 6;
+/// Part positions the miss report follows.
+const MISSES_PARTS: usize = 64;
 
-/// Where `q` first differs from `(ops, args)` of the same length: the op's index and both sides.
+/// Where `q` first differs from `(ops, args)`: the op's index and both sides, or the lengths.
 fn first_difference(ops: &[Op], args: &[u64], q: &Queue) -> Option<String> {
     let words = |o: &Op, a: &[u64]| match *o {
         Op::Launch { args: (s, n), .. } => a[s as usize..(s + n) as usize].to_vec(),
@@ -162,14 +166,18 @@ fn first_difference(ops: &[Op], args: &[u64], q: &Queue) -> Option<String> {
         Op::Launch { func, grid, block, smem, .. } => Op::Launch { func, grid, block, smem, args: (0, 0) },
         o => o,
     };
-    ops.iter().zip(&q.ops).enumerate().find_map(|(i, (a, b))| {
+    let first = ops.iter().zip(&q.ops).enumerate().find_map(|(i, (a, b))| {
         let (wa, wb) = (words(a, args), words(b, &q.args));
-        if strip(a) != strip(b) {
+        if strip(a) != strip(b) || wa.len() != wb.len() {
             return Some(format!("op {i} of {}: {a:?} then {b:?}", ops.len()));
         }
         let j = wa.iter().zip(&wb).position(|(x, y)| x != y)?;
         Some(format!("op {i} of {} ({b:?}): argument {j} was {:#x}, now {:#x}", ops.len(), wa[j], wb[j]))
-    })
+    });
+    match first {
+        None if ops.len() != q.ops.len() => Some(format!("{} ops, then {}", ops.len(), q.ops.len())),
+        d => d,
+    }
 }
 
 impl<E> Default for Graphs<E> {
@@ -180,15 +188,16 @@ impl<E> Default for Graphs<E> {
             never: HashSet::new(),
             tick: 0,
             stats: Stats::default(),
-            last: None,
+            last: HashMap::new(),
             misses: Vec::new(),
+            refusal: None,
         }
     }
 }
 
 impl<E> Graphs<E> {
-    /// Decides what to do with `q` and counts it.
-    pub(crate) fn plan(&mut self, q: &Queue) -> Plan {
+    /// Decides what to do with `q`, the `slot`-th part flushed since the last sync, and counts it.
+    pub(crate) fn plan(&mut self, q: &Queue, slot: usize) -> Plan {
         self.tick += 1;
         self.stats.ops += q.ops.len() as u64;
         if q.ops.len() < MIN_GRAPH_OPS {
@@ -215,23 +224,22 @@ impl<E> Graphs<E> {
         }
         self.seen.insert(key);
         self.stats.eager += 1;
-        self.note_miss(q);
+        self.note_miss(q, slot);
         Plan::Eager
     }
 
-    /// Keeps where `q` differs from the last sequence of its length issued one by one (a measuring aid).
-    fn note_miss(&mut self, q: &Queue) {
-        if self.misses.len() < MISSES_KEPT
-            && let Some((ops, args)) = &self.last
-            && ops.len() == q.ops.len()
+    /// Keeps where `q` differs from the last sequence issued one by one at its part position (a measuring aid).
+    fn note_miss(&mut self, q: &Queue, slot: usize) {
+        if self.misses.len() >= MISSES_KEPT {
+            return self.last.clear();
+        }
+        if let Some((ops, args)) = self.last.get(&slot)
             && let Some(d) = first_difference(ops, args, q)
         {
-            self.misses.push(d);
+            self.misses.push(format!("part {slot}: {d}"));
         }
-        if self.misses.len() < MISSES_KEPT {
-            self.last = Some((q.ops.clone(), q.args.clone()));
-        } else {
-            self.last = None;
+        if slot < MISSES_PARTS {
+            self.last.insert(slot, (q.ops.clone(), q.args.clone()));
         }
     }
 
@@ -253,7 +261,8 @@ impl<E> Graphs<E> {
     }
 
     /// A capture the driver refused: the sequence is issued one by one, and never captured again.
-    pub(crate) fn refused(&mut self, key: u64) {
+    pub(crate) fn refused(&mut self, key: u64, why: &CudaError) {
+        self.refusal = Some(why.to_string());
         self.stats.failed += 1;
         self.stats.eager += 1;
         if self.never.len() >= SEEN_MAX {
@@ -268,28 +277,71 @@ impl<E> Graphs<E> {
     }
 }
 
-/// A captured, instantiated graph. cudarc's `CudaGraph` is not `Send`: it is only touched under the device's queue
+/// A captured, instantiated graph (the driver's handles, destroyed on drop). Only touched under the device's lane
 /// mutex, one thread at a time, as the driver requires of graph objects.
-pub(crate) struct Exec(pub(crate) CudaGraph);
+pub(crate) struct Exec {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
 
 // SAFETY: see the type's doc; the driver's graph handles are valid on any thread of the process.
 unsafe impl Send for Exec {}
 
-/// Captures `q` on `stream` (issuing nothing) and instantiates it; the stream leaves capture mode whatever happens.
+impl Exec {
+    /// Launches the graph on `stream` (the stream it was captured from, context bound).
+    pub(crate) fn launch(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        // SAFETY: `exec` is a live instantiated graph of this context.
+        unsafe { result::graph::launch(self.exec, stream) }.map_err(|e| driver("cuGraphLaunch", e))
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created by capture() and are destroyed once; a launched graph still running
+        // is released by the driver when it completes.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}
+
+/// Why a capture did not give a graph.
+pub(crate) enum Refusal {
+    /// The stream could not enter capture mode (the error is the device's, to be reported; nothing was captured).
+    Begin(CudaError),
+    /// The driver refused the sequence as a graph: it is issued one by one instead.
+    Capture(CudaError),
+}
+
+/// Captures `q` on `stream` (issuing nothing) and instantiates it. Raw driver calls, so no earlier error recorded
+/// by cudarc is taken for this one, and once capture began the stream always leaves capture mode here.
 ///
 /// # Safety
-/// As [`issue`] for every op of `q`.
-pub(crate) unsafe fn capture(stream: &Arc<CudaStream>, arena: *const u8, q: &Queue) -> Result<Exec, CudaError> {
+/// As [`issue`] for every op of `q`; the stream's context is bound on this thread.
+pub(crate) unsafe fn capture(stream: sys::CUstream, arena: *const u8, q: &Queue) -> Result<Exec, Refusal> {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    stream.begin_capture(mode).map_err(|e| driver("cuStreamBeginCapture", e))?;
-    let raw = stream.cu_stream();
+    // SAFETY: the stream is live.
+    unsafe { result::stream::begin_capture(stream, mode) }
+        .map_err(|e| Refusal::Begin(driver("cuStreamBeginCapture", e)))?;
     // SAFETY: per this function's contract.
-    let recorded = q.ops.iter().try_for_each(|op| unsafe { issue(raw, arena, op, &q.args) });
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(|e| driver("cuStreamEndCapture", e));
-    recorded?;
-    match graph? {
-        Some(g) => Ok(Exec(g)),
-        None => Err(CudaError::Driver { what: "cuStreamEndCapture".into(), message: "no graph was captured".into() }),
+    let recorded = q.ops.iter().try_for_each(|op| unsafe { issue(stream, arena, op, &q.args) });
+    // SAFETY: the stream is capturing (begun above).
+    let ended = unsafe { result::stream::end_capture(stream) };
+    recorded.map_err(Refusal::Capture)?;
+    let graph = ended.map_err(|e| Refusal::Capture(driver("cuStreamEndCapture", e)))?;
+    if graph.is_null() {
+        let e = CudaError::Driver { what: "cuStreamEndCapture".into(), message: "no graph was captured".into() };
+        return Err(Refusal::Capture(e));
+    }
+    // SAFETY: `graph` is the graph just captured.
+    match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+        Ok(exec) => Ok(Exec { graph, exec }),
+        Err(e) => {
+            // SAFETY: not instantiated; destroyed once.
+            let _ = unsafe { result::graph::destroy(graph) };
+            Err(Refusal::Capture(driver("cuGraphInstantiate", e)))
+        }
     }
 }
 
@@ -310,10 +362,10 @@ mod tests {
     fn a_sequence_is_captured_on_its_second_sighting_and_replayed_after() {
         let mut g = Graphs::<u32>::default();
         let q = queue(MIN_GRAPH_OPS, 7);
-        assert_eq!(g.plan(&q), Plan::Eager);
-        let Plan::Capture(key) = g.plan(&q) else { panic!("second sighting must capture") };
+        assert_eq!(g.plan(&q, 0), Plan::Eager);
+        let Plan::Capture(key) = g.plan(&q, 0) else { panic!("second sighting must capture") };
         g.keep(key, &q, 42);
-        assert_eq!(g.plan(&q), Plan::Replay(key));
+        assert_eq!(g.plan(&q, 0), Plan::Replay(key));
         assert_eq!(g.exec(key), Some(&42));
         assert_eq!(g.stats, Stats { replays: 1, captures: 1, failed: 0, eager: 1, graph_ops: 2 * 17, ops: 3 * 17 });
     }
@@ -322,31 +374,33 @@ mod tests {
     fn any_changed_word_or_copy_is_not_a_replay() {
         let mut g = Graphs::<u32>::default();
         let q = queue(MIN_GRAPH_OPS, 7);
-        g.plan(&q);
-        let Plan::Capture(key) = g.plan(&q) else { panic!() };
+        g.plan(&q, 0);
+        let Plan::Capture(key) = g.plan(&q, 0) else { panic!() };
         g.keep(key, &q, 1);
         // One argument word differs.
-        assert_eq!(g.plan(&queue(MIN_GRAPH_OPS, 8)), Plan::Eager);
-        // One copy's size differs.
+        assert_eq!(g.plan(&queue(MIN_GRAPH_OPS, 8), 0), Plan::Eager);
+        // One copy's size differs (same length).
         let mut other = queue(MIN_GRAPH_OPS, 7);
-        other.ops.push(Op::Dtod { dst: 1, src: 2, bytes: 3 });
-        assert_eq!(g.plan(&other), Plan::Eager);
+        if let Some(Op::Htod { bytes, .. }) = other.ops.last_mut() {
+            *bytes = 128;
+        }
+        assert_eq!(g.plan(&other, 0), Plan::Eager);
         // A grid differs.
         let mut grid = queue(MIN_GRAPH_OPS, 7);
         if let Op::Launch { grid: gr, .. } = &mut grid.ops[0] {
             gr.0 = 2;
         }
-        assert_eq!(g.plan(&grid), Plan::Eager);
-        assert_eq!(g.plan(&q), Plan::Replay(key));
+        assert_eq!(g.plan(&grid, 0), Plan::Eager);
+        assert_eq!(g.plan(&q, 0), Plan::Replay(key));
     }
 
     #[test]
     fn a_miss_names_the_first_word_that_differs() {
         let mut g = Graphs::<u32>::default();
-        g.plan(&queue(MIN_GRAPH_OPS, 7));
-        g.plan(&queue(MIN_GRAPH_OPS, 8));
+        g.plan(&queue(MIN_GRAPH_OPS, 7), 0);
+        g.plan(&queue(MIN_GRAPH_OPS, 8), 0);
         assert_eq!(g.misses.len(), 1);
-        assert!(g.misses[0].starts_with("op 0 of 17 (Launch"), "{}", g.misses[0]);
+        assert!(g.misses[0].starts_with("part 0: op 0 of 17 (Launch"), "{}", g.misses[0]);
         assert!(g.misses[0].ends_with("argument 0 was 0x7, now 0x8"), "{}", g.misses[0]);
     }
 
@@ -357,19 +411,57 @@ mod tests {
         // A graph kept under q's key but captured from another sequence (what a collision would look like).
         g.keep(q.key(), &queue(MIN_GRAPH_OPS, 9), 5);
         g.seen.insert(q.key());
-        assert_eq!(g.plan(&q), Plan::Eager);
+        assert_eq!(g.plan(&q, 0), Plan::Eager);
+    }
+
+    /// `q` planned with a graph kept under its own key but captured from `other` (a hash collision): never a replay.
+    fn collides(q: &Queue, other: &Queue) -> Plan {
+        let mut g = Graphs::<u32>::default();
+        g.keep(q.key(), other, 5);
+        g.seen.insert(q.key());
+        g.plan(q, 0)
+    }
+
+    #[test]
+    fn only_the_whole_sequence_compared_makes_a_replay() {
+        let q = queue(MIN_GRAPH_OPS, 7);
+        assert_eq!(collides(&q, &q), Plan::Replay(q.key()), "the same sequence replays");
+        // Ops differ, argument words the same.
+        let mut grid = queue(MIN_GRAPH_OPS, 7);
+        if let Op::Launch { grid: gr, .. } = &mut grid.ops[3] {
+            gr.1 = 9;
+        }
+        assert_eq!(collides(&q, &grid), Plan::Eager);
+        // The same flat words split differently between two launches: f(a, b); g(c) against f(a); g(b, c).
+        let (mut split1, mut split2) = (Queue::default(), Queue::default());
+        split1.launch(1, (1, 1, 1), 32, 0, &[10, 11]);
+        split1.launch(2, (1, 1, 1), 32, 0, &[12]);
+        split2.launch(1, (1, 1, 1), 32, 0, &[10]);
+        split2.launch(2, (1, 1, 1), 32, 0, &[11, 12]);
+        for _ in 0..MIN_GRAPH_OPS {
+            split1.ops.push(Op::Memset { dst: 1, value: 0, bytes: 4 });
+            split2.ops.push(Op::Memset { dst: 1, value: 0, bytes: 4 });
+        }
+        assert_eq!(split1.args, split2.args);
+        assert_eq!(collides(&split1, &split2), Plan::Eager);
+        // One staged copy's arena offset differs.
+        let mut at = queue(MIN_GRAPH_OPS, 7);
+        if let Some(Op::Htod { at: o, .. }) = at.ops.last_mut() {
+            *o = 16;
+        }
+        assert_eq!(collides(&q, &at), Plan::Eager);
     }
 
     #[test]
     fn short_queues_are_eager_and_refused_captures_are_not_retried() {
         let mut g = Graphs::<u32>::default();
         let short = queue(MIN_GRAPH_OPS - 2, 7);
-        assert_eq!((g.plan(&short), g.plan(&short), g.plan(&short)), (Plan::Eager, Plan::Eager, Plan::Eager));
+        assert_eq!((g.plan(&short, 0), g.plan(&short, 0), g.plan(&short, 0)), (Plan::Eager, Plan::Eager, Plan::Eager));
         let q = queue(MIN_GRAPH_OPS, 7);
-        g.plan(&q);
-        let Plan::Capture(key) = g.plan(&q) else { panic!() };
-        g.refused(key);
-        assert_eq!((g.plan(&q), g.plan(&q)), (Plan::Eager, Plan::Eager), "never captured again");
+        g.plan(&q, 0);
+        let Plan::Capture(key) = g.plan(&q, 0) else { panic!() };
+        g.refused(key, &CudaError::Unallocated);
+        assert_eq!((g.plan(&q, 0), g.plan(&q, 0)), (Plan::Eager, Plan::Eager), "never captured again");
         assert_eq!(g.stats.failed, 1);
     }
 
@@ -378,18 +470,18 @@ mod tests {
         let mut g = Graphs::<usize>::default();
         let qs: Vec<Queue> = (0..=GRAPHS_MAX as u64).map(|w| queue(MIN_GRAPH_OPS, w)).collect();
         for (i, q) in qs.iter().enumerate().take(GRAPHS_MAX) {
-            g.plan(q);
-            let Plan::Capture(k) = g.plan(q) else { panic!() };
+            g.plan(q, 0);
+            let Plan::Capture(k) = g.plan(q, 0) else { panic!() };
             g.keep(k, q, i);
         }
         // Touch the first so the second is the oldest.
-        assert!(matches!(g.plan(&qs[0]), Plan::Replay(_)));
+        assert!(matches!(g.plan(&qs[0], 0), Plan::Replay(_)));
         let last = &qs[GRAPHS_MAX];
-        g.plan(last);
-        let Plan::Capture(k) = g.plan(last) else { panic!() };
+        g.plan(last, 0);
+        let Plan::Capture(k) = g.plan(last, 0) else { panic!() };
         g.keep(k, last, GRAPHS_MAX);
         assert_eq!(g.len(), GRAPHS_MAX);
-        assert!(matches!(g.plan(&qs[0]), Plan::Replay(_)));
-        assert!(matches!(g.plan(&qs[1]), Plan::Capture(_)), "evicted, so captured again");
+        assert!(matches!(g.plan(&qs[0], 0), Plan::Replay(_)));
+        assert!(matches!(g.plan(&qs[1], 0), Plan::Capture(_)), "evicted, so captured again");
     }
 }

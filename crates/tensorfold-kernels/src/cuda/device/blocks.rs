@@ -1,7 +1,10 @@
-//! A deterministic cache of freed device blocks by size class, so a decode step gets the same addresses every time
-//! and its recorded sequence repeats (a CUDA graph replays only an exact repeat; the driver's pool hands out
-//! different addresses from one step to the next, measured on the H200).
+//! What happens to freed device memory while operations are deferred: a deterministic cache of freed blocks by size
+//! class, so a decode step gets the same addresses every time and its recorded sequence repeats (a CUDA graph
+//! replays only an exact repeat; the driver's pool hands out different addresses from one step to the next,
+//! measured on the H200), and frees held back until the queued operations that may use the memory are issued (the
+//! driver refuses a copy to a freed address).
 
+use cudarc::driver::CudaSlice;
 use std::collections::HashMap;
 
 /// Largest block kept: a decode round's activations and logits (64 rows of a 65,536-token vocabulary are 16 MiB);
@@ -67,9 +70,165 @@ impl<S> BlockCache<S> {
     }
 }
 
+/// Device memory as the reclaim policy sees it.
+pub(crate) trait Block {
+    /// Its size in bytes.
+    fn bytes(&self) -> usize;
+}
+
+impl Block for CudaSlice<u8> {
+    fn bytes(&self) -> usize {
+        self.len()
+    }
+}
+
+/// The policy for dropped blocks: kept in the [`BlockCache`] (while deferred, up to [`BLOCK_MAX`] each), else given
+/// back to the driver (dropped) at once, or after the next flush when operations are queued. Generic over the block
+/// so it is tested without a GPU.
+pub(crate) struct Reclaim<S> {
+    deferred: bool,
+    /// Blocks to give back after the queued operations are issued.
+    freed: Vec<S>,
+    freed_bytes: usize,
+    cache: BlockCache<S>,
+}
+
+impl<S: Block> Reclaim<S> {
+    /// The policy of a device whose operations are `deferred` (else nothing is cached or held back).
+    pub(crate) fn new(deferred: bool) -> Self {
+        Reclaim { deferred, freed: Vec::new(), freed_bytes: 0, cache: BlockCache::default() }
+    }
+
+    /// The bytes an allocation of `bytes` takes, and whether it comes from (and goes back to) the cache.
+    pub(crate) fn size(&self, bytes: usize) -> (usize, bool) {
+        match self.deferred && bytes <= BLOCK_MAX {
+            true => (class(bytes), true),
+            false => (bytes, false),
+        }
+    }
+
+    /// A cached block of `size` bytes (a class), if one is kept.
+    pub(crate) fn take(&mut self, size: usize) -> Option<S> {
+        self.cache.take(size)
+    }
+
+    /// A dropped block; `queued`: operations that may use it are waiting to be issued.
+    pub(crate) fn release(&mut self, s: S, queued: bool) {
+        let n = s.bytes();
+        if self.size(n) == (n, true) {
+            for old in self.cache.put(n, s) {
+                self.give_back(old, queued);
+            }
+            return;
+        }
+        self.give_back(s, queued);
+    }
+
+    fn give_back(&mut self, s: S, queued: bool) {
+        if !queued {
+            return drop(s);
+        }
+        self.freed_bytes += s.bytes();
+        self.freed.push(s);
+    }
+
+    /// The queue was issued: the held-back blocks go to the driver, ordered after the operations that used them.
+    pub(crate) fn flushed(&mut self) {
+        self.freed.clear();
+        self.freed_bytes = 0;
+    }
+
+    /// Every cached block back to the driver (out of device memory; nothing queued).
+    pub(crate) fn uncache(&mut self) {
+        for s in self.cache.drain() {
+            self.give_back(s, false);
+        }
+    }
+
+    /// Bytes held back until the next flush.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.freed_bytes
+    }
+
+    /// Bytes kept in the cache.
+    pub(crate) fn cached_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// A block that logs its id when given back (dropped).
+    struct Fake(usize, u32, Rc<RefCell<Vec<u32>>>);
+
+    impl Block for Fake {
+        fn bytes(&self) -> usize {
+            self.0
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.2.borrow_mut().push(self.1);
+        }
+    }
+
+    #[test]
+    fn a_block_dropped_while_operations_are_queued_is_given_back_only_after_the_flush() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let big = BLOCK_MAX + 512;
+        let mut r = Reclaim::new(true);
+        r.release(Fake(big, 1, log.clone()), true);
+        assert!(log.borrow().is_empty(), "a queued copy may still use it");
+        assert_eq!(r.held_bytes(), big);
+        r.flushed();
+        assert_eq!(*log.borrow(), vec![1]);
+        r.release(Fake(big, 2, log.clone()), false);
+        assert_eq!(*log.borrow(), vec![1, 2], "nothing queued: at once");
+    }
+
+    #[test]
+    fn deferred_small_blocks_are_kept_and_come_back_to_the_same_class_only() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut r = Reclaim::new(true);
+        assert_eq!(r.size(1000), (1024, true));
+        r.release(Fake(1024, 7, log.clone()), true);
+        r.flushed();
+        assert!(log.borrow().is_empty(), "kept, not given back");
+        assert!(r.take(1536).is_none());
+        assert_eq!(r.take(1024).map(|b| b.1), Some(7));
+        assert_eq!(*log.borrow(), vec![7], "the taken block, dropped by this test");
+    }
+
+    #[test]
+    fn a_block_evicted_from_a_full_cache_while_queued_waits_for_the_flush() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut r = Reclaim::new(true);
+        let n = CACHE_MAX / BLOCK_MAX;
+        for i in 0..n as u32 {
+            r.release(Fake(BLOCK_MAX, i, log.clone()), false);
+        }
+        r.release(Fake(512, 99, log.clone()), true);
+        assert!(log.borrow().is_empty(), "block 0 is evicted but may still be in use");
+        r.flushed();
+        assert_eq!(*log.borrow(), vec![0]);
+        r.uncache();
+        assert_eq!(log.borrow().len(), n + 1);
+        assert_eq!(r.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn without_deferral_nothing_is_kept_or_held() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut r = Reclaim::new(false);
+        assert_eq!(r.size(1000), (1000, false));
+        r.release(Fake(1000, 3, log.clone()), false);
+        assert_eq!(*log.borrow(), vec![3]);
+    }
 
     /// A fake driver: hands out fresh addresses; `step` allocates and frees as a forward would.
     fn step(c: &mut BlockCache<u64>, next: &mut u64, sizes: &[usize]) -> Vec<u64> {

@@ -1,10 +1,10 @@
 //! The host side of a device's one stream: the page-locked staging arena, the queue of deferred operations and its
 //! CUDA graphs (`graphs.rs`), the copies and syncs, and the memory pool's settings and probes.
 
-use super::blocks::{BLOCK_MAX, BlockCache, class};
+use super::blocks::Reclaim;
 use super::{Dev, driver, lock};
 use crate::cuda::CudaError;
-use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue};
+use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue, Refusal};
 use cudarc::driver::{CudaContext, CudaSlice, result, sys};
 use std::ffi::c_void;
 
@@ -19,16 +19,13 @@ pub(super) struct Lane {
     /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
     /// `TENSORFOLD_CUDA_GRAPHS=0`, under a profile (it times launches one by one) or without a staging arena.
     pub(super) deferred: bool,
-    /// Memory dropped while operations that may use it were queued: freed (stream-ordered) after they are issued.
-    freed: Vec<CudaSlice<u8>>,
-    /// Bytes in `freed`.
-    pub(super) freed_bytes: usize,
-    /// Freed blocks of at most [`BLOCK_MAX`] bytes kept for reuse while `deferred`: a step's addresses repeat, so
-    /// its sequence can replay as a graph, and memory a queued operation may still use is never given back early.
-    cache: BlockCache<CudaSlice<u8>>,
-    /// Queued launches that make a part: the queue is flushed (as its own graph) when it reaches this many
-    /// operations, so the device runs one part while the host records the next; 0: only when something waits.
+    /// Dropped memory: kept for reuse or given back, never before queued operations that may use it are issued.
+    pub(super) reclaim: Reclaim<CudaSlice<u8>>,
+    /// Queued operations (launches, copies, memsets) that make a part: a launch that brings the queue to this many
+    /// flushes it (as its own graph), so the device runs one part while the host records the next; 0: only when something waits.
     pub(super) part: usize,
+    /// Flushes since the last settle: where a flushed part sits in its step (the miss report compares like parts).
+    pub(super) parts: usize,
 }
 
 /// Bytes freed behind the queue before an allocation flushes it: a long prefill's activations would otherwise all
@@ -37,49 +34,14 @@ pub(super) const FREED_MAX: usize = 256 << 20;
 
 impl Lane {
     pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
-        let (queue, graphs, cache) = (Queue::default(), Graphs::default(), BlockCache::default());
-        Lane { arena, queue, graphs, deferred, freed: Vec::new(), freed_bytes: 0, cache, part }
+        let (queue, graphs, reclaim) = (Queue::default(), Graphs::default(), Reclaim::new(deferred));
+        Lane { arena, queue, graphs, deferred, reclaim, part, parts: 0 }
     }
 
-    /// The bytes an allocation of `bytes` takes, and whether it comes from (and goes back to) the block cache.
-    pub(super) fn size(&self, bytes: usize) -> (usize, bool) {
-        match self.deferred && bytes <= BLOCK_MAX {
-            true => (class(bytes), true),
-            false => (bytes, false),
-        }
-    }
-
-    /// A cached block of `size` bytes, if one is kept.
-    pub(super) fn cached(&mut self, size: usize) -> Option<CudaSlice<u8>> {
-        self.cache.take(size)
-    }
-
-    /// Gives every cached block back to the driver (out of device memory).
-    pub(super) fn uncache(&mut self) {
-        for s in self.cache.drain() {
-            self.free(s);
-        }
-    }
-
-    /// Keeps `slice` for reuse, or frees it.
+    /// A dropped `Mem`'s memory (see [`Reclaim`]).
     pub(super) fn release(&mut self, slice: CudaSlice<u8>) {
-        let n = slice.len();
-        if self.size(n) == (n, true) {
-            for old in self.cache.put(n, slice) {
-                self.free(old);
-            }
-            return;
-        }
-        self.free(slice);
-    }
-
-    /// Frees `slice` now, or after the queued operations when some are waiting.
-    fn free(&mut self, slice: CudaSlice<u8>) {
-        if self.queue.ops.is_empty() {
-            return drop(slice);
-        }
-        self.freed_bytes += slice.len();
-        self.freed.push(slice);
+        let queued = !self.queue.ops.is_empty();
+        self.reclaim.release(slice, queued);
     }
 
     pub(super) fn arena_ptr(&self) -> *const u8 {
@@ -185,6 +147,7 @@ impl Dev {
         if let Some(a) = l.arena.as_mut() {
             a.at = 0;
         }
+        l.parts = 0;
         Ok(())
     }
 
@@ -200,29 +163,35 @@ impl Dev {
             // stay put until the next settle.
             q.ops.iter().try_for_each(|op| unsafe { graphs::issue(raw, arena, op, &q.args) })
         };
-        let r = match graphs.plan(queue) {
+        let r = match graphs.plan(queue, l.parts) {
             Plan::Eager => one_by_one(queue),
             Plan::Replay(key) => match graphs.exec(key) {
-                Some(e) => e.0.launch().map_err(|e| driver("cuGraphLaunch", e)),
+                Some(e) => e.launch(raw),
                 None => one_by_one(queue),
             },
-            // SAFETY: as above.
-            Plan::Capture(key) => match unsafe { graphs::capture(&self.stream, arena, queue) } {
+            // SAFETY: as above; the context was bound by the caller.
+            Plan::Capture(key) => match unsafe { graphs::capture(raw, arena, queue) } {
                 Ok(exec) => {
-                    let r = exec.0.launch().map_err(|e| driver("cuGraphLaunch", e));
+                    let r = exec.launch(raw);
                     graphs.keep(key, queue, exec);
                     r
                 }
-                Err(_) => {
-                    graphs.refused(key);
+                Err(Refusal::Capture(e)) => {
+                    graphs.refused(key, &e);
                     one_by_one(queue)
                 }
+                Err(Refusal::Begin(e)) => Err(e),
             },
         };
         queue.clear();
+        l.parts += 1;
         // The frees are ordered after the operations that used the memory.
-        l.freed.clear();
-        l.freed_bytes = 0;
+        l.reclaim.flushed();
+        if let Err(e) = &r {
+            // Calls that queued the dropped operations returned Ok: their outputs are not valid, so the failure
+            // is also left for the next fallible call, whoever triggered this flush.
+            self.note("queued operations", Err(e.clone()));
+        }
         r
     }
 
@@ -234,7 +203,10 @@ impl Dev {
             return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".into();
         }
         let s = l.graphs.stats;
-        let misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
+        let mut misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
+        if let Some(r) = &l.graphs.refusal {
+            misses += &format!("\n  last refused capture: {r}");
+        }
         format!(
             "cuda graphs: {} flushes replayed, {} captured ({} refused), {} issued op by op; {} of {} operations ran in graphs; {} graphs held; {:.1} MiB of freed blocks kept",
             s.replays,
@@ -244,7 +216,7 @@ impl Dev {
             s.graph_ops,
             s.ops,
             l.graphs.len(),
-            l.cache.bytes() as f64 / (1 << 20) as f64,
+            l.reclaim.cached_bytes() as f64 / (1 << 20) as f64,
         ) + &misses
     }
 }
@@ -356,10 +328,9 @@ impl Drop for Staging {
 
 /// Keeps freed memory in the device's default pool instead of returning it at every synchronization (the
 /// forward allocates and frees its activations every call), and lets the pool hand freed memory only to later
-/// allocations on the same stream: with deferred operations a buffer's free is enqueued before the queued kernels
-/// that last use it, which is only safe while every later user runs after them in stream order. Best effort for the
-/// threshold (a failure changes only speed); the reuse limits matter only with a second stream, which this backend
-/// never creates.
+/// allocations on the same stream. Frees are issued after the operations that use the memory (`blocks.rs`), so the
+/// reuse limits are a second guard that matters only with a second stream, which this backend never creates. Best
+/// effort: a failure changes only speed.
 pub(super) fn keep_pool_memory(ctx: &CudaContext) {
     use sys::CUmemPool_attribute::*;
     // SAFETY: the device handle belongs to a live context; the threshold takes a u64, the reuse flags an int.
