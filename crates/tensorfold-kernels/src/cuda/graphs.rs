@@ -99,6 +99,16 @@ pub(crate) unsafe fn issue(stream: sys::CUstream, arena: *const u8, op: &Op, arg
     }
 }
 
+/// A planted fault of the graph machinery (the contract's `cuda.graphs` controls; production never sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphFault {
+    /// A capture records the kernels only: the staged copies are issued once, before it, so a replay reuses the
+    /// tables copied for the capture.
+    KernelsOnly,
+    /// A sequence without an exact match replays any held graph with as many operations.
+    ReplayByLength,
+}
+
 /// What to do with a flushed queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
@@ -149,6 +159,8 @@ pub(crate) struct Graphs<E> {
     pub(crate) misses: Vec<String>,
     /// Why the driver last refused a capture.
     pub(crate) refusal: Option<String>,
+    /// A planted fault (the contract's controls only).
+    pub(crate) fault: Option<GraphFault>,
 }
 
 /// Differences kept for the report.
@@ -191,6 +203,7 @@ impl<E> Default for Graphs<E> {
             last: HashMap::new(),
             misses: Vec::new(),
             refusal: None,
+            fault: None,
         }
     }
 }
@@ -213,6 +226,12 @@ impl<E> Graphs<E> {
             self.stats.replays += 1;
             self.stats.graph_ops += q.ops.len() as u64;
             return Plan::Replay(key);
+        }
+        if self.fault == Some(GraphFault::ReplayByLength)
+            && let Some((&k, _)) = self.cached.iter().find(|(_, c)| c.ops.len() == q.ops.len())
+        {
+            self.stats.replays += 1;
+            return Plan::Replay(k);
         }
         // A hash collision with a different sequence is issued one by one, never replayed.
         let capturable = !self.cached.contains_key(&key) && !self.never.contains(&key);
@@ -319,13 +338,30 @@ pub(crate) enum Refusal {
 ///
 /// # Safety
 /// As [`issue`] for every op of `q`; the stream's context is bound on this thread.
-pub(crate) unsafe fn capture(stream: sys::CUstream, arena: *const u8, q: &Queue) -> Result<Exec, Refusal> {
+pub(crate) unsafe fn capture(
+    stream: sys::CUstream,
+    arena: *const u8,
+    q: &Queue,
+    fault: Option<GraphFault>,
+) -> Result<Exec, Refusal> {
+    let kernels_only = fault == Some(GraphFault::KernelsOnly);
+    let copy = |op: &&Op| matches!(op, Op::Htod { .. });
+    if kernels_only {
+        // SAFETY: per this function's contract (the planted fault: copies issued now, left out of the graph).
+        for op in q.ops.iter().filter(copy) {
+            unsafe { issue(stream, arena, op, &q.args) }.map_err(Refusal::Begin)?;
+        }
+    }
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: the stream is live.
     unsafe { result::stream::begin_capture(stream, mode) }
         .map_err(|e| Refusal::Begin(driver("cuStreamBeginCapture", e)))?;
     // SAFETY: per this function's contract.
-    let recorded = q.ops.iter().try_for_each(|op| unsafe { issue(stream, arena, op, &q.args) });
+    let recorded = q
+        .ops
+        .iter()
+        .filter(|op| !(kernels_only && copy(op)))
+        .try_for_each(|op| unsafe { issue(stream, arena, op, &q.args) });
     // SAFETY: the stream is capturing (begun above).
     let ended = unsafe { result::stream::end_capture(stream) };
     recorded.map_err(Refusal::Capture)?;

@@ -23,6 +23,7 @@ pub use nccl::NcclCollective;
 pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
 
 pub(crate) use device::{Plant, Src};
+pub use graphs::GraphFault;
 
 use crate::backend::KernelError;
 use cudarc::driver::CudaFunction;

@@ -1,10 +1,11 @@
 //! Contract entries of the CUDA kernels (`tensorfold contract --backend cuda`): float64 references, row invariance
 //! over call widths and multi-stream segment tables, edge gates, planted faults compiled into the kernels with
 //! `-DFAULT_...` defines (or, for a host-side check, skipped by the entry's wrapper), and each kernel's launch
-//! limits as the driver reports them.
+//! limits as the driver reports them; and the graph machinery's replays (`cuda.graphs`, faults planted on the host).
 
 mod attention;
 mod dense;
+mod graphs;
 mod mixers;
 mod moe;
 mod rows;
@@ -21,6 +22,7 @@ pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
     v.extend(mixers::kernels(be));
     v.extend(attention::kernels(be));
     v.extend(moe::kernels(be));
+    v.extend(graphs::kernels(be));
     v
 }
 

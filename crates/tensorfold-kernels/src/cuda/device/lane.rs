@@ -170,7 +170,7 @@ impl Dev {
                 None => one_by_one(queue),
             },
             // SAFETY: as above; the context was bound by the caller.
-            Plan::Capture(key) => match unsafe { graphs::capture(raw, arena, queue) } {
+            Plan::Capture(key) => match unsafe { graphs::capture(raw, arena, queue, graphs.fault) } {
                 Ok(exec) => {
                     let r = exec.launch(raw);
                     graphs.keep(key, queue, exec);
@@ -193,6 +193,19 @@ impl Dev {
             self.note("queued operations", Err(e.clone()));
         }
         r
+    }
+
+    /// Plants a fault in this device's graph machinery (the contract's `cuda.graphs` controls only; open a device
+    /// of its own for it).
+    pub fn plant_graph_fault(&self, f: graphs::GraphFault) {
+        lock(&self.lane).graphs.fault = Some(f);
+    }
+
+    /// `(replays, captures, deferred)`: flushes replayed and captured since the device opened, and whether
+    /// operations are deferred at all.
+    pub fn graph_counts(&self) -> (u64, u64, bool) {
+        let l = lock(&self.lane);
+        (l.graphs.stats.replays, l.graphs.stats.captures, l.deferred)
     }
 
     /// What the deferred queue did since the device opened (flushes replayed, captured, issued one by one), or
