@@ -516,6 +516,8 @@ impl Drop for Dev {
     fn drop(&mut self) {
         // Queued copies may still read the staging arena, which is freed with the Dev.
         let _ = self.sync();
+        // Graphs name kernels of this device's modules, which its fields unload next.
+        lock(&self.lane).graphs.clear();
     }
 }
 

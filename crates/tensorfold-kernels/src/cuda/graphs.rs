@@ -294,6 +294,11 @@ impl<E> Graphs<E> {
     pub(crate) fn len(&self) -> usize {
         self.cached.len()
     }
+
+    /// Drops every held graph (the device is closing: before its modules and context go).
+    pub(crate) fn clear(&mut self) {
+        self.cached.clear();
+    }
 }
 
 /// A captured, instantiated graph (the driver's handles, destroyed on drop). Only touched under the device's lane
@@ -364,7 +369,15 @@ pub(crate) unsafe fn capture(
         .try_for_each(|op| unsafe { issue(stream, arena, op, &q.args) });
     // SAFETY: the stream is capturing (begun above).
     let ended = unsafe { result::stream::end_capture(stream) };
-    recorded.map_err(Refusal::Capture)?;
+    if let Err(e) = recorded {
+        if let Ok(g) = ended
+            && !g.is_null()
+        {
+            // SAFETY: the graph just captured, never instantiated; destroyed once.
+            let _ = unsafe { result::graph::destroy(g) };
+        }
+        return Err(Refusal::Capture(e));
+    }
     let graph = ended.map_err(|e| Refusal::Capture(driver("cuStreamEndCapture", e)))?;
     if graph.is_null() {
         let e = CudaError::Driver { what: "cuStreamEndCapture".into(), message: "no graph was captured".into() };

@@ -138,7 +138,13 @@ impl<S: Block> Reclaim<S> {
         self.freed_bytes = 0;
     }
 
-    /// Every cached block back to the driver (out of device memory; nothing queued).
+    /// Deferral switched on or off (before the device allocates anything).
+    pub(crate) fn set_deferred(&mut self, deferred: bool) {
+        self.deferred = deferred;
+    }
+
+    /// Every cached block back to the driver at once: only after a settle (out of device memory), when nothing
+    /// is queued.
     pub(crate) fn uncache(&mut self) {
         for s in self.cache.drain() {
             self.give_back(s, false);

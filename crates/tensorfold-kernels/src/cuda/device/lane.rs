@@ -187,11 +187,8 @@ impl Dev {
         l.parts += 1;
         // The frees are ordered after the operations that used the memory.
         l.reclaim.flushed();
-        if let Err(e) = &r {
-            // Calls that queued the dropped operations returned Ok: their outputs are not valid, so the failure
-            // is also left for the next fallible call, whoever triggered this flush.
-            self.note("queued operations", Err(e.clone()));
-        }
+        // A failure goes to the call that triggered the flush, which reports it (an infallible method leaves it
+        // for the next fallible one): the round it belongs to fails.
         r
     }
 
@@ -206,6 +203,19 @@ impl Dev {
     pub fn graph_counts(&self) -> (u64, u64, bool) {
         let l = lock(&self.lane);
         (l.graphs.stats.replays, l.graphs.stats.captures, l.deferred)
+    }
+
+    /// Turns deferral on with parts of `part` operations, whatever the environment said (the contract's
+    /// `cuda.graphs` entry, on a device of its own, before it allocates anything). False where graphs cannot run:
+    /// under a profile or without a page-locked arena.
+    pub fn force_graphs(&self, part: usize) -> bool {
+        let mut l = lock(&self.lane);
+        if self.profile.is_some() || l.arena.is_none() {
+            return false;
+        }
+        (l.deferred, l.part) = (true, part);
+        l.reclaim.set_deferred(true);
+        true
     }
 
     /// What the deferred queue did since the device opened (flushes replayed, captured, issued one by one), or
