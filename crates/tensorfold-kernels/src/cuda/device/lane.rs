@@ -22,14 +22,16 @@ pub(super) struct Lane {
     /// Dropped memory: kept for reuse or given back, never before queued operations that may use it are issued.
     pub(super) reclaim: Reclaim<CudaSlice<u8>>,
     /// Queued operations (launches, copies, memsets) that make a part: a launch that brings the queue to this many
-    /// flushes it (as its own graph), so the device runs one part while the host records the next; 0: only when something waits.
+    /// flushes it (as its own graph), so the device runs one part while the host records the next; 0: only when
+    /// something waits.
     pub(super) part: usize,
     /// Flushes since the last settle: where a flushed part sits in its step (the miss report compares like parts).
     pub(super) parts: usize,
 }
 
-/// Bytes freed behind the queue before an allocation flushes it: a long prefill's activations would otherwise all
-/// stay allocated until its end. A decode step frees far less, so it stays one flush (one graph).
+/// Bytes held back behind the queue before an allocation flushes it: a long prefill's large activations would
+/// otherwise all stay allocated until its end. Blocks of up to 256 MiB go to the block cache instead, so a decode
+/// step never reaches it.
 pub(super) const FREED_MAX: usize = 256 << 20;
 
 impl Lane {
