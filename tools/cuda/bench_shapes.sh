@@ -32,6 +32,6 @@ if has hf8; then
 fi
 echo "== summary"
 printf '%s\n' "${summary[@]}"
-for f in f24 f8; do [ -f "$OUT/$f.log" ] && grep -E "exactness|prefill|decode|peak|floor" "$OUT/$f.log"; done
-for f in e24 e8; do [ -f "$OUT/$f.log" ] && grep -E "^ +[0-9]+ |equal:" "$OUT/$f.log"; done
+for f in f24 f8; do [ -f "$OUT/$f.log" ] && grep -E "exactness|prefill|decode|peak|floor|cuda graphs" "$OUT/$f.log"; done
+for f in e24 e8; do [ -f "$OUT/$f.log" ] && grep -E "^ +[0-9]+ |equal:|cuda graphs" "$OUT/$f.log"; done
 [ -f "$OUT/hf8.log" ] && grep -E "^(prefill|decode)" "$OUT/hf8.log"
