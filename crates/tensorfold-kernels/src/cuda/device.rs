@@ -36,7 +36,7 @@ pub const GRID_YZ: usize = 65535;
 mod blocks;
 mod lane;
 
-use lane::{FREED_MAX, Lane, Staging, keep_pool_memory};
+use lane::{Lane, Staging, keep_pool_memory};
 pub(crate) use lane::{graphs_setting, part_setting};
 
 const COMMON: &str = include_str!("common.cuh");
@@ -280,7 +280,7 @@ impl Dev {
         self.bind()?;
         // Stream-ordered and issued now, ahead of queued work (which runs before any later use of the memory).
         let mut l = lock(&self.lane);
-        if l.reclaim.held_bytes() > FREED_MAX {
+        if l.reclaim.must_flush() {
             // Memory freed behind the queue comes back only after a flush.
             self.flush(&mut l)?;
         }

@@ -10,6 +10,10 @@ use std::collections::HashMap;
 /// Largest block kept: a decode round's activations and logits (64 rows of a 65,536-token vocabulary are 16 MiB);
 /// larger blocks (long prefills, KV caches, weights) go back to the driver.
 pub(crate) const BLOCK_MAX: usize = 256 << 20;
+/// Bytes held back behind the queue before an allocation flushes it: a long prefill's large activations would
+/// otherwise all stay allocated until its end. Blocks of up to [`BLOCK_MAX`] go to the cache instead, so a decode
+/// step never reaches it.
+pub(crate) const HELD_MAX: usize = 256 << 20;
 /// Bytes kept in all; past it the block freed longest ago goes back to the driver.
 pub(crate) const CACHE_MAX: usize = 2 << 30;
 
@@ -152,8 +156,14 @@ impl<S: Block> Reclaim<S> {
     }
 
     /// Bytes held back until the next flush.
+    #[cfg(test)]
     pub(crate) fn held_bytes(&self) -> usize {
         self.freed_bytes
+    }
+
+    /// Whether an allocation should flush the queue first: more than [`HELD_MAX`] bytes are held back.
+    pub(crate) fn must_flush(&self) -> bool {
+        self.freed_bytes > HELD_MAX
     }
 
     /// Bytes kept in the cache.
@@ -191,7 +201,9 @@ mod tests {
         r.release(Fake(big, 1, log.clone()), true);
         assert!(log.borrow().is_empty(), "a queued copy may still use it");
         assert_eq!(r.held_bytes(), big);
+        assert!(r.must_flush(), "over 256 MiB held: the next allocation flushes");
         r.flushed();
+        assert!(!r.must_flush() && r.held_bytes() == 0);
         assert_eq!(*log.borrow(), vec![1]);
         r.release(Fake(big, 2, log.clone()), false);
         assert_eq!(*log.borrow(), vec![1, 2], "nothing queued: at once");

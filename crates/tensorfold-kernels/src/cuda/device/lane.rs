@@ -29,11 +29,6 @@ pub(super) struct Lane {
     pub(super) parts: usize,
 }
 
-/// Bytes held back behind the queue before an allocation flushes it: a long prefill's large activations would
-/// otherwise all stay allocated until its end. Blocks of up to 256 MiB go to the block cache instead, so a decode
-/// step never reaches it.
-pub(super) const FREED_MAX: usize = 256 << 20;
-
 impl Lane {
     pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
         let (queue, graphs, reclaim) = (Queue::default(), Graphs::default(), Reclaim::new(deferred));
