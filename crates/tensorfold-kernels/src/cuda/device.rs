@@ -426,7 +426,7 @@ impl Dev {
         let (synced, evented) = self.profiled();
         if !synced && !evented {
             let mut l = lock(&self.lane);
-            if l.deferred {
+            if l.deferred() {
                 l.queue.launch(func, grid, block, smem, &slots);
                 if l.part > 0 && l.queue.ops.len() >= l.part {
                     // The device starts on this part while the host records the next.

@@ -142,6 +142,11 @@ impl<S: Block> Reclaim<S> {
         self.freed_bytes = 0;
     }
 
+    /// Whether operations are deferred (the device's one flag).
+    pub(crate) fn deferred(&self) -> bool {
+        self.deferred
+    }
+
     /// Deferral switched on or off (before the device allocates anything).
     pub(crate) fn set_deferred(&mut self, deferred: bool) {
         self.deferred = deferred;

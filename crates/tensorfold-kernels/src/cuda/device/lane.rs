@@ -16,10 +16,8 @@ pub(super) struct Lane {
     pub(super) queue: Queue,
     /// Captured graphs and the flush counters.
     pub(super) graphs: Graphs<Exec>,
-    /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
-    /// `TENSORFOLD_CUDA_GRAPHS=0`, under a profile (it times launches one by one) or without a staging arena.
-    pub(super) deferred: bool,
     /// Dropped memory: kept for reuse or given back, never before queued operations that may use it are issued.
+    /// Its `deferred` flag is the device's (see [`Lane::deferred`]).
     pub(super) reclaim: Reclaim<CudaSlice<u8>>,
     /// Queued operations (launches, copies, memsets) that make a part: a launch that brings the queue to this many
     /// flushes it (as its own graph), so the device runs one part while the host records the next; 0: only when
@@ -32,7 +30,13 @@ pub(super) struct Lane {
 impl Lane {
     pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
         let (queue, graphs, reclaim) = (Queue::default(), Graphs::default(), Reclaim::new(deferred));
-        Lane { arena, queue, graphs, deferred, reclaim, part, parts: 0 }
+        Lane { arena, queue, graphs, reclaim, part, parts: 0 }
+    }
+
+    /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
+    /// `TENSORFOLD_CUDA_GRAPHS=0`, under a profile (it times launches one by one) or without a staging arena.
+    pub(super) fn deferred(&self) -> bool {
+        self.reclaim.deferred()
     }
 
     /// A dropped `Mem`'s memory (see [`Reclaim`]).
@@ -75,7 +79,7 @@ impl Dev {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, st.ptr.add(at), bytes) };
         st.at += bytes.next_multiple_of(16);
         let op = Op::Htod { dst, at, bytes };
-        if l.deferred {
+        if l.deferred() {
             l.queue.ops.push(op);
             return Ok(());
         }
@@ -123,7 +127,7 @@ impl Dev {
     pub(super) unsafe fn record(&self, op: Op) -> Result<(), CudaError> {
         self.bind()?;
         let mut l = lock(&self.lane);
-        if l.deferred {
+        if l.deferred() {
             l.queue.ops.push(op);
             return Ok(());
         }
@@ -195,11 +199,10 @@ impl Dev {
         lock(&self.lane).graphs.fault = Some(f);
     }
 
-    /// `(replays, captures, deferred)`: flushes replayed and captured since the device opened, and whether
-    /// operations are deferred at all.
-    pub fn graph_counts(&self) -> (u64, u64, bool) {
+    /// `(replays, captures)`: flushes replayed and captured since the device opened.
+    pub fn graph_counts(&self) -> (u64, u64) {
         let l = lock(&self.lane);
-        (l.graphs.stats.replays, l.graphs.stats.captures, l.deferred)
+        (l.graphs.stats.replays, l.graphs.stats.captures)
     }
 
     /// Turns deferral on with parts of `part` operations, whatever the environment said (the contract's
@@ -210,7 +213,7 @@ impl Dev {
         if self.profile.is_some() || l.arena.is_none() {
             return false;
         }
-        (l.deferred, l.part) = (true, part);
+        l.part = part;
         l.reclaim.set_deferred(true);
         true
     }
@@ -219,7 +222,7 @@ impl Dev {
     /// that it is off.
     pub fn graph_report(&self) -> String {
         let l = lock(&self.lane);
-        if !l.deferred {
+        if !l.deferred() {
             return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".into();
         }
         let s = l.graphs.stats;
