@@ -63,6 +63,11 @@ impl HostBytes {
         Self { owner: Arc::new(Aligned(words, data.len())), start: 0, len: data.len() }
     }
 
+    /// The first `len` bytes of `words`, without a copy. `None` when `len` exceeds the words' bytes.
+    pub fn from_words(words: Vec<u32>, len: usize) -> Option<Self> {
+        (len <= words.len() * 4).then(|| Self { owner: Arc::new(Aligned(words, len)), start: 0, len })
+    }
+
     /// Owned bytes of an f32 vector (little-endian, as in safetensors).
     pub fn from_f32(data: &[f32]) -> Self {
         Self::copy_from(bytemuck::cast_slice(data))

@@ -180,6 +180,25 @@ fn alloc<T: Clone + Default>(name: &str, n: usize) -> Result<Vec<T>, CheckpointE
     Ok(v)
 }
 
+/// `n` zeroed words, or a named error. Zeroed by the allocator (fresh pages of a large block arrive zeroed and are
+/// touched first by the parallel fill below, so a 24B checkpoint is not paged in by one thread).
+fn zeroed_words(name: &str, n: usize) -> Result<Vec<u32>, CheckpointError> {
+    let refused = || CheckpointError::Synthetic(format!("tensor {name} ({n} words) cannot be allocated"));
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u32>(n).map_err(|_| refused())?;
+    // SAFETY: the layout is non-zero-sized; a null result is the refusal; the block is n zeroed u32s (a valid
+    // value) allocated by the global allocator with Vec's layout for capacity n, so the Vec may own it.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut u32;
+        if p.is_null() {
+            return Err(refused());
+        }
+        Ok(Vec::from_raw_parts(p, n, n))
+    }
+}
+
 /// One tensor's entry, its values a function of (seed, name, index) only.
 fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntry, CheckpointError> {
     let n = shape
@@ -194,7 +213,8 @@ fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntr
             (StoredDtype::Bf16, HostBytes::from_bf16_bits(&v))
         }
         Fill::Uniform(a) => {
-            let mut v = alloc::<u16>(name, n)?;
+            let mut words = zeroed_words(name, n.div_ceil(2))?;
+            let v = &mut bytemuck::cast_slice_mut::<u32, u16>(&mut words)[..n];
             // Blocks of 4 values share one draw; 64 Ki values a task.
             v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
                 for (j, quad) in chunk.chunks_mut(4).enumerate() {
@@ -204,7 +224,9 @@ fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntr
                     }
                 }
             });
-            (StoredDtype::Bf16, HostBytes::from_bf16_bits(&v))
+            let bytes = HostBytes::from_words(words, 2 * n)
+                .ok_or_else(|| CheckpointError::Synthetic(format!("tensor {name}: {n} values overflow their words")))?;
+            (StoredDtype::Bf16, bytes)
         }
         Fill::UniformF32(a) => {
             let mut v = alloc::<f32>(name, n)?;

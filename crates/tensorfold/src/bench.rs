@@ -109,6 +109,8 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         None => ids(512),
     };
     let (tokens, decode_secs) = greedy_decode(m, &prompt, a.decode.max(2), a.chunk)?;
+    // Taken before the checks and prefill runs below add to it: the prompt's prefill and the decode steps.
+    let decode_graphs = m.backend.graph_report();
     if let Some(p) = m.backend.take_profile() {
         println!("{p}");
     }
@@ -142,7 +144,7 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         1.0 / step_s,
         prompt.len()
     );
-    if let Some(g) = m.backend.graph_report() {
+    if let Some(g) = decode_graphs {
         println!("{g}");
     }
     match m.backend.memory_high() {

@@ -25,12 +25,27 @@ pub(super) struct Lane {
     pub(super) part: usize,
     /// Flushes since the last settle: where a flushed part sits in its step (the miss report compares like parts).
     pub(super) parts: usize,
+    /// Where the host's time went (the report's `host:` line).
+    pub(super) times: HostTimes,
+}
+
+/// The host's time in the stream's waits and flushes since the device opened: with graphs the device runs a part
+/// while the host records the next, so a step whose syncs barely wait is bound by the host's recording, not the
+/// device.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct HostTimes {
+    /// Stream synchronizations, and the seconds they waited in all.
+    syncs: u64,
+    wait_s: f64,
+    /// Flushes of a non-empty queue, and the seconds they took in all (capture, replay launch, or issue one by one).
+    flushes: u64,
+    flush_s: f64,
 }
 
 impl Lane {
     pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
         let (queue, graphs, reclaim) = (Queue::default(), Graphs::default(), Reclaim::new(deferred));
-        Lane { arena, queue, graphs, reclaim, part, parts: 0 }
+        Lane { arena, queue, graphs, reclaim, part, parts: 0, times: HostTimes::default() }
     }
 
     /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
@@ -144,7 +159,10 @@ impl Dev {
     /// Issues the queue, waits for the stream, and rewinds the arena (nothing reads it any more).
     pub(super) fn settle(&self, l: &mut Lane) -> Result<(), CudaError> {
         self.flush(l)?;
+        let t = std::time::Instant::now();
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?;
+        l.times.syncs += 1;
+        l.times.wait_s += t.elapsed().as_secs_f64();
         if let Some(a) = l.arena.as_mut() {
             a.at = 0;
         }
@@ -157,6 +175,7 @@ impl Dev {
         if l.queue.ops.is_empty() {
             return Ok(());
         }
+        let t = std::time::Instant::now();
         let (arena, raw) = (l.arena_ptr(), self.stream.cu_stream());
         let Lane { queue, graphs, .. } = l;
         let one_by_one = |q: &Queue| {
@@ -186,6 +205,8 @@ impl Dev {
         };
         queue.clear();
         l.parts += 1;
+        l.times.flushes += 1;
+        l.times.flush_s += t.elapsed().as_secs_f64();
         // The frees are ordered after the operations that used the memory.
         l.reclaim.flushed();
         // A failure goes to the call that triggered the flush, which reports it (an infallible method leaves it
@@ -222,10 +243,20 @@ impl Dev {
     /// that it is off.
     pub fn graph_report(&self) -> String {
         let l = lock(&self.lane);
+        let (s, t) = (l.graphs.stats, l.times);
+        let per = |secs: f64, n: u64| secs * 1e6 / n.max(1) as f64;
+        let host = format!(
+            "\n  host: {} syncs waited {:.1} ms ({:.1} us each); {} flushes took {:.1} ms ({:.1} us each)",
+            t.syncs,
+            t.wait_s * 1e3,
+            per(t.wait_s, t.syncs),
+            t.flushes,
+            t.flush_s * 1e3,
+            per(t.flush_s, t.flushes)
+        );
         if !l.deferred() {
-            return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".into();
+            return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".to_string() + &host;
         }
-        let s = l.graphs.stats;
         let mut misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
         if let Some(r) = &l.graphs.refusal {
             misses += &format!("\n  last refused capture: {r}");
@@ -240,7 +271,8 @@ impl Dev {
             s.ops,
             l.graphs.len(),
             l.reclaim.cached_bytes() as f64 / (1 << 20) as f64,
-        ) + &misses
+        ) + &host
+            + &misses
     }
 }
 
