@@ -89,6 +89,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // Appends each segment's k, v rows to its cache: 4 words a segment (destination K and V, already at the cache's
 // first new row; the first call row; the rows). blockIdx.y is the segment.
 extern "C" __global__ void kv_append(const float* k, const float* v, const u64* segs, int width) {
+  PDL_ENTRY();
   const u64* s = segs + 4 * (u64)blockIdx.y;
   float* dk = (float*)s[0];
   float* dv = (float*)s[1];
@@ -108,6 +109,7 @@ extern "C" __global__ void kv_append(const float* k, const float* v, const u64* 
 extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, const float* kin, const float* vin,
                                                                const u64* desc, int heads, int group, int hd, int width,
                                                                float scale, int max_chunks, float* part, int row0) {
+  PDL_ENTRY();
   extern __shared__ float sm[];
   u64 row = (u64)row0 + blockIdx.z;
   int h = blockIdx.y;
@@ -168,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, c
 // One block a (head, row), threads over hd.
 extern "C" __global__ void attn_combine(const u64* desc, const float* part, int heads, int hd, int max_chunks, float* out,
                                         int row0) {
+  PDL_ENTRY();
   u64 row = (u64)row0 + blockIdx.y;
   int h = blockIdx.x;
   RowKv r = row_kv(desc, row);

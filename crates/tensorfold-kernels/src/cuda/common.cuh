@@ -19,6 +19,24 @@ typedef unsigned long long u64;
 // Keys one attention block covers: a FIXED chunk, so a row's chunks depend only on its own key count.
 #define KEY_CHUNK 256
 
+// Programmatic dependent launch (sm_90 on; the host launches with it unless TENSORFOLD_CUDA_PDL=0): every kernel's
+// first statement. A block may be scheduled before the kernel ahead of it on the stream has finished; it waits here
+// until that kernel has completed and its writes are visible, so nothing is read or written early and the bits are
+// the same as a plain launch. Then it lets the next kernel be scheduled. Without the launch attribute both are
+// no-ops. Every kernel must wait (a test checks each entry): a kernel that finished without waiting would let the
+// next one run before the one before it had finished.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY()                                   \
+  do {                                                \
+    asm volatile("griddepcontrol.wait;" ::: "memory"); \
+    asm volatile("griddepcontrol.launch_dependents;"); \
+  } while (0)
+#else
+#define PDL_ENTRY() \
+  do {              \
+  } while (0)
+#endif
+
 #define DT_F32 0
 #define DT_BF16 1
 #define DT_Q8 2

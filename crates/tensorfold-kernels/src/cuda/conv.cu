@@ -12,6 +12,7 @@ __device__ __forceinline__ float bx_at(const float* bcx, u64 row, int width, int
 // out[r, c] = C[r, c] * (sum_i w[c, i] * Bx[window row t + i, c] + bias[c]), t the row's index in its segment.
 extern "C" __global__ void conv_out(const float* bcx, int width, int taps, const float* w, const float* bias,
                                     const u64* segs, const u32* row_seg, int rows, float* out) {
+  PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)width) return;
   u64 r = i / (u64)width;
@@ -38,6 +39,7 @@ extern "C" __global__ void conv_out(const float* bcx, int width, int taps, const
 // Fills each segment's window (when it has one): rows [0, hist) from its state, then its B*x rows. blockIdx.y is
 // the segment. Runs after conv_out and before conv_state, so it reads the state before the state moves.
 extern "C" __global__ void conv_window(const float* bcx, int width, int taps, const u64* segs) {
+  PDL_ENTRY();
   const u64* s = segs + 4 * (u64)blockIdx.y;
   float* win = (float*)s[1];
   if (win == 0) return;
@@ -56,6 +58,7 @@ extern "C" __global__ void conv_window(const float* bcx, int width, int taps, co
 // Advances each segment's state to its last hist rows of B*x: window rows [rows, rows + hist) when it has a window,
 // else (rows >= hist, checked on the host) straight from the call's last hist rows.
 extern "C" __global__ void conv_state(const float* bcx, int width, int taps, const u64* segs) {
+  PDL_ENTRY();
   const u64* s = segs + 4 * (u64)blockIdx.y;
   float* st = (float*)s[0];
   const float* win = (const float*)s[1];

@@ -326,6 +326,7 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
   extern "C" __global__ void __launch_bounds__(256) linear_##NAME(                                                     \
       const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb, int group,              \
       const float* bias, float* out, int row0) {                                                                       \
+    PDL_ENTRY();                                                                                                       \
     Mat m;                                                                                                             \
     m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                            \
     linear_tile<DT, V, R, U, C>(x, rows, k, n, m, bias, out, row0);                                                    \
@@ -333,6 +334,7 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
   extern "C" __global__ void __launch_bounds__(256) gateup_##NAME(                                                     \
       const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,          \
       const float* us, const float* ub, int group, float* act, int row0) {                                             \
+    PDL_ENTRY();                                                                                                       \
     Mat mg;                                                                                                            \
     mg.w = g; mg.scales = gs; mg.biases = gb; mg.group = group;                                                        \
     Mat mu;                                                                                                            \
@@ -342,11 +344,13 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
   extern "C" __global__ void __launch_bounds__(256) moe_gateup_##NAME(                                                 \
       const float* x, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles, const int* list,   \
       int kk, float* act, int tile0) {                                                                                 \
+    PDL_ENTRY();                                                                                                       \
     moe_gateup_tile<DT, V, R, U, GC(C)>(x, k, n, tab, group, tiles, ntiles, list, kk, act, tile0);                     \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(256) moe_down_##NAME(                                                   \
       const float* act, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles,                  \
       const int* list, float* y, int tile0) {                                                                          \
+    PDL_ENTRY();                                                                                                       \
     moe_down_tile<DT, V, R, U, C>(act, k, n, tab, group, tiles, ntiles, list, y, tile0);                               \
   }
 

@@ -37,7 +37,7 @@ mod blocks;
 mod lane;
 
 use lane::{Lane, Staging, keep_pool_memory};
-pub(crate) use lane::{graphs_setting, part_setting};
+pub(crate) use lane::{graphs_setting, part_setting, pdl_setting};
 
 const COMMON: &str = include_str!("common.cuh");
 
@@ -166,6 +166,10 @@ pub struct Dev {
     /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
     /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
+    /// Kernels launch with programmatic dependent launch (sm_90 and later, unless `TENSORFOLD_CUDA_PDL=0`): a
+    /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
+    /// gap between the two. Off under a profile (each kernel is timed alone).
+    pub pdl: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -223,6 +227,7 @@ impl Dev {
         };
         let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
         let part = part_setting(std::env::var("TENSORFOLD_CUDA_GRAPH_OPS").ok())?;
+        let pdl = pdl_setting(std::env::var("TENSORFOLD_CUDA_PDL").ok())?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: called before any allocation; every operation of this backend is ordered on its one stream, so
         // cudarc's cross-stream event tracking has nothing to order.
@@ -236,6 +241,7 @@ impl Dev {
         let profile = std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events")));
         let arena = Staging::new();
         let deferred = graphs && profile.is_none() && arena.is_some();
+        let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
         let lane = Lane::new(arena, deferred, part);
         Ok(Arc::new(Dev {
             ctx,
@@ -250,6 +256,7 @@ impl Dev {
             profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
+            pdl,
         }))
     }
 
@@ -437,7 +444,7 @@ impl Dev {
             // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers
             // are live allocations of this context (or null where the kernel never reads them), and the kernels
             // stay in the bounds their launchers checked.
-            return unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &slots) };
+            return unsafe { graphs::issue(self.target(&l), &op, &slots) };
         }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = match synced {
@@ -448,8 +455,9 @@ impl Dev {
             true => Some(self.stream.record_event(timing).map_err(|e| driver("cuEventRecord", e))?),
             false => None,
         };
-        // SAFETY: as above.
-        unsafe { graphs::issue(self.stream.cu_stream(), std::ptr::null(), &op, &slots) }?;
+        // SAFETY: as above. A profiled kernel runs alone (no programmatic overlap with the one before).
+        let alone = graphs::Target { stream: self.stream.cu_stream(), arena: std::ptr::null(), pdl: false };
+        unsafe { graphs::issue(alone, &op, &slots) }?;
         if let (Some(p), Some(t0)) = (&self.profile, t0) {
             self.sync()?;
             lock(p).timed(func, t0.elapsed().as_secs_f64());
@@ -519,6 +527,15 @@ impl Drop for Dev {
         // Graphs name kernels of this device's modules, which its fields unload next.
         lock(&self.lane).graphs.clear();
     }
+}
+
+/// The driver's CUDA version (12030 for 12.3), 0 when it cannot say. Programmatic launches are captured into graphs
+/// from 12.3 on.
+fn driver_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut v) };
+    v
 }
 
 /// [`Dev::one_row`] with the override `r1_rows` given.

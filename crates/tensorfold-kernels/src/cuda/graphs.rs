@@ -67,36 +67,85 @@ impl Queue {
     }
 }
 
-/// Issues `op` on `stream` now (or into the capture the stream is in). `arena` is the page-locked block an
-/// [`Op::Htod`] copies from.
+/// Where recorded ops are issued: the stream, the page-locked block an [`Op::Htod`] copies from, and whether a
+/// launch may start while the kernel before it finishes (programmatic dependent launch, sm_90 on: each kernel waits
+/// at its entry for the one before, `PDL_ENTRY` in common.cuh, so the results are the same bits).
+#[derive(Clone, Copy)]
+pub(crate) struct Target {
+    pub(crate) stream: sys::CUstream,
+    pub(crate) arena: *const u8,
+    pub(crate) pdl: bool,
+}
+
+/// Issues `op` on `t.stream` now (or into the capture the stream is in).
 ///
 /// # Safety
 /// Every address in `op` must be a live allocation of the stream's context holding the sizes recorded (the
-/// launchers check); `arena` must hold `at + bytes` bytes that stay unchanged until the copy has run.
-pub(crate) unsafe fn issue(stream: sys::CUstream, arena: *const u8, op: &Op, args: &[u64]) -> Result<(), CudaError> {
+/// launchers check); `t.arena` must hold `at + bytes` bytes that stay unchanged until the copy has run.
+pub(crate) unsafe fn issue(t: Target, op: &Op, args: &[u64]) -> Result<(), CudaError> {
     match *op {
         Op::Launch { func, grid, block, smem, args: (a, n) } => {
             let slots = &args[a as usize..(a + n) as usize];
             // The driver reads each parameter through its pointer during the call and copies it.
             let mut params: Vec<*mut c_void> = slots.iter().map(|s| s as *const u64 as *mut c_void).collect();
+            if t.pdl {
+                // SAFETY: as below; the attribute lives through the call.
+                return unsafe { launch_pdl(t.stream, func as sys::CUfunction, grid, block, smem, &mut params) };
+            }
             // SAFETY: per this function's contract; the slots outlive the call.
-            unsafe { result::launch_kernel(func as sys::CUfunction, grid, (block, 1, 1), smem, stream, &mut params) }
+            unsafe { result::launch_kernel(func as sys::CUfunction, grid, (block, 1, 1), smem, t.stream, &mut params) }
                 .map_err(|e| driver("cuLaunchKernel", e))
         }
         Op::Htod { dst, at, bytes } => {
             // SAFETY: per this function's contract.
-            let src = unsafe { std::slice::from_raw_parts(arena.add(at), bytes) };
-            unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver("cuMemcpyHtoD", e))
+            let src = unsafe { std::slice::from_raw_parts(t.arena.add(at), bytes) };
+            unsafe { result::memcpy_htod_async(dst, src, t.stream) }.map_err(|e| driver("cuMemcpyHtoD", e))
         }
         Op::Dtod { dst, src, bytes } => {
             // SAFETY: per this function's contract.
-            unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| driver("cuMemcpyDtoD", e))
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, t.stream) }.map_err(|e| driver("cuMemcpyDtoD", e))
         }
         Op::Memset { dst, value, bytes } => {
             // SAFETY: per this function's contract.
-            unsafe { result::memset_d8_async(dst, value, bytes, stream) }.map_err(|e| driver("cuMemsetD8", e))
+            unsafe { result::memset_d8_async(dst, value, bytes, t.stream) }.map_err(|e| driver("cuMemsetD8", e))
         }
     }
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel may be scheduled before the previous
+/// kernel on the stream has finished (CUDA programming guide, "Programmatic Dependent Launch"); it waits for it at
+/// its entry. Captured into a graph as a programmatic edge.
+///
+/// # Safety
+/// As [`issue`]'s launch.
+unsafe fn launch_pdl(
+    stream: sys::CUstream,
+    f: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), CudaError> {
+    // SAFETY: a plain-data union; zeroed is a valid value, and the one field the attribute's id names is set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: per the caller's contract; `cfg` and `attr` outlive the call, which copies the parameters.
+    unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(|e| driver("cuLaunchKernelEx", e))
 }
 
 /// A planted fault of the graph machinery (the contract's `cuda.graphs` controls; production never sets one).
@@ -343,18 +392,14 @@ pub(crate) enum Refusal {
 ///
 /// # Safety
 /// As [`issue`] for every op of `q`; the stream's context is bound on this thread.
-pub(crate) unsafe fn capture(
-    stream: sys::CUstream,
-    arena: *const u8,
-    q: &Queue,
-    fault: Option<GraphFault>,
-) -> Result<Exec, Refusal> {
+pub(crate) unsafe fn capture(t: Target, q: &Queue, fault: Option<GraphFault>) -> Result<Exec, Refusal> {
+    let stream = t.stream;
     let kernels_only = fault == Some(GraphFault::KernelsOnly);
     let copy = |op: &&Op| matches!(op, Op::Htod { .. });
     if kernels_only {
         // SAFETY: per this function's contract (the planted fault: copies issued now, left out of the graph).
         for op in q.ops.iter().filter(copy) {
-            unsafe { issue(stream, arena, op, &q.args) }.map_err(Refusal::Begin)?;
+            unsafe { issue(t, op, &q.args) }.map_err(Refusal::Begin)?;
         }
     }
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -366,7 +411,7 @@ pub(crate) unsafe fn capture(
         .ops
         .iter()
         .filter(|op| !(kernels_only && copy(op)))
-        .try_for_each(|op| unsafe { issue(stream, arena, op, &q.args) });
+        .try_for_each(|op| unsafe { issue(t, op, &q.args) });
     // SAFETY: the stream is capturing (begun above).
     let ended = unsafe { result::stream::end_capture(stream) };
     if let Err(e) = recorded {

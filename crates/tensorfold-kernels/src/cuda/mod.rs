@@ -302,6 +302,26 @@ mod tests {
         use device::part_setting;
         assert_eq!((part_setting(None), part_setting(Some("0".into()))), (Ok(64), Ok(0)));
         assert!(matches!(part_setting(Some("-1".into())), Err(CudaError::Setting { .. })));
+        use device::pdl_setting;
+        assert_eq!((pdl_setting(None), pdl_setting(Some("0".into()))), (Ok(true), Ok(false)));
+        let e = pdl_setting(Some("on".into())).unwrap_err();
+        assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_PDL", .. }), "{e}");
+    }
+
+    /// Programmatic dependent launch is safe only if every kernel waits for the one before it first thing.
+    #[test]
+    fn every_kernel_waits_for_the_kernel_before_it_first_thing() {
+        let mut entries = 0;
+        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+            let s = src.source();
+            for (at, _) in s.match_indices("__global__ void") {
+                let body = &s[at + s[at..].find('{').expect("a kernel has a body") + 1..];
+                let first = body.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                assert!(first.starts_with("PDL_ENTRY();"), "{}: {}", src.name(), &s[at..at + 80]);
+                entries += 1;
+            }
+        }
+        assert_eq!(entries, 20, "every entry point was checked");
     }
 
     #[test]

@@ -15,6 +15,7 @@ __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_
 // rsf. At most 1024 experts (a lane's taken mask has 32 bits; the host checks).
 extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
                                      float rsf, float* sel, float* wts) {
+  PDL_ENTRY();
   int lane = threadIdx.x & 31;
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;  // whole warps leave together
@@ -75,6 +76,7 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
 // each slot's row is computed alone.
 extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
                                     int* ntiles, int bound) {
+  PDL_ENTRY();
   __shared__ int cnt[PLAN_MAX];
   __shared__ int off[PLAN_MAX];
   __shared__ int tile0[PLAN_MAX];
@@ -129,6 +131,7 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
 
 // out[r, c] = sum over rank, in rank order from 0, of wts[r, rank] * y[r * kk + rank, c] (the CPU's combine).
 extern "C" __global__ void moe_combine(const float* y, const float* wts, int rows, int kk, int h, float* out) {
+  PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)h) return;
   u64 r = i / (u64)h;

@@ -7,6 +7,7 @@
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(float* x, int rows, int heads, int hd, const float* norm,
                                                                float eps, const u32* pos, const float* inv_freq,
                                                                int interleaved) {
+  PDL_ENTRY();
   extern __shared__ float sh[];
   int warp = threadIdx.x >> 5;
   int lane = threadIdx.x & 31;

@@ -4,6 +4,7 @@
 // One thread an element. The host checked every id against the table before the launch.
 extern "C" __global__ void embed(const void* table, const float* scales, const float* biases, int group, int dtype,
                                  int vocab, const u32* ids, int rows, int h, float* out) {
+  PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)h) return;
   u64 r = i / (u64)h;
@@ -74,6 +75,7 @@ __device__ __forceinline__ void scale_out(const float* xr, const float* w, float
 // warp_sum, and thread 0 adds the 8 warp sums in warp order from 0. The order depends only on width.
 extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int width, int rows,
                                                           float* out) {
+  PDL_ENTRY();
   __shared__ float red[WPB];
   __shared__ float total;
   int r = blockIdx.x;
@@ -108,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
 // reads back only the elements it wrote.
 extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const float* y, const float* w, float eps,
                                                               int width, int rows, float* out) {
+  PDL_ENTRY();
   __shared__ float red[WPB];
   __shared__ float total;
   int r = blockIdx.x;
@@ -146,12 +149,14 @@ extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const fl
 
 // acc[i] += y[i] for i < n.
 extern "C" __global__ void add_inplace(float* acc, const float* y, u64 n) {
+  PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) acc[i] = acc[i] + y[i];
 }
 
 // out[r] = x[idx[r]] for rows of `width`; the host checked every index against src_rows.
 extern "C" __global__ void gather_rows(const float* x, int width, const u32* idx, int n_out, int src_rows, float* out) {
+  PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)n_out * (u64)width) return;
   u64 r = i / (u64)width;
@@ -180,6 +185,7 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 // or an infinity (or is empty). `total` is the buffer's length; the last row may be shorter than vocab, as the CPU's chunks are.
 extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy(const float* logits, u64 total, int vocab,
                                                                      u32* picks) {
+  PDL_ENTRY();
   __shared__ float sv[GREEDY_THREADS];
   __shared__ int si[GREEDY_THREADS];
   int t = threadIdx.x;

@@ -34,7 +34,7 @@ pub(super) struct Lane {
 /// device.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct HostTimes {
-    /// Stream synchronizations, and the seconds they waited in all.
+    /// Stream synchronizations, and the seconds they (and the reads to the host before them) waited in all.
     syncs: u64,
     wait_s: f64,
     /// Flushes of a non-empty queue, and the seconds they took in all (capture, replay launch, or issue one by one).
@@ -99,7 +99,7 @@ impl Dev {
             return Ok(());
         }
         // SAFETY: `dst` holds `bytes` (callers size it); the staged bytes stay untouched until the copy has run.
-        unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &[]) }
+        unsafe { graphs::issue(self.target(&l), &op, &[]) }
     }
 
     /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
@@ -109,10 +109,13 @@ impl Dev {
         let mut l = lock(&self.lane);
         self.flush(&mut l)?;
         if !dst.is_empty() {
+            // A copy to pageable memory returns only when it is done: it waits for the queue like a sync.
+            let t = std::time::Instant::now();
             // SAFETY: `src` holds `size_of_val(dst)` bytes (callers check); the stream is synchronized below
             // before `dst` is used.
             unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
                 .map_err(|e| driver("cuMemcpyDtoH", e))?;
+            l.times.wait_s += t.elapsed().as_secs_f64();
         }
         self.settle(&mut l)
     }
@@ -147,7 +150,12 @@ impl Dev {
             return Ok(());
         }
         // SAFETY: per this function's contract.
-        unsafe { graphs::issue(self.stream.cu_stream(), l.arena_ptr(), &op, &[]) }
+        unsafe { graphs::issue(self.target(&l), &op, &[]) }
+    }
+
+    /// Where this device issues: its stream, the lane's arena, and programmatic dependent launch when on.
+    pub(super) fn target(&self, l: &Lane) -> graphs::Target {
+        graphs::Target { stream: self.stream.cu_stream(), arena: l.arena_ptr(), pdl: self.pdl }
     }
 
     /// Waits for every operation queued so far.
@@ -176,12 +184,12 @@ impl Dev {
             return Ok(());
         }
         let t = std::time::Instant::now();
-        let (arena, raw) = (l.arena_ptr(), self.stream.cu_stream());
+        let (target, raw) = (self.target(l), self.stream.cu_stream());
         let Lane { queue, graphs, .. } = l;
         let one_by_one = |q: &Queue| {
             // SAFETY: every op was recorded by a launcher that checked its addresses and sizes; the arena's bytes
             // stay put until the next settle.
-            q.ops.iter().try_for_each(|op| unsafe { graphs::issue(raw, arena, op, &q.args) })
+            q.ops.iter().try_for_each(|op| unsafe { graphs::issue(target, op, &q.args) })
         };
         let r = match graphs.plan(queue, l.parts) {
             Plan::Eager => one_by_one(queue),
@@ -190,7 +198,7 @@ impl Dev {
                 None => one_by_one(queue),
             },
             // SAFETY: as above; the context was bound by the caller.
-            Plan::Capture(key) => match unsafe { graphs::capture(raw, arena, queue, graphs.fault) } {
+            Plan::Capture(key) => match unsafe { graphs::capture(target, queue, graphs.fault) } {
                 Ok(exec) => {
                     let r = exec.launch(raw);
                     graphs.keep(key, queue, exec);
@@ -303,6 +311,20 @@ pub(crate) fn graphs_setting(v: Option<String>) -> Result<bool, CudaError> {
             name: "TENSORFOLD_CUDA_GRAPHS",
             value: v.unwrap_or_default(),
             want: "0 (off) or 1 (on, the default)",
+        }),
+    }
+}
+
+/// `TENSORFOLD_CUDA_PDL` (a measuring aid for A/B runs in one binary; the bits are the same either way): unset or `1`
+/// launches kernels with programmatic dependent launch where the device has it (sm_90 on), `0` never.
+pub(crate) fn pdl_setting(v: Option<String>) -> Result<bool, CudaError> {
+    match v.as_deref().map(str::trim) {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(_) => Err(CudaError::Setting {
+            name: "TENSORFOLD_CUDA_PDL",
+            value: v.unwrap_or_default(),
+            want: "0 (off) or 1 (on where the device has it, the default)",
         }),
     }
 }
