@@ -146,7 +146,7 @@ fn append(
         most = most.max(s.rows * width);
     }
     if !table.is_empty() {
-        let tm = be.dev.upload(&table)?;
+        let tm = be.dev.stage(&table)?;
         let base = tm.as_ref().map_or(0, |m| m.ptr);
         let f = be.func(Src::Attention, "kv_append")?;
         let (kp, vp) = (k.ptr()?, v.ptr()?);
@@ -222,7 +222,7 @@ fn run(
     let launch_rows = (SCRATCH_FLOATS / per_row).clamp(1, GRID_YZ).min(n_rows);
     let part = be.dev.alloc(f32_bytes(mul(launch_rows, per_row)?)?)?;
     let pp = part.as_ref().map_or(0, |m| m.ptr);
-    let dm = be.dev.upload(desc)?;
+    let dm = be.dev.stage(desc)?;
     let dp = dm.as_ref().map_or(0, |m| m.ptr);
     let (fp, fc) = (be.func(Src::Attention, "attn_partial")?, be.func(Src::Attention, "attn_combine")?);
     let scale = 1.0 / (hd as f32).sqrt();

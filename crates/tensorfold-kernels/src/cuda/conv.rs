@@ -91,9 +91,9 @@ fn launch(
         row_seg[s.first_row..s.first_row + s.rows].fill(i as u32);
         most = most.max((hist + s.rows) * width);
     }
-    let tm = be.dev.upload(&table)?;
+    let tm = be.dev.stage(&table)?;
     let tp = tm.as_ref().map_or(0, |m| m.ptr);
-    let rs = be.dev.upload(&row_seg)?;
+    let rs = be.dev.stage(&row_seg)?;
     let (wi, ti) = (int(width, "width")?, int(c.taps, "taps")?);
     let bias = match c.bias {
         Some(b) => b.ptr()?,

@@ -239,7 +239,7 @@ impl Dev {
         // The staging arena is allocated in this context.
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
         let profile = std::env::var_os("TENSORFOLD_CUDA_PROFILE").map(|v| Mutex::new(Profile::new(v == "events")));
-        let arena = Staging::new();
+        let arena = Staging::new(&stream);
         let deferred = graphs && profile.is_none() && arena.is_some();
         let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
         let lane = Lane::new(arena, deferred, part);
@@ -305,7 +305,8 @@ impl Dev {
         // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
         match unsafe { self.stream.alloc::<u8>(size) } {
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                self.settle(l)?;
+                // Not a settle: the caller may hold staged tables.
+                self.drain(l)?;
                 l.reclaim.uncache();
                 // SAFETY: as above.
                 unsafe { self.stream.alloc::<u8>(size) }.map_err(|e| driver("cuMemAllocAsync", e))
@@ -448,7 +449,7 @@ impl Dev {
         }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = match synced {
-            true => Some((self.sync()?, std::time::Instant::now()).1),
+            true => Some((self.drain(&mut lock(&self.lane))?, std::time::Instant::now()).1),
             false => None,
         };
         let before = match evented {
@@ -459,7 +460,7 @@ impl Dev {
         let alone = graphs::Target { stream: self.stream.cu_stream(), arena: std::ptr::null(), pdl: false };
         unsafe { graphs::issue(alone, &op, &slots) }?;
         if let (Some(p), Some(t0)) = (&self.profile, t0) {
-            self.sync()?;
+            self.drain(&mut lock(&self.lane))?;
             lock(p).timed(func, t0.elapsed().as_secs_f64());
         }
         if let (Some(p), Some(before)) = (&self.profile, before) {

@@ -407,11 +407,8 @@ pub(crate) unsafe fn capture(t: Target, q: &Queue, fault: Option<GraphFault>) ->
     unsafe { result::stream::begin_capture(stream, mode) }
         .map_err(|e| Refusal::Begin(driver("cuStreamBeginCapture", e)))?;
     // SAFETY: per this function's contract.
-    let recorded = q
-        .ops
-        .iter()
-        .filter(|op| !(kernels_only && copy(op)))
-        .try_for_each(|op| unsafe { issue(t, op, &q.args) });
+    let recorded =
+        q.ops.iter().filter(|op| !(kernels_only && copy(op))).try_for_each(|op| unsafe { issue(t, op, &q.args) });
     // SAFETY: the stream is capturing (begun above).
     let ended = unsafe { result::stream::end_capture(stream) };
     if let Err(e) = recorded {

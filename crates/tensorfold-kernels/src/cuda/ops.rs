@@ -72,7 +72,7 @@ pub(crate) fn embed_unchecked(
     if rows * h == 0 || table.rows == 0 {
         return Ok(());
     }
-    let idm = be.dev.upload(ids)?;
+    let idm = be.dev.stage(ids)?;
     let (w, s, b) = table.ptrs()?;
     let f = be.func(Src::Rows, "embed")?;
     let args = [
@@ -260,7 +260,7 @@ pub(crate) fn gather(be: &CudaBackend, x: &CudaBuf, width: usize, rows: &[usize]
         return Ok(out);
     }
     let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-    let idm = be.dev.upload(&idx)?;
+    let idm = be.dev.stage(&idx)?;
     let f = be.func(Src::Rows, "gather_rows")?;
     let args = [
         Arg::P(x.ptr()?),
@@ -308,7 +308,7 @@ pub(crate) fn qk_norm_rope(
         if rows == 0 {
             return Ok(());
         }
-        let m = be.dev.upload(&words)?;
+        let m = be.dev.stage(&words)?;
         let base = m.as_ref().map_or(0, |m| m.ptr);
         let f = be.func(Src::Rope, "qk_norm_rope")?;
         let args = [

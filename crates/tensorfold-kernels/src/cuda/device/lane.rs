@@ -2,11 +2,12 @@
 //! CUDA graphs (`graphs.rs`), the copies and syncs, and the memory pool's settings and probes.
 
 use super::blocks::Reclaim;
-use super::{Dev, driver, lock};
+use super::{Dev, Mem, driver, lock};
 use crate::cuda::CudaError;
 use crate::cuda::graphs::{self, Exec, Graphs, Op, Plan, Queue, Refusal};
-use cudarc::driver::{CudaContext, CudaSlice, result, sys};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result, sys};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// The stream's host side (see [`Dev`]'s `lane`).
 pub(super) struct Lane {
@@ -63,6 +64,22 @@ impl Lane {
     pub(super) fn arena_ptr(&self) -> *const u8 {
         self.arena.as_ref().map_or(std::ptr::null(), |a| a.ptr as *const u8)
     }
+
+    /// Writes `src` into the arena and returns its offset; `None` when it is too large for a staged copy or does not
+    /// fit before the next rewind (the caller then copies from `src` directly).
+    fn put<T: Copy>(&mut self, src: &[T]) -> Option<usize> {
+        let bytes = std::mem::size_of_val(src);
+        let st = self.arena.as_mut()?;
+        if bytes > STAGED_MAX || st.at + bytes > STAGING_BYTES {
+            return None;
+        }
+        let at = st.at;
+        // SAFETY: [at, at + bytes) lies inside the page-locked block (checked above); nothing queued or running
+        // reads it (the arena only moves forward between rewinds); src and the block don't overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, st.ptr.add(at), bytes) };
+        st.at += bytes.next_multiple_of(16);
+        Some(at)
+    }
 }
 
 impl Dev {
@@ -76,23 +93,13 @@ impl Dev {
         self.bind()?;
         let bytes = std::mem::size_of_val(src);
         let mut l = lock(&self.lane);
-        if bytes > STAGED_MAX || l.arena.is_none() {
+        let Some(at) = l.put(src) else {
             self.flush(&mut l)?;
             // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
             // returns, so `src` may be dropped afterwards.
             return unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
                 .map_err(|e| driver("cuMemcpyHtoD", e));
-        }
-        if l.arena.as_ref().is_some_and(|a| a.at + bytes > STAGING_BYTES) {
-            // Every copy queued or issued from the arena must have run before its bytes are overwritten.
-            self.settle(&mut l)?;
-        }
-        let Some(st) = l.arena.as_mut() else { return Err(CudaError::Unallocated) };
-        let at = st.at;
-        // SAFETY: [at, at + bytes) lies inside the page-locked block (checked above); nothing queued or running
-        // reads it (the arena only moves forward between syncs); src and the block don't overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, st.ptr.add(at), bytes) };
-        st.at += bytes.next_multiple_of(16);
+        };
         let op = Op::Htod { dst, at, bytes };
         if l.deferred() {
             l.queue.ops.push(op);
@@ -100,6 +107,31 @@ impl Dev {
         }
         // SAFETY: `dst` holds `bytes` (callers size it); the staged bytes stay untouched until the copy has run.
         unsafe { graphs::issue(self.target(&l), &op, &[]) }
+    }
+
+    /// Device memory holding `data` for the launches recorded next (a call's segment table, token ids, positions),
+    /// or `None` for no data. Staged in the page-locked arena and sent to the device's mirror of the arena in one
+    /// copy at the head of the part that uses it, so a graph part holds one copy node, not one a table. The address
+    /// is valid until this device's next `sync` or `dtoh` (the arena rewinds there): a launcher stages its tables and
+    /// launches, never waiting in between. Too large, or with the arena full or missing: [`Dev::upload`].
+    pub fn stage<T: Copy>(&self, data: &[T]) -> Result<Option<Mem>, CudaError> {
+        let bytes = std::mem::size_of_val(data);
+        if bytes == 0 {
+            return Ok(None);
+        }
+        self.bind()?;
+        let mut l = lock(&self.lane);
+        let Some(at) = l.put(data) else {
+            drop(l);
+            return self.upload(data);
+        };
+        let Some(mirror) = l.arena.as_ref().map(|a| a.mirror) else { return Err(CudaError::Unallocated) };
+        let ptr = mirror + at as u64;
+        if !l.deferred() {
+            // SAFETY: the mirror holds the arena's range; the staged bytes stay put until the next rewind.
+            unsafe { graphs::issue(self.target(&l), &Op::Htod { dst: ptr, at, bytes }, &[]) }?;
+        }
+        Ok(Some(Mem { slice: None, ptr, bytes, lane: self.lane.clone() }))
     }
 
     /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
@@ -164,17 +196,24 @@ impl Dev {
         self.settle(&mut lock(&self.lane))
     }
 
-    /// Issues the queue, waits for the stream, and rewinds the arena (nothing reads it any more).
+    /// [`Dev::drain`], then rewinds the arena: nothing reads it any more, and staged addresses end here.
     pub(super) fn settle(&self, l: &mut Lane) -> Result<(), CudaError> {
+        self.drain(l)?;
+        if let Some(a) = l.arena.as_mut() {
+            (a.at, a.sent) = (0, 0);
+        }
+        l.parts = 0;
+        Ok(())
+    }
+
+    /// Issues the queue and waits for the stream, keeping the arena (a wait inside a launcher: an allocation out of
+    /// memory, a profiled launch).
+    pub(super) fn drain(&self, l: &mut Lane) -> Result<(), CudaError> {
         self.flush(l)?;
         let t = std::time::Instant::now();
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?;
         l.times.syncs += 1;
         l.times.wait_s += t.elapsed().as_secs_f64();
-        if let Some(a) = l.arena.as_mut() {
-            a.at = 0;
-        }
-        l.parts = 0;
         Ok(())
     }
 
@@ -184,6 +223,14 @@ impl Dev {
             return Ok(());
         }
         let t = std::time::Instant::now();
+        if let Some(st) = l.arena.as_mut()
+            && st.at > st.sent
+        {
+            // Everything staged since the last flush, in one copy ahead of the ops that read it.
+            let op = Op::Htod { dst: st.mirror + st.sent as u64, at: st.sent, bytes: st.at - st.sent };
+            l.queue.ops.insert(0, op);
+            st.sent = st.at;
+        }
         let (target, raw) = (self.target(l), self.stream.cu_stream());
         let Lane { queue, graphs, .. } = l;
         let one_by_one = |q: &Queue| {
@@ -263,7 +310,8 @@ impl Dev {
             per(t.flush_s, t.flushes)
         );
         if !l.deferred() {
-            return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".to_string() + &host;
+            return "cuda graphs: off (TENSORFOLD_CUDA_GRAPHS=0, a profile, or no page-locked arena)".to_string()
+                + &host;
         }
         let mut misses: String = l.graphs.misses.iter().map(|m| format!("\n  missed: {m}")).collect();
         if let Some(r) = &l.graphs.refusal {
@@ -377,22 +425,31 @@ const STAGING_BYTES: usize = 4 << 20;
 
 /// A page-locked host arena for small host-to-device copies: a copy from pageable memory may make the driver stage it
 /// (and wait) on every call, a decode step makes a hundred such copies, and a graph's copy nodes read fixed host
-/// addresses. Bytes are written at `at`, which only moves forward between stream syncs and rewinds at each one, so a
-/// step that starts after a sync stages its tables at the same offsets every time.
+/// addresses. Bytes are written at `at`, which only moves forward between syncs and rewinds at each one, so a step
+/// that starts after a sync stages its tables at the same offsets every time. `mirror` is device memory of the
+/// same size: [`Dev::stage`]d tables are read there, after one copy of `[sent, at)` a flush.
 pub(super) struct Staging {
     ptr: *mut u8,
     at: usize,
+    /// Arena bytes below this offset are on their way to the mirror (queued or issued).
+    sent: usize,
+    /// The mirror's device address, and its memory.
+    mirror: u64,
+    _mirror: CudaSlice<u8>,
 }
 
 // SAFETY: the ring is only touched under Dev's mutex; the pointer is a driver allocation valid on every thread.
 unsafe impl Send for Staging {}
 
 impl Staging {
-    /// The ring, or `None` when page-locked memory cannot be had (copies then stay pageable).
-    pub(super) fn new() -> Option<Self> {
+    /// The ring and its device mirror, or `None` when either cannot be had (copies then stay pageable).
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Option<Self> {
+        // SAFETY: written by the launchers before any copy reads it.
+        let m = unsafe { stream.alloc::<u8>(STAGING_BYTES) }.ok()?;
+        let mirror = m.device_ptr(stream).0;
         // SAFETY: plain page-locked allocation; freed in Drop.
         let p = unsafe { result::malloc_host(STAGING_BYTES, 0) }.ok()?;
-        Some(Self { ptr: p as *mut u8, at: 0 })
+        Some(Self { ptr: p as *mut u8, at: 0, sent: 0, mirror, _mirror: m })
     }
 }
 
