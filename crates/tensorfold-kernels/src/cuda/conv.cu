@@ -1,4 +1,4 @@
-//! LFM2 short conv kernels over a segment table: outputs from each stream's state and the call's B*x rows, the kept rollback window, then the advanced state.
+//! LFM2 short conv kernels over a segment table: outputs from each stream's state and the call's B*x rows, the kept rollback window, then the advanced state (three launches, or one for short segments).
 // Segment table, 4 words a segment: d[0] the stream's state (f32 [taps - 1, width], oldest row first), d[1] the
 // window to fill (f32 [taps - 1 + rows, width]: the state's rows then the segment's B*x rows) or 0, d[2] the first
 // call row, d[3] the rows. Each output element is one thread with the CPU's exact arithmetic order (taps in
@@ -75,4 +75,45 @@ extern "C" __global__ void conv_state(const float* bcx, int width, int taps, con
     int c = (int)(i % (u64)width);
     st[i] = win ? win[(rows + j) * (u64)width + c] : bx_at(bcx, first + rows - hist + j, width, c);
   }
+}
+
+// The three kernels above in one launch, for calls whose segments are short (decode and verify rounds; the host
+// picks it): one thread a (segment, channel) computes that channel's outputs in row order with conv_out's exact
+// arithmetic, fills its window column, then advances its state column, which no other thread touches (the same bits
+// as the three launches). blockIdx.y is the segment.
+extern "C" __global__ void conv_fused(const float* bcx, int width, int taps, const float* w, const float* bias,
+                                      const u64* segs, float* out) {
+  PDL_ENTRY();
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  const u64* s = segs + 4 * (u64)blockIdx.y;
+  float* st = (float*)s[0];
+  float* win = (float*)s[1];
+  u64 first = s[2];
+  u64 rows = s[3];
+  int hist = taps - 1;
+#ifdef FAULT_CONV_FIRST_STREAM
+  const float* rd = (const float*)segs[0];
+#else
+  const float* rd = st;
+#endif
+  for (u64 t = 0; t < rows; t++) {
+    float acc = 0.0f;
+    for (int k = 0; k < taps; k++) {
+      int wi = (int)t + k;
+      float b = wi < hist ? rd[(u64)wi * (u64)width + c] : bx_at(bcx, first + (u64)(wi - hist), width, c);
+      acc = acc + w[(u64)c * (u64)taps + k] * b;
+    }
+    if (bias) acc = acc + bias[c];
+    u64 r = first + t;
+    out[r * (u64)width + c] = bcx[r * 3 * (u64)width + width + c] * acc;
+  }
+  // Row i of the sequence (state rows, then the segment's B*x rows).
+  auto seq = [&](u64 i) { return i < (u64)hist ? st[i * (u64)width + c] : bx_at(bcx, first + i - hist, width, c); };
+  if (win)
+    for (u64 i = 0; i < (u64)hist + rows; i++) win[i * (u64)width + c] = seq(i);
+#ifndef FAULT_CONV_NO_ADVANCE
+  // In increasing j: row rows + j of the sequence is never a state row already overwritten (rows >= 1).
+  for (int j = 0; j < hist; j++) st[(u64)j * (u64)width + c] = seq(rows + (u64)j);
+#endif
 }

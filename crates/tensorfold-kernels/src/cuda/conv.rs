@@ -1,7 +1,7 @@
 //! Launchers of the short conv kernels over a segment table (one launch a step for all streams) and the rollback
 //! of a conv state to a row of its kept window; the semantics are the CPU's `cpu::conv` exactly.
 
-use super::device::{Arg, BLOCK, GRID_YZ, Src};
+use super::device::{Arg, BLOCK, GRID_YZ, Mem, Src};
 use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaConv, f32_bytes};
 use super::{CudaBackend, CudaError};
@@ -61,7 +61,7 @@ struct Call<'a> {
 }
 
 /// Windows, tables and the three launches (outputs, windows, states), in that stream order: the first two read the
-/// states before the last one moves them.
+/// states before the last one moves them. Short segments only: one `conv_fused` launch instead.
 fn launch(
     be: &CudaBackend,
     c: &Call,
@@ -100,6 +100,16 @@ fn launch(
         None => 0,
     };
     let bcx = c.bcx.ptr()?;
+    if be.dev.fused && segs.iter().all(|s| s.rows <= FUSED_ROWS) {
+        let f = be.func(Src::Conv, "conv_fused")?;
+        let (w, o) = (c.weight.ptr()?, out.ptr()?);
+        for (i, chunk) in table.chunks(4 * GRID_YZ).enumerate() {
+            let at = tp + (i * 4 * GRID_YZ * 8) as u64;
+            let args = [Arg::P(bcx), Arg::I(wi), Arg::I(ti), Arg::P(w), Arg::P(bias), Arg::P(at), Arg::P(o)];
+            be.dev.launch(&f, (blocks(width)?, (chunk.len() / 4) as u32, 1), BLOCK, 0, &args)?;
+        }
+        return finish(segs, states, temps);
+    }
     let f = be.func(Src::Conv, "conv_out")?;
     let args = [
         Arg::P(bcx),
@@ -121,6 +131,16 @@ fn launch(
             be.dev.launch(&f, (span, (chunk.len() / 4) as u32, 1), BLOCK, 0, &args)?;
         }
     }
+    finish(segs, states, temps)
+}
+
+/// Segments of at most this many rows each (decode and verify rounds) make the call one `conv_fused` launch: a
+/// thread loops over its segment's rows, so long prefill segments keep the three wide launches.
+const FUSED_ROWS: usize = 16;
+
+/// Records each state's kept window after the launches; temporary windows are freed in stream order, after the
+/// launches that use them.
+fn finish(segs: &[Segment], states: &mut [&mut CudaConv], temps: Vec<Option<Mem>>) -> Result<(), CudaError> {
     for s in segs {
         let st = &mut states[s.cache];
         if s.rows <= KEEP_ROWS {
@@ -130,7 +150,6 @@ fn launch(
             (st.window, st.window_rows) = (None, None);
         }
     }
-    // Temporary windows are freed in stream order, after the launches that use them.
     drop(temps);
     Ok(())
 }

@@ -282,25 +282,26 @@ impl Kernel for ShortConv {
         let mut gates = vec![
             reference_gate("8 rows over 4 streams", err, 1e-6),
             Gate::new("cpu", cpu_diff == 0, format!("{cpu_diff} output and state values differ from cpu.short_conv")),
-            invariance_gate("widths over 4 streams", Self::invariance(&self.0, &be, &case, &starts)),
+            invariance_gate("widths over 4 streams, 24 rows on one", Self::invariance(&self.0, &be, &case, &starts)),
         ];
         gates.push(Self::edges(&be, &case, fault, advanced));
         gates.push(device_gate(&be));
         gates
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Conv, &["conv_out", "conv_window", "conv_state"])
+        limits(&self.0, Src::Conv, &["conv_out", "conv_window", "conv_state", "conv_fused"])
     }
 }
 
 impl ShortConv {
     /// Each row of calls of every width against a one-row call on its stream's state advanced (by the unplanted
-    /// kernel on `base`) over the segment's earlier rows.
+    /// kernel on `base`) over the segment's earlier rows. The widths over 4 streams take the one-launch form
+    /// (`conv_fused`, segments of at most 16 rows); 24 rows on one stream take the three launches.
     fn invariance(base: &CudaBackend, be: &CudaBackend, case: &ConvCase, starts: &[usize]) -> usize {
         let width = case.width;
         let mut inv = 0;
-        for n in WIDTHS {
-            let segs = split(n, 4, starts);
+        for (n, streams) in WIDTHS.iter().map(|&n| (n, 4)).chain([(24, 1)]) {
+            let segs = split(n, streams, starts);
             let mut st = case.states(be);
             let Ok(o) = case.call(be, 0, &segs, &mut st) else {
                 inv += 1;
