@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks without a GPU: the kernel sources compiled as C++ against a CPU emulation of the device
+# code they use (emu.h: a block's threads as fibers in lockstep, warp shuffles, barriers, shared memory), loaded
+# through a fake driver and NVRTC (fake.cpp: host memory as device memory, stream capture into replayable graphs).
+# Runs `tensorfold contract --backend cuda --quick` (every CUDA kernel against its host reference, row invariance,
+# edges, every planted control red; graphs and programmatic launch on, as on the H200) and `tensorfold exact
+# --device cuda` on every fixture. It checks the kernels' arithmetic and the host's launch, staging and graph logic;
+# not speed, not the real device's scheduling or memory model (that is tools/cuda/check.sh on the GPU). Needs g++ and
+# cpp; builds the binary with `--features cuda` unless TENSORFOLD_BIN names one.
+#
+#   tools/cuda/emu/run.sh            (CI runs it)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+DIR=${TFEMU_WORK:-/tmp/tensorfold-emu}
+mkdir -p "$DIR/lib"
+if [ -z "${TENSORFOLD_BIN:-}" ]; then
+    cargo build --release --quiet --features tensorfold/cuda -p tensorfold
+    TENSORFOLD_BIN=target/release/tensorfold
+fi
+python3 tools/cuda/emu/gen.py "$DIR/variants" >"$DIR/gen.log"
+g++ -std=c++17 -O2 -fPIC -shared tools/cuda/emu/fake.cpp -o "$DIR/lib/libcuda.so" -ldl
+ln -sf libcuda.so "$DIR/lib/libcuda.so.1"
+ln -sf libcuda.so "$DIR/lib/libnvrtc.so"
+export LD_LIBRARY_PATH="$DIR/lib" TFEMU_DIR="$DIR/variants" XDG_CACHE_HOME="$DIR/cache" RUST_LOG=warn
+status=0
+"$TENSORFOLD_BIN" contract --backend cuda --quick --seed 20261130 >"$DIR/contract.log" 2>&1 || status=1
+grep -E "^(PASS|FAIL)|^SUMMARY|missed" "$DIR/contract.log" | cut -c1-100
+for fx in tests/fixtures/*/; do
+    # The drafter fixtures are not served models (as tools/cuda/check.sh).
+    case "$(basename "$fx")" in dspark-*) continue ;; esac
+    [ -f "$fx/reference.safetensors" ] || continue
+    if "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact.log" 2>&1; then
+        echo "ok: exact --device cuda $(basename "$fx")"
+    else
+        status=1
+        echo "FAIL: exact --device cuda $(basename "$fx")"
+        grep -E "FAIL|error" "$DIR/exact.log" | head -5
+    fi
+done
+exit $status
