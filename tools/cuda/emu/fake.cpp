@@ -1,7 +1,7 @@
 // A fake libcuda + libnvrtc for cudarc (tools/cuda/emu/run.sh): host memory as device memory, modules as the emulated
 // kernel variants (gen.py), and stream capture recorded into graphs that replay their launches and copies (a copy
 // node reads its host bytes when the graph runs, as the driver's does). Everything runs on the calling thread, in
-// issue order.
+// issue order. With TFEMU_NULL=1 it is a null device instead (host_cost.sh).
 #include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +20,13 @@ static std::vector<Node>* g_capture = nullptr;
 static void* g_ctx = (void*)0x1234;
 static void* g_cur = nullptr;
 static int dbg() { static int d = getenv("TFEMU_DEBUG") ? 1 : 0; return d; }
+// TFEMU_NULL=1: a null device (host_cost.sh). Addresses without memory; kernels, copies and graph replays counted,
+// not run; reads to the host give zeros. What is left is the host's own cost.
+static bool null_mode() { static bool n = getenv("TFEMU_NULL") != nullptr; return n; }
+static unsigned long long g_launches = 0, g_graphs = 0, g_copies = 0, g_next = 1ull << 40;
+__attribute__((destructor)) static void report() {
+  if (null_mode()) fprintf(stderr, "tfemu null device: %llu launches, %llu graph launches, %llu copies and memsets\n", g_launches, g_graphs, g_copies);
+}
 #define API extern "C" __attribute__((visibility("default")))
 API CUresult cuInit(unsigned) { return 0; }
 API CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
@@ -44,6 +51,7 @@ API CUresult cuMemPoolGetAttribute(void*, int, void* v) { *(unsigned long long*)
 API CUresult cuMemHostAlloc(void** p, size_t n, unsigned) { *p = malloc(n); return *p ? 0 : 2; }
 API CUresult cuMemFreeHost(void* p) { free(p); return 0; }
 static CUresult alloc(CUdeviceptr* p, size_t n) {
+  if (null_mode()) { *p = g_next; g_next += (n + 511) / 512 * 512 + 512; return 0; }
   void* m = aligned_alloc(256, (n + 255) / 256 * 256);
   if (!m) return 2;
   memset(m, 0xCD, (n + 255) / 256 * 256);  // garbage, as device memory is
@@ -52,14 +60,21 @@ static CUresult alloc(CUdeviceptr* p, size_t n) {
 }
 API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, void*) { return alloc(p, n); }
 API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) { return alloc(p, n); }
-API CUresult cuMemFreeAsync(CUdeviceptr p, void*) { free((void*)p); return 0; }
-API CUresult cuMemFree_v2(CUdeviceptr p) { free((void*)p); return 0; }
-static bool record(Node n) { if (!g_capture) return false; g_capture->push_back(std::move(n)); return true; }
+API CUresult cuMemFreeAsync(CUdeviceptr p, void*) { if (!null_mode()) free((void*)p); return 0; }
+API CUresult cuMemFree_v2(CUdeviceptr p) { if (!null_mode()) free((void*)p); return 0; }
+// A copy or memset: recorded while capturing (true), else the caller runs it (false); on the null device, dropped.
+static bool record(Node n) {
+  if (null_mode()) { g_copies++; return true; }
+  if (!g_capture) return false;
+  g_capture->push_back(std::move(n));
+  return true;
+}
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { if (!record(Node{1, nullptr, {}, {}, 0, {}, d, s, n, 0})) memcpy((void*)d, s, n); return 0; }
-API CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { memcpy(d, (void*)s, n); return 0; }
+API CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { if (null_mode()) memset(d, 0, n); else memcpy(d, (void*)s, n); return 0; }
 API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { if (!record(Node{2, nullptr, {}, {}, 0, {}, d, (const void*)s, n, 0})) memmove((void*)d, (void*)s, n); return 0; }
 API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void*) { if (!record(Node{3, nullptr, {}, {}, 0, {}, d, nullptr, n, v})) memset((void*)d, v, n); return 0; }
 API CUresult cuModuleLoadData(void** m, const void* image) {
+  if (null_mode()) { *m = new Mod{nullptr, "null"}; return 0; }
   const char* s = (const char*)image;
   if (strncmp(s, "TFEMU:", 6) != 0) return 200;
   std::string tag(s + 6);
@@ -71,6 +86,7 @@ API CUresult cuModuleLoadData(void** m, const void* image) {
 }
 API CUresult cuModuleUnload(void*) { return 0; }
 API CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
+  if (null_mode()) { *f = new Fn{nullptr, name, 0}; return 0; }
   Mod* mod = (Mod*)m;
   void* p = dlsym(mod->h, (std::string("tfemu_launch_") + name).c_str());
   void* a = dlsym(mod->h, (std::string("tfemu_arity_") + name).c_str());
@@ -88,6 +104,7 @@ static CUresult run(Fn* fn, const unsigned* g, const unsigned* b, unsigned smem,
 // keeps arity x 8 bytes.
 static CUresult launch(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, void** params) {
   Fn* fn = (Fn*)f;
+  if (null_mode()) { g_launches++; return 0; }
   unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
   if (!g_capture) return run(fn, g, b, smem, params);
   Node n{0, fn, {gx, gy, gz}, {bx, by, bz}, smem, std::vector<unsigned long long>(fn->arity), 0, nullptr, 0, 0};
@@ -108,6 +125,7 @@ API CUresult cuStreamEndCapture(void*, void** graph) { if (!g_capture) return 90
 API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) { *exec = new std::vector<Node>(*(std::vector<Node>*)graph); return 0; }
 API CUresult cuGraphLaunch(void* exec, void*) {
   if (g_capture) return 900;
+  g_graphs++;
   for (Node& n : *(std::vector<Node>*)exec) {
     if (n.kind == 0) {
       std::vector<void*> p(n.slots.size());

@@ -11,7 +11,7 @@
 #   tools/cuda/emu/run.sh            (CI runs it)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-DIR=${TFEMU_WORK:-/tmp/tensorfold-emu}
+DIR=${TFEMU_WORK:-/tmp/tensorfold-emu}  # one run at a time in a folder
 mkdir -p "$DIR/lib"
 if [ -z "${TENSORFOLD_BIN:-}" ]; then
     cargo build --release --quiet --features tensorfold/cuda -p tensorfold
@@ -23,18 +23,24 @@ ln -sf libcuda.so "$DIR/lib/libcuda.so.1"
 ln -sf libcuda.so "$DIR/lib/libnvrtc.so"
 export LD_LIBRARY_PATH="$DIR/lib" TFEMU_DIR="$DIR/variants" XDG_CACHE_HOME="$DIR/cache" RUST_LOG=warn
 status=0
-"$TENSORFOLD_BIN" contract --backend cuda --quick --seed 20261130 >"$DIR/contract.log" 2>&1 || status=1
-grep -E "^(PASS|FAIL)|^SUMMARY|missed" "$DIR/contract.log" | cut -c1-100
+if ! "$TENSORFOLD_BIN" contract --backend cuda --quick --seed 20261130 >"$DIR/contract.log" 2>&1; then
+    status=1
+    tail -20 "$DIR/contract.log"
+fi
+grep -E "^(PASS|FAIL)|^SUMMARY|missed" "$DIR/contract.log" | cut -c1-100 || true
+fixtures=0
 for fx in tests/fixtures/*/; do
     # The drafter fixtures are not served models (as tools/cuda/check.sh).
     case "$(basename "$fx")" in dspark-*) continue ;; esac
     [ -f "$fx/reference.safetensors" ] || continue
+    fixtures=$((fixtures + 1))
     if "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact.log" 2>&1; then
         echo "ok: exact --device cuda $(basename "$fx")"
     else
         status=1
         echo "FAIL: exact --device cuda $(basename "$fx")"
-        grep -E "FAIL|error" "$DIR/exact.log" | head -5
+        grep -E "FAIL|error" "$DIR/exact.log" | head -5 || true
     fi
 done
+[ "$fixtures" -gt 0 ] || { echo "FAIL: no fixture with a reference found"; status=1; }
 exit $status

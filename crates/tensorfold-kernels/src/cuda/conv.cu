@@ -93,6 +93,7 @@ extern "C" __global__ void conv_fused(const float* bcx, int width, int taps, con
   u64 rows = s[3];
   int hist = taps - 1;
 #ifdef FAULT_CONV_FIRST_STREAM
+  // The planted fault races with the first stream's own advance: old or new rows, wrong either way.
   const float* rd = (const float*)segs[0];
 #else
   const float* rd = st;

@@ -93,7 +93,6 @@ fn launch(
     }
     let tm = be.dev.stage(&table)?;
     let tp = tm.as_ref().map_or(0, |m| m.ptr);
-    let rs = be.dev.stage(&row_seg)?;
     let (wi, ti) = (int(width, "width")?, int(c.taps, "taps")?);
     let bias = match c.bias {
         Some(b) => b.ptr()?,
@@ -110,6 +109,7 @@ fn launch(
         }
         return finish(segs, states, temps);
     }
+    let rs = be.dev.stage(&row_seg)?;
     let f = be.func(Src::Conv, "conv_out")?;
     let args = [
         Arg::P(bcx),

@@ -282,7 +282,7 @@ impl Kernel for ShortConv {
         let mut gates = vec![
             reference_gate("8 rows over 4 streams", err, 1e-6),
             Gate::new("cpu", cpu_diff == 0, format!("{cpu_diff} output and state values differ from cpu.short_conv")),
-            invariance_gate("widths over 4 streams, 24 rows on one", Self::invariance(&self.0, &be, &case, &starts)),
+            invariance_gate("widths over 4 streams, 33 rows over 2", Self::invariance(&self.0, &be, &case, &starts)),
         ];
         gates.push(Self::edges(&be, &case, fault, advanced));
         gates.push(device_gate(&be));
@@ -296,11 +296,11 @@ impl Kernel for ShortConv {
 impl ShortConv {
     /// Each row of calls of every width against a one-row call on its stream's state advanced (by the unplanted
     /// kernel on `base`) over the segment's earlier rows. The widths over 4 streams take the one-launch form
-    /// (`conv_fused`, segments of at most 16 rows); 24 rows on one stream take the three launches.
+    /// (`conv_fused`, segments of at most 16 rows); 33 rows over 2 streams (17 and 16) take the three launches.
     fn invariance(base: &CudaBackend, be: &CudaBackend, case: &ConvCase, starts: &[usize]) -> usize {
         let width = case.width;
         let mut inv = 0;
-        for (n, streams) in WIDTHS.iter().map(|&n| (n, 4)).chain([(24, 1)]) {
+        for (n, streams) in WIDTHS.iter().map(|&n| (n, 4)).chain([(33, 2)]) {
             let segs = split(n, streams, starts);
             let mut st = case.states(be);
             let Ok(o) = case.call(be, 0, &segs, &mut st) else {

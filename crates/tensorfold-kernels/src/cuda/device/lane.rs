@@ -113,7 +113,8 @@ impl Dev {
     /// or `None` for no data. Staged in the page-locked arena and sent to the device's mirror of the arena in one
     /// copy at the head of the part that uses it, so a graph part holds one copy node, not one a table. The address
     /// is valid until this device's next `sync` or `dtoh` (the arena rewinds there): a launcher stages its tables and
-    /// launches, never waiting in between. Too large, or with the arena full or missing: [`Dev::upload`].
+    /// launches, never waiting in between, and one thread drives a device (the engine's; a `sync` from another thread
+    /// in between would rewind under it). Too large, or with the arena full or missing: [`Dev::upload`].
     pub fn stage<T: Copy>(&self, data: &[T]) -> Result<Option<Mem>, CudaError> {
         let bytes = std::mem::size_of_val(data);
         if bytes == 0 {
@@ -352,28 +353,21 @@ pub(crate) fn part_setting(v: Option<String>) -> Result<usize, CudaError> {
 /// `TENSORFOLD_CUDA_GRAPHS` (a measuring aid for A/B runs in one binary; the bits are the same either way): unset or
 /// `1` defers stream operations and replays graphs, `0` issues each operation when it is made.
 pub(crate) fn graphs_setting(v: Option<String>) -> Result<bool, CudaError> {
-    match v.as_deref().map(str::trim) {
-        None | Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(_) => Err(CudaError::Setting {
-            name: "TENSORFOLD_CUDA_GRAPHS",
-            value: v.unwrap_or_default(),
-            want: "0 (off) or 1 (on, the default)",
-        }),
-    }
+    on_off("TENSORFOLD_CUDA_GRAPHS", v, "0 (off) or 1 (on, the default)")
 }
 
 /// `TENSORFOLD_CUDA_PDL` (a measuring aid for A/B runs in one binary; the bits are the same either way): unset or `1`
 /// launches kernels with programmatic dependent launch where the device has it (sm_90 on), `0` never.
 pub(crate) fn pdl_setting(v: Option<String>) -> Result<bool, CudaError> {
+    on_off("TENSORFOLD_CUDA_PDL", v, "0 (off) or 1 (on where the device has it, the default)")
+}
+
+/// A switch that is on unless set to `0`; any value but `0` and `1` is refused by name.
+fn on_off(name: &'static str, v: Option<String>, want: &'static str) -> Result<bool, CudaError> {
     match v.as_deref().map(str::trim) {
         None | Some("1") => Ok(true),
         Some("0") => Ok(false),
-        Some(_) => Err(CudaError::Setting {
-            name: "TENSORFOLD_CUDA_PDL",
-            value: v.unwrap_or_default(),
-            want: "0 (off) or 1 (on where the device has it, the default)",
-        }),
+        Some(_) => Err(CudaError::Setting { name, value: v.unwrap_or_default(), want }),
     }
 }
 
