@@ -142,6 +142,14 @@ pub trait Backend: Send + Sync {
     fn rmsnorm(&self, x: &Self::Buf, weight: &Self::Buf, eps: f32, width: usize, out: &mut Self::Buf);
     /// `out[r] = w x[r] (+ bias)`: `x` is `[rows, w.cols]`, `out` `[rows, w.rows]`.
     fn linear(&self, x: &Self::Buf, rows: usize, w: &Self::Mat, bias: Option<&Self::Buf>, out: &mut Self::Buf);
+    /// Several linears of one input, no bias: `outs[i] = mats[i] x` for `x` `[rows, k]` and each matrix `[n_i, k]`
+    /// (an attention layer's q, k and v). A backend may run them as one launch; each output's bits must equal its
+    /// own [`Backend::linear`]'s (the CUDA contract checks it).
+    fn linears(&self, x: &Self::Buf, rows: usize, mats: &[&Self::Mat], outs: &mut [&mut Self::Buf]) {
+        for (m, o) in mats.iter().zip(outs.iter_mut()) {
+            self.linear(x, rows, m, None, o);
+        }
+    }
     /// Rows `rows` of `x` `[*, width]`, in that order, as a new buffer `[rows.len(), width]`.
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize]) -> Self::Buf;
     /// `acc += y` elementwise.
@@ -172,6 +180,20 @@ pub trait Backend: Send + Sync {
         rope: RopeParams,
         segs: &[Segment],
     ) -> Result<(), KernelError>;
+    /// [`Backend::qk_norm_rope`] of an attention layer's queries `q.0` `[rows, q.1 * head_dim]` (weight `q.2`) and
+    /// keys `k.0` `[rows, k.1 * head_dim]` (weight `k.2`). A backend may do both in one launch; the bits must equal
+    /// the two calls' (the CUDA contract checks it).
+    fn qk_norm_rope_pair(
+        &self,
+        q: (&mut Self::Buf, usize, &Self::Buf),
+        k: (&mut Self::Buf, usize, &Self::Buf),
+        eps: f32,
+        rope: RopeParams,
+        segs: &[Segment],
+    ) -> Result<(), KernelError> {
+        self.qk_norm_rope(q.0, q.1, q.2, eps, rope, segs)?;
+        self.qk_norm_rope(k.0, k.1, k.2, eps, rope, segs)
+    }
     /// Appends each segment's `k`, `v` rows to its stream's cache, then causal GQA attention of every
     /// row over its stream's keys `[0, pos]`, scale `1/sqrt(head_dim)`. `q` `[rows, heads*hd]`,
     /// `k`/`v` `[rows, kv_heads*hd]`, `out` `[rows, heads*hd]`.
@@ -271,6 +293,24 @@ pub trait Backend: Send + Sync {
         total: usize,
         y: &mut Self::Buf,
     ) -> Result<(), KernelError>;
+    /// [`Backend::moe_route`] then [`Backend::moe_experts`] over every expert of the layer (one device, no expert
+    /// parallelism): `sel` and `wts` `[rows, k]`, `y` `[rows * k, hidden]`. A backend may fuse steps; the bits must
+    /// equal the two calls' (the CUDA contract's `cuda.moe` runs both forms).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route_experts(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        gate: &Self::Mat,
+        expert_bias: Option<&Self::Buf>,
+        experts: &[Ffn<Self::Mat>],
+        p: MoeParams,
+        (sel, wts): (&mut Self::Buf, &mut Self::Buf),
+        y: &mut Self::Buf,
+    ) -> Result<(), KernelError> {
+        self.moe_route(x, rows, gate, expert_bias, p, sel, wts)?;
+        self.moe_experts(x, rows, sel, p.top_k.min(experts.len()), experts, 0, experts.len(), y)
+    }
     /// The MoE combine: `out[r] = sum over rank j, in rank order from +0, of wts[r, j] * y[r * k + j]`; `y`
     /// `[rows * k, hidden]`, `wts` `[rows, k]`, `out` `[rows, hidden]`.
     fn moe_combine(
@@ -281,6 +321,30 @@ pub trait Backend: Send + Sync {
         k: usize,
         out: &mut Self::Buf,
     ) -> Result<(), KernelError>;
+    /// The MoE combine fused with the residual add and the next RMSNorm: `acc += moe_combine(y, wts)`, then with
+    /// `norm = Some((weight, eps))` `out = rmsnorm(acc)` over `width` (the last layer passes `None`: the add
+    /// alone, `out` untouched). `y` `[rows * k, width]`, `wts` `[rows, k]`, `acc` and `out` `[rows, width]`. A
+    /// backend may fuse the steps; the bits must equal [`Backend::moe_combine`] then [`Backend::add_rmsnorm`] (or
+    /// [`Backend::add`]), which the CUDA contract checks.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine_add_rmsnorm(
+        &self,
+        (y, wts): (&Self::Buf, &Self::Buf),
+        rows: usize,
+        k: usize,
+        acc: &mut Self::Buf,
+        norm: Option<(&Self::Buf, f32)>,
+        width: usize,
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError> {
+        let mut mixed = self.scratch(rows * width);
+        self.moe_combine(y, wts, rows, k, &mut mixed)?;
+        match norm {
+            Some((weight, eps)) => self.add_rmsnorm(acc, &mixed, weight, eps, width, out),
+            None => self.add(acc, &mixed),
+        }
+        Ok(())
+    }
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
 

@@ -43,28 +43,32 @@ pub(crate) struct MoeCall<'a, B: Backend> {
     pub p: MoeParams,
 }
 
+/// A MoE layer's uncombined outputs: `y` `[rows * k, hidden]`, `wts` `[rows, k]`.
+pub(crate) struct MoeOut<B: Backend> {
+    pub y: B::Buf,
+    pub wts: B::Buf,
+    pub k: usize,
+}
+
 impl<B: Backend> Model<B> {
-    /// One MoE layer over `x` `[rows, hidden]` into `out`: route, experts (every rank's), combine. Without expert
-    /// parallelism rank 0 owns every expert and there is no collective; the steps are the same.
-    pub(crate) fn moe_layer(
-        &self,
-        x: &B::Buf,
-        rows: usize,
-        m: MoeCall<'_, B>,
-        out: &mut B::Buf,
-    ) -> Result<(), ForwardError> {
+    /// One MoE layer over `x` `[rows, hidden]`, up to its combine: route, experts (every rank's). Returns the
+    /// experts' outputs `y` `[rows * k, hidden]`, their weights `wts` `[rows, k]` and `k`; the forward combines
+    /// them with its residual add ([`Backend::moe_combine_add_rmsnorm`]). Without expert parallelism rank 0 owns
+    /// every expert and there is no collective; the steps are the same.
+    pub(crate) fn moe_layer(&self, x: &B::Buf, rows: usize, m: MoeCall<'_, B>) -> Result<MoeOut<B>, ForwardError> {
         let b = &self.backend;
         let total = self.cfg.moe.as_ref().map_or(0, |c| c.experts);
         let k = m.p.top_k.min(total);
         let (mut sel, mut wts) = (b.scratch(rows * k), b.scratch(rows * k));
-        b.moe_route(x, rows, m.gate, m.bias, m.p, &mut sel, &mut wts)?;
         let mut y = b.scratch(rows * k * self.cfg.hidden);
         match &self.ep {
-            None => b.moe_experts(x, rows, &sel, k, m.experts, 0, total, &mut y)?,
-            Some(ep) => ep.experts(b, (x, &sel), (rows, k, total, self.cfg.hidden), m.layer, m.experts, &mut y)?,
+            None => b.moe_route_experts(x, rows, m.gate, m.bias, m.experts, m.p, (&mut sel, &mut wts), &mut y)?,
+            Some(ep) => {
+                b.moe_route(x, rows, m.gate, m.bias, m.p, &mut sel, &mut wts)?;
+                ep.experts(b, (x, &sel), (rows, k, total, self.cfg.hidden), m.layer, m.experts, &mut y)?
+            }
         }
-        b.moe_combine(&y, &wts, rows, k, out)?;
-        Ok(())
+        Ok(MoeOut { y, wts, k })
     }
 
     /// Devices this model runs on (1 without expert parallelism).

@@ -264,8 +264,15 @@ impl<B: Backend> Model<B> {
                 }
             }
             b.add_rmsnorm(&mut x, &mixed, &layer.ffn_norm, c.norm_eps, h, &mut normed);
+            let next = w.layers.get(i + 1).map(|n| (&n.operator_norm, c.norm_eps));
             match &layer.ffn {
-                FfnWeights::Dense(f) => b.swiglu(&normed, rows, f, &mut mixed),
+                FfnWeights::Dense(f) => {
+                    b.swiglu(&normed, rows, f, &mut mixed);
+                    match next {
+                        Some((norm, eps)) => b.add_rmsnorm(&mut x, &mixed, norm, eps, h, &mut normed),
+                        None => b.add(&mut x, &mixed),
+                    }
+                }
                 FfnWeights::Moe { gate, bias, experts } => {
                     let m = c.moe.as_ref().expect("MoE weights imply a MoE config");
                     let p = MoeParams {
@@ -274,12 +281,10 @@ impl<B: Backend> Model<B> {
                         routed_scaling_factor: m.routed_scaling_factor,
                     };
                     let call = MoeCall { layer: i, gate, bias: bias.as_ref(), experts, p };
-                    self.moe_layer(&normed, rows, call, &mut mixed)?;
+                    let o = self.moe_layer(&normed, rows, call)?;
+                    // The combine, the residual add and the next norm: one step (the same bits as three).
+                    b.moe_combine_add_rmsnorm((&o.y, &o.wts), rows, o.k, &mut x, next, h, &mut normed)?;
                 }
-            }
-            match w.layers.get(i + 1) {
-                Some(next) => b.add_rmsnorm(&mut x, &mixed, &next.operator_norm, c.norm_eps, h, &mut normed),
-                None => b.add(&mut x, &mixed),
             }
             // Taps: copy this layer's output rows only when a drafter reads them.
             if let Some(d) = &self.drafter {
@@ -354,11 +359,8 @@ impl<B: Backend> Model<B> {
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let rope = RopeParams { theta: c.rope_theta, head_dim: c.head_dim, interleaved: false };
         let (mut q, mut k, mut v) = (b.scratch(rows * qd), b.scratch(rows * kd), b.scratch(rows * kd));
-        b.linear(normed, rows, &aw.q, None, &mut q);
-        b.linear(normed, rows, &aw.k, None, &mut k);
-        b.linear(normed, rows, &aw.v, None, &mut v);
-        b.qk_norm_rope(&mut q, c.heads, &aw.q_norm, c.norm_eps, rope, segs)?;
-        b.qk_norm_rope(&mut k, c.kv_heads, &aw.k_norm, c.norm_eps, rope, segs)?;
+        b.linears(normed, rows, &[&aw.q, &aw.k, &aw.v], &mut [&mut q, &mut k, &mut v]);
+        b.qk_norm_rope_pair((&mut q, c.heads, &aw.q_norm), (&mut k, c.kv_heads, &aw.k_norm), c.norm_eps, rope, segs)?;
         let mut a = b.scratch(rows * qd);
         b.attention(&q, &k, &v, c.heads, c.kv_heads, segs, kv, &mut a)?;
         b.linear(&a, rows, &aw.o, None, out);

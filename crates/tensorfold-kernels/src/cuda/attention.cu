@@ -1,6 +1,7 @@
 //! Attention kernels: K/V appends into each stream's cache, and GQA softmax attention over a row's keys in FIXED chunks of KEY_CHUNK keys (per-chunk partials, then a combine in chunk order).
 // A row's keys are its stream's cache rows [0, ckeys) followed by `own` rows of the call's k/v input starting at
-// call row `first` (the block pass's own block; 0 rows for causal attention, whose keys were appended first).
+// call row `first` (the block pass's whole block; for causal attention the segment's rows up to the row itself,
+// which attn_combine then appends to the cache).
 // The chunks of a row depend only on its key count, and every reduction inside a chunk is a fixed tree over the
 // block's 256 threads, so a row's bits do not depend on the call's other rows.
 
@@ -29,7 +30,7 @@ __device__ __forceinline__ RowKv row_kv(const u64* desc, u64 row) {
   r.ckeys = r.ckeys < c0 ? r.ckeys : c0;
 #endif
 #ifdef FAULT_ATTN_SKIP_NEWEST
-  if (r.own == 0 && r.ckeys > 0) r.ckeys = r.ckeys - 1;
+  if (r.own > 0) r.own = r.own - 1;
 #endif
 #ifdef FAULT_BLOCK_CAUSAL
   if (r.own > 0) r.own = (int)(row - (u64)r.first) + 1;
@@ -167,9 +168,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, c
 }
 
 // Combines a row's chunk partials in chunk order: M = max m_c, w_c = exp(m_c - M), out = sum o_c w_c / sum l_c w_c.
-// One block a (head, row), threads over hd.
+// One block a (head, row), threads over hd. With `append` (causal attention, whose own keys the partials read from
+// kin/vin), the row's k and v also go to its cache row ckeys + own - 1 (its position; the host grew the cache), the
+// row's heads sharing the copy: the append and the attention in one launch pair, not three launches.
 extern "C" __global__ void attn_combine(const u64* desc, const float* part, int heads, int hd, int max_chunks, float* out,
-                                        int row0) {
+                                        int row0, const float* kin, const float* vin, int width, int append) {
   PDL_ENTRY();
   u64 row = (u64)row0 + blockIdx.y;
   int h = blockIdx.x;
@@ -194,5 +197,20 @@ extern "C" __global__ void attn_combine(const u64* desc, const float* part, int 
       o = o + pc[2 + d] * w;
     }
     out[(row * (u64)heads + (u64)h) * (u64)hd + d] = o / l;
+  }
+#ifdef FAULT_ATTN_NO_APPEND
+  append = 0;
+#endif
+  if (!append) return;
+  // The raw descriptor, not row_kv's: a planted read fault must not move the write.
+  const u64* dw = desc + 4 * row;
+  u64 at = ((dw[2] & 0xffffffffull) + (dw[2] >> 32) - 1) * (u64)width;
+  float* dk = (float*)dw[0] + at;
+  float* dv = (float*)dw[1] + at;
+  const float* sk = kin + row * (u64)width;
+  const float* sv = vin + row * (u64)width;
+  for (int i = h * blockDim.x + threadIdx.x; i < width; i += heads * blockDim.x) {
+    dk[i] = sk[i];
+    dv[i] = sv[i];
   }
 }

@@ -85,21 +85,52 @@ pub(crate) fn attention(
     check_len("attention", "out", out.len(), n_rows * heads * hd)?;
     let pos = row_positions(segs, n_rows)?;
     check_caches_state("attention", segs, width, |i| (caches[i].width, caches[i].len))?;
-    let mut desc = vec![0u64; 4 * n_rows];
-    let mut keys = vec![0usize; n_rows];
-    for (r, &p) in pos.iter().enumerate() {
-        desc[4 * r + 2] = u32_of(p + 1, "key count")?;
-        keys[r] = p + 1;
+    let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
+    for &k in &keys {
+        u32_of(k, "key count")?;
     }
-    append(be, k, v, segs, caches).map_err(|e| e.kernel("attention"))?;
-    // Cache addresses only after the appends: growing a cache moves it.
+    let dims = (heads, group, hd, width);
+    if !be.dev.fused {
+        // The measuring aid's form: append first (its own launch), then every key from the cache.
+        append(be, k, v, segs, caches).map_err(|e| e.kernel("attention"))?;
+        let desc = causal_desc(segs, caches, n_rows, false);
+        return run(be, (q, k, v), dims, &desc, &keys, None, out).map_err(|e| e.kernel("attention"));
+    }
+    // A row reads its segment's earlier rows and itself from k/v, and attn_combine appends it to the cache.
+    reserve(segs, caches).map_err(|e| e.kernel("attention"))?;
+    let desc = causal_desc(segs, caches, n_rows, true);
+    let r = run(be, (q, k, v), dims, &desc, &keys, Some(width), out).map_err(|e| e.kernel("attention"));
+    for s in segs {
+        caches[s.cache].len += s.rows;
+    }
+    r
+}
+
+/// The causal rows' descriptors (attention.cu's RowKv; cache addresses read after any growth, which moves a
+/// cache): a row sees its cache's rows, and with `own` its segment's call rows up to itself (else every key is
+/// in the cache, appended first).
+fn causal_desc(segs: &[Segment], caches: &[&mut CudaKv], n_rows: usize, own: bool) -> Vec<u64> {
+    let mut desc = vec![0u64; 4 * n_rows];
     for s in segs {
         let (kp, vp) = caches[s.cache].ptrs();
-        for r in s.first_row..s.first_row + s.rows {
-            (desc[4 * r], desc[4 * r + 1]) = (kp, vp);
+        for (i, r) in (s.first_row..s.first_row + s.rows).enumerate() {
+            let (held, mine) = if own { (s.start_pos, i + 1) } else { (s.start_pos + i + 1, 0) };
+            desc[4 * r..4 * r + 4].copy_from_slice(&[kp, vp, held as u64 | ((mine as u64) << 32), s.first_row as u64]);
         }
     }
-    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, out).map_err(|e| e.kernel("attention"))
+    desc
+}
+
+/// Grows the named caches to hold the call's rows (amortized doubling, as a Vec); their lengths stay.
+fn reserve(segs: &[Segment], caches: &mut [&mut CudaKv]) -> Result<(), CudaError> {
+    for s in segs {
+        let c = &mut caches[s.cache];
+        let need = c.len + s.rows;
+        if need > c.cap {
+            c.grow(need.max(2 * c.cap))?;
+        }
+    }
+    Ok(())
 }
 
 /// Appends each segment's K/V rows to its cache, which must hold exactly `start_pos` rows (the drafter's context).
@@ -128,13 +159,7 @@ fn append(
     segs: &[Segment],
     caches: &mut [&mut CudaKv],
 ) -> Result<(), CudaError> {
-    for s in segs {
-        let c = &mut caches[s.cache];
-        let need = c.len + s.rows;
-        if need > c.cap {
-            c.grow(need.max(2 * c.cap))?;
-        }
-    }
+    reserve(segs, caches)?;
     let width = caches.first().map_or(0, |c| c.width);
     let mut table: Vec<u64> = Vec::with_capacity(4 * segs.len());
     let mut most = 0;
@@ -200,17 +225,19 @@ pub(crate) fn block_attention(
             keys[r] = s.start_pos + s.rows;
         }
     }
-    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, out).map_err(|e| e.kernel("block_attention"))
+    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, None, out).map_err(|e| e.kernel("block_attention"))
 }
 
 /// The partial and combine launches over all rows (`desc`: 4 words a row, attention.cu's RowKv), in launches of at
-/// most [`GRID_YZ`] rows that fit the scratch budget.
+/// most [`GRID_YZ`] rows that fit the scratch budget. `append` (the cache row width): the combine also copies each
+/// row's k, v to its cache row.
 fn run(
     be: &CudaBackend,
     (q, k, v): (&CudaBuf, &CudaBuf, &CudaBuf),
     (heads, group, hd, width): (usize, usize, usize, usize),
     desc: &[u64],
     keys: &[usize],
+    append: Option<usize>,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
     let n_rows = keys.len();
@@ -249,7 +276,19 @@ fn run(
             Arg::I(r0),
         ];
         be.dev.launch(&fp, (ci as u32, hi as u32, nl), BLOCK, smem, &pargs)?;
-        let cargs = [Arg::P(dp), Arg::P(pp), Arg::I(hi), Arg::I(hdi), Arg::I(ci), Arg::P(op), Arg::I(r0)];
+        let cargs = [
+            Arg::P(dp),
+            Arg::P(pp),
+            Arg::I(hi),
+            Arg::I(hdi),
+            Arg::I(ci),
+            Arg::P(op),
+            Arg::I(r0),
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::I(wi),
+            Arg::I(append.is_some() as i32),
+        ];
         be.dev.launch(&fc, (hi as u32, nl, 1), combine_block, 0, &cargs)?;
     }
     Ok(())

@@ -77,6 +77,17 @@ __device__ __forceinline__ float row_sumsq(const float* x, int n, int lane) {
   return total;
 }
 
+// The MoE combine of row r at column c: the sum over rank, in rank order from +0, of wts[r, rank] * y[r * kk + rank,
+// c] (the CPU's combine). moe_combine and the fused moe_combine_add_rmsnorm share it, so their bits agree.
+__device__ __forceinline__ float moe_sum(const float* y, const float* wts, u64 r, int kk, u64 h, u64 c) {
+  float acc = 0.0f;
+  for (int rank = 0; rank < kk; rank++) {
+    u64 a = r * (u64)kk + (u64)rank;
+    acc = acc + wts[a] * y[a * h + c];
+  }
+  return acc;
+}
+
 // exp through double, rounded once to f32: the correctly rounded value for nearly every input, as the CPU's
 // libm expf gives, so the device's sigmoid, silu and softmax weights track the CPU's closely.
 __device__ __forceinline__ float exp_f(float x) { return (float)exp((double)x); }

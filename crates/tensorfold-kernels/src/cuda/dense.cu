@@ -233,20 +233,27 @@ __device__ __forceinline__ void tile_run(const Mat& m0, const Mat& m1, int j, in
   }
 }
 
-// The first output column of this warp (C columns a warp, WPB warps a block along x) and how many it has of n.
+// The first output column of this warp of block bx along x (C columns a warp, WPB warps a block) and how many it
+// has of n.
 template <int C>
-__device__ __forceinline__ int warp_cols(int n, int* nc) {
-  int j = (blockIdx.x * WPB + (threadIdx.x >> 5)) * C;
+__device__ __forceinline__ int warp_cols_at(int bx, int n, int* nc) {
+  int j = (bx * WPB + (threadIdx.x >> 5)) * C;
   *nc = n - j < C ? n - j : C;
   return j;
 }
 
-// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; the warp's columns j.
+template <int C>
+__device__ __forceinline__ int warp_cols(int n, int* nc) {
+  return warp_cols_at<C>(blockIdx.x, n, nc);
+}
+
+// out[r, j] = dot(x[r], w[j]) (+ bias[j]) for the tile of rows row0 + blockIdx.y * RT ..; the warp's columns j of
+// block bx along x.
 template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void linear_tile(const float* x, int rows, int k, int n, Mat m, const float* bias, float* out,
-                                            int row0) {
+                                            int row0, int bx) {
   int nc;
-  int j = warp_cols<C>(n, &nc);
+  int j = warp_cols_at<C>(bx, n, &nc);
   int r0 = row0 + (int)blockIdx.y * RT;
   if (nc <= 0 || r0 >= rows) return;  // whole warps leave together
   bool rev = false;
@@ -317,6 +324,21 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
   tile_run<DT, V, 1, R, U, C>(w, w, j, nc, k, tiles[3 * t + 2], act, in_row, put, false);
 }
 
+// Linears of one input in one launch (linear3_*, the q, k and v projections): mats holds 6 words a matrix (values,
+// scales, biases, outputs n, out, its first block along x), up to 3 matrices, unused ones with a first block past
+// the grid. Returns this block's matrix i and its block index within that matrix; each matrix's outputs are then
+// computed exactly as its own linear launch would, so the bits equal three launches'.
+__device__ __forceinline__ int multi_block(const u64* mats, int* i) {
+  int b = blockIdx.x;
+  int m = 0;
+  while (m < 2 && (u64)b >= mats[6 * (m + 1) + 5]) m++;
+  *i = m;
+#ifdef FAULT_LINEAR_MULTI_OFFSET
+  if (m == 2) return b - (int)mats[6 * m + 5] + 1;  // planted: the last matrix's first block skipped
+#endif
+  return b - (int)mats[6 * m + 5];
+}
+
 // Entry points, one per (dtype, chunk form, row form): linear_bf16_v8 (tiles of RT rows), linear_bf16_v8_r1 (one
 // row at a time, U chunks in flight a lane), gateup_q8_v1, moe_down_f32_v8_r1, ... The host takes the _r1 form for
 // calls of at most 4 rows (Dev::one_row); both forms give every row the same bits. A warp of a tile form covers CT columns
@@ -329,7 +351,17 @@ __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, co
     PDL_ENTRY();                                                                                                       \
     Mat m;                                                                                                             \
     m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                            \
-    linear_tile<DT, V, R, U, C>(x, rows, k, n, m, bias, out, row0);                                                    \
+    linear_tile<DT, V, R, U, C>(x, rows, k, n, m, bias, out, row0, blockIdx.x);                                        \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) linear3_##NAME(const float* x, int rows, int k, int group,         \
+                                                                   const u64* mats, int row0) {                        \
+    PDL_ENTRY();                                                                                                       \
+    int i;                                                                                                             \
+    int bx = multi_block(mats, &i);                                                                                    \
+    const u64* d = mats + 6 * i;                                                                                       \
+    Mat m;                                                                                                             \
+    m.w = (const void*)d[0]; m.scales = (const float*)d[1]; m.biases = (const float*)d[2]; m.group = group;            \
+    linear_tile<DT, V, R, U, C>(x, rows, k, (int)d[3], m, 0, (float*)d[4], row0, bx);                                  \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(256) gateup_##NAME(                                                     \
       const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,          \

@@ -13,12 +13,9 @@ __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_
 // the same expert whatever the fold order: keys are exact and ties go to the lower id); then weights as
 // transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by their rank-order sum + 1e-6 when norm, times
 // rsf. At most 1024 experts (a lane's taken mask has 32 bits; the host checks).
-extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
-                                     float rsf, float* sel, float* wts) {
-  PDL_ENTRY();
+__device__ __forceinline__ void route_row(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
+                                          float rsf, float* sel, float* wts) {
   int lane = threadIdx.x & 31;
-  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (r >= rows) return;  // whole warps leave together
   const float* l = logits + (u64)r * (u64)ne;
   float* se = sel + (u64)r * (u64)kk;
   float* we = wts + (u64)r * (u64)kk;
@@ -65,6 +62,14 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
   }
 }
 
+extern "C" __global__ void moe_route(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
+                                     float rsf, float* sel, float* wts) {
+  PDL_ENTRY();
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;  // whole warps leave together
+  route_row(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+}
+
 // Experts the plan's shared tables hold (the host checks; routing takes at most 1024 too).
 #define PLAN_MAX 1024
 
@@ -74,9 +79,8 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
 // list[slot] = assignment (row * kk + rank). Counts and offsets live in shared memory; only the running sums are
 // serial. The order of slots inside an expert may vary from run to run (atomics), but no value depends on it:
 // each slot's row is computed alone.
-extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
-                                    int* ntiles, int bound) {
-  PDL_ENTRY();
+__device__ __forceinline__ void plan_block(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
+                                           int* ntiles, int bound) {
   __shared__ int cnt[PLAN_MAX];
   __shared__ int off[PLAN_MAX];
   __shared__ int tile0[PLAN_MAX];
@@ -129,17 +133,31 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
   }
 }
 
+extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
+                                    int* ntiles, int bound) {
+  PDL_ENTRY();
+  plan_block(sel, nassign, first, ne, list, tiles, ntiles, bound);
+}
+
+// Routing and the plan of every expert (first 0) in one launch, for calls of few rows (the host's ROUTE_PLAN_ROWS):
+// one block, warp w routing rows w, w + 32, ... as moe_route, then, after a barrier that makes the block's writes
+// of sel visible to all its threads, plan_block as moe_plan. The same arithmetic, so the same sel, wts and tiles.
+extern "C" __global__ void moe_route_plan(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
+                                          float rsf, float* sel, float* wts, int* list, int* tiles, int* ntiles,
+                                          int bound) {
+  PDL_ENTRY();
+  for (int r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5) {
+    route_row(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+    __syncwarp();  // lane 0 finishes the row's weights before the warp's next row
+  }
+  __syncthreads();
+  plan_block(sel, rows * kk, 0, ne, list, tiles, ntiles, bound);
+}
+
 // out[r, c] = sum over rank, in rank order from 0, of wts[r, rank] * y[r * kk + rank, c] (the CPU's combine).
 extern "C" __global__ void moe_combine(const float* y, const float* wts, int rows, int kk, int h, float* out) {
   PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)h) return;
-  u64 r = i / (u64)h;
-  u64 c = i % (u64)h;
-  float acc = 0.0f;
-  for (int rank = 0; rank < kk; rank++) {
-    u64 a = r * (u64)kk + (u64)rank;
-    acc = acc + wts[a] * y[a * (u64)h + c];
-  }
-  out[i] = acc;
+  out[i] = moe_sum(y, wts, i / (u64)h, kk, (u64)h, i % (u64)h);
 }

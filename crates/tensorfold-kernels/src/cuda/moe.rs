@@ -1,7 +1,8 @@
-//! Launcher of the MoE block on the device, with no host round trip: router linear, routing, the expert plan, the
-//! grouped gate-up and down tiles (each active expert's weights read once a call), and the rank-order combine.
+//! Launcher of the MoE block on the device, with no host round trip: router linear, routing, the expert plan (with
+//! the routing in one launch for few rows), the grouped gate-up and down tiles (each active expert's weights read
+//! once a call), and the rank-order combine.
 
-use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB};
+use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, WPB};
 use super::ops::{blocks, expect, int, linear, mul, same_kind};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
@@ -10,8 +11,8 @@ use crate::backend::{Ffn, MoeParams};
 /// Threads of the plan kernel's single block.
 const PLAN_THREADS: u32 = 1024;
 
-/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`: [`route`], [`experts`] over every expert,
-/// [`combine`] (the three steps expert parallelism runs apart).
+/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`: [`route_experts`] (routing, then every
+/// expert), [`combine`] (the steps expert parallelism runs apart).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe(
     be: &CudaBackend,
@@ -28,9 +29,8 @@ pub(crate) fn moe(
     expect(all.len() == ne, || format!("moe: {} experts for a router of {ne}", all.len()))?;
     let kk = p.top_k.min(ne);
     let (mut sel, mut wts) = (be.buf(mul(rows, kk)?)?, be.buf(mul(rows, kk)?)?);
-    route(be, x, rows, gate, expert_bias, p, &mut sel, &mut wts)?;
     let mut y = be.buf(mul(mul(rows, kk)?, h)?)?;
-    experts(be, x, rows, &sel, kk, (all, 0, ne), &mut y)?;
+    route_experts(be, x, rows, gate, expert_bias, all, p, (&mut sel, &mut wts), &mut y)?;
     combine(be, &y, &wts, rows, kk, out)
 }
 
@@ -109,31 +109,113 @@ pub(crate) fn experts(
     if first > 0 || ne < total {
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
-    // One int scratch: list | tiles (3 a tile) | ntiles.
-    let bound = ne.min(nassign) + nassign / RT;
-    let ints = nassign + 3 * bound + 1;
-    let scratch = be.dev.alloc(mul(ints, 4)?)?;
-    let base = scratch.as_ref().map_or(0, |m| m.ptr);
-    let at = |words: usize| base + 4 * words as u64;
-    let (list, tiles, ntiles) = (at(0), at(nassign), at(nassign + 3 * bound));
-    let plan = be.func(Src::Moe, "moe_plan")?;
+    let (scratch, plan) = plan_scratch(be, nassign, ne)?;
+    let f = be.func(Src::Moe, "moe_plan")?;
     let args = [
         Arg::P(sel.ptr()?),
         Arg::I(int(nassign, "assignments")?),
         Arg::I(int(first, "first expert")?),
         Arg::I(int(ne, "experts")?),
-        Arg::P(list),
-        Arg::P(tiles),
-        Arg::P(ntiles),
-        Arg::I(int(bound, "tiles")?),
+        Arg::P(plan.list),
+        Arg::P(plan.tiles),
+        Arg::P(plan.ntiles),
+        Arg::I(int(plan.bound, "tiles")?),
     ];
-    be.dev.launch(&plan, (1, 1, 1), PLAN_THREADS, 0, &args)?;
+    be.dev.launch(&f, (1, 1, 1), PLAN_THREADS, 0, &args)?;
+    run_tiles(be, x, rows, kk, owned, inter, &plan, y)?;
+    drop(scratch);
+    Ok(())
+}
+
+/// The plan's int scratch (list | tiles, 3 a tile | ntiles) for `nassign` assignments over `ne` experts, and its
+/// addresses (the scratch must outlive the tile launches).
+fn plan_scratch(be: &CudaBackend, nassign: usize, ne: usize) -> Result<(Option<Mem>, Plan), CudaError> {
+    let bound = ne.min(nassign) + nassign / RT;
+    let ints = nassign + 3 * bound + 1;
+    let scratch = be.dev.alloc(mul(ints, 4)?)?;
+    let base = scratch.as_ref().map_or(0, |m| m.ptr);
+    let at = |words: usize| base + 4 * words as u64;
+    Ok((scratch, Plan { list: at(0), tiles: at(nassign), ntiles: at(nassign + 3 * bound), bound }))
+}
+
+/// The grouped gate-up and down tiles of a plan over `owned` into `y` `[rows * k, hidden]`.
+#[allow(clippy::too_many_arguments)]
+fn run_tiles(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    kk: usize,
+    owned: &[Ffn<CudaMat>],
+    inter: usize,
+    plan: &Plan,
+    y: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let h = x.len() / rows;
     let tab = be.dev.constant(&expert_table(owned)?)?;
     let one_row = be.dev.one_row(rows);
-    let plan = Plan { tab, tiles, ntiles, list, kk: int(kk, "top_k")?, bound, one_row };
-    let act = be.buf(mul(nassign, inter)?)?;
-    grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &plan)?;
-    grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &plan)
+    let t = Tiles { tab, plan, kk: int(kk, "top_k")?, one_row };
+    let act = be.buf(mul(mul(rows, kk)?, inter)?)?;
+    grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &t)?;
+    grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)
+}
+
+/// Calls of at most this many rows route and plan in one launch (`moe_route_plan`, one block): decode and verify
+/// rounds; a wide call keeps a warp a row over many blocks.
+const ROUTE_PLAN_ROWS: usize = 64;
+
+/// Routing and every expert on one device ([`route`] then [`experts`] over all experts), with the routing and the
+/// plan in one launch for calls of at most [`ROUTE_PLAN_ROWS`] rows. `sel` and `wts` `[rows, k]`, `y` `[rows * k,
+/// hidden]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn route_experts(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    gate: &CudaMat,
+    expert_bias: Option<&CudaBuf>,
+    all: &[Ffn<CudaMat>],
+    p: MoeParams,
+    (sel, wts): (&mut CudaBuf, &mut CudaBuf),
+    y: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let (h, ne) = (gate.cols, gate.rows);
+    let kk = p.top_k.min(ne);
+    let small = be.dev.fused && rows <= ROUTE_PLAN_ROWS && !all.is_empty() && all.len() == ne;
+    if !small || rows == 0 || kk == 0 || h == 0 {
+        route(be, x, rows, gate, expert_bias, p, sel, wts)?;
+        return experts(be, x, rows, sel, kk, (all, 0, ne), y);
+    }
+    expect(x.len() == mul(rows, h)?, || format!("moe_route: x is not [{rows}, {h}]"))?;
+    expect(sel.len() == mul(rows, kk)? && wts.len() == sel.len() && y.len() == mul(sel.len(), h)?, || {
+        format!("moe: sel/wts/y are not [{rows}, {kk}] / [{rows} * {kk}, {h}]")
+    })?;
+    expect(expert_bias.is_none_or(|b| b.len() == ne), || format!("moe: expert_bias is not [{ne}]"))?;
+    expect(ne <= 1024, || format!("moe: {ne} experts; the routing kernel takes at most 1024"))?;
+    let inter = check_experts(all, h)?;
+    let mut logits = be.buf(mul(rows, ne)?)?;
+    linear(be, x, rows, gate, None, &mut logits)?;
+    let nassign = mul(rows, kk)?;
+    let (scratch, plan) = plan_scratch(be, nassign, ne)?;
+    let f = be.func(Src::Moe, "moe_route_plan")?;
+    let args = [
+        Arg::P(logits.ptr()?),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(ne, "experts")?),
+        Arg::P(expert_bias.map_or(Ok(0), |b| b.ptr())?),
+        Arg::I(int(kk, "top_k")?),
+        Arg::I(p.norm_topk_prob as i32),
+        Arg::F(p.routed_scaling_factor),
+        Arg::P(sel.ptr()?),
+        Arg::P(wts.ptr()?),
+        Arg::P(plan.list),
+        Arg::P(plan.tiles),
+        Arg::P(plan.ntiles),
+        Arg::I(int(plan.bound, "tiles")?),
+    ];
+    be.dev.launch(&f, (1, 1, 1), PLAN_THREADS, 0, &args)?;
+    run_tiles(be, x, rows, kk, all, inter, &plan, y)?;
+    drop(scratch);
+    Ok(())
 }
 
 /// The rank-order combine of `y` `[rows * k, hidden]` weighted by `wts` `[rows, k]` into `out` `[rows, hidden]`.
@@ -167,14 +249,61 @@ pub(crate) fn combine(
     be.dev.launch(&f, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
 }
 
-/// Device addresses of the expert plan.
+/// `moe_combine_add_rmsnorm` (rows.cu): `acc += combine(y, wts)`, then with `norm` `out = rmsnorm(acc) * weight`;
+/// one block a row. `y` `[rows * k, width]`, `wts` `[rows, k]`, `acc` and `out` `[rows, width]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn combine_add_rmsnorm(
+    be: &CudaBackend,
+    (y, wts): (&CudaBuf, &CudaBuf),
+    rows: usize,
+    kk: usize,
+    acc: &mut CudaBuf,
+    norm: Option<(&CudaBuf, f32)>,
+    width: usize,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let n = mul(rows, width)?;
+    expect(wts.len() == mul(rows, kk)? && y.len() == mul(wts.len(), width)? && acc.len() == n, || {
+        format!("moe_combine_add_rmsnorm: y/wts/acc for [{rows}, {kk}] of width {width}")
+    })?;
+    expect(norm.is_none_or(|(w, _)| w.len() == width && out.len() == n), || {
+        format!("moe_combine_add_rmsnorm: weight is not [{width}] or out not [{rows}, {width}]")
+    })?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = be.func(Src::Rows, "moe_combine_add_rmsnorm")?;
+    let (wp, eps, op) = match norm {
+        Some((w, eps)) => (w.ptr()?, eps, out.ptr()?),
+        None => (0, 0.0, 0),
+    };
+    let args = [
+        Arg::P(acc.ptr()?),
+        Arg::P(y.ptr()?),
+        Arg::P(wts.ptr()?),
+        Arg::I(int(kk, "top_k")?),
+        Arg::P(wp),
+        Arg::F(eps),
+        Arg::I(int(width, "width")?),
+        Arg::I(int(rows, "rows")?),
+        Arg::P(op),
+    ];
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), BLOCK, 0, &args)
+}
+
+/// Device addresses of the expert plan: slot list, tiles (3 ints a tile), tile count, and the most tiles.
 struct Plan {
-    tab: u64,
+    list: u64,
     tiles: u64,
     ntiles: u64,
-    list: u64,
-    kk: i32,
     bound: usize,
+}
+
+/// What the grouped tile kernels read: the expert table, the plan, top-k.
+struct Tiles<'a> {
+    tab: u64,
+    plan: &'a Plan,
+    kk: i32,
     /// Whether the `_r1` kernels run ([`super::device::Dev::one_row`] over the layer's rows).
     one_row: bool,
 }
@@ -215,9 +344,10 @@ fn grouped(
     kind: &str,
     io: (u64, u64),
     (k, n): (usize, usize),
-    plan: &Plan,
+    t: &Tiles,
 ) -> Result<(), CudaError> {
-    let (name, cols) = m.kernel_for(kind, plan.one_row);
+    let (name, cols) = m.kernel_for(kind, t.one_row);
+    let plan = t.plan;
     let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
@@ -229,12 +359,12 @@ fn grouped(
                 Arg::P(io.0),
                 Arg::I(ki),
                 Arg::I(ni),
-                Arg::P(plan.tab),
+                Arg::P(t.tab),
                 Arg::I(gi),
                 Arg::P(plan.tiles),
                 Arg::P(plan.ntiles),
                 Arg::P(plan.list),
-                Arg::I(plan.kk),
+                Arg::I(t.kk),
                 Arg::P(io.1),
                 Arg::I(t0),
             ]
@@ -243,7 +373,7 @@ fn grouped(
                 Arg::P(io.0),
                 Arg::I(ki),
                 Arg::I(ni),
-                Arg::P(plan.tab),
+                Arg::P(t.tab),
                 Arg::I(gi),
                 Arg::P(plan.tiles),
                 Arg::P(plan.ntiles),

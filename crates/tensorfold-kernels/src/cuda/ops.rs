@@ -189,6 +189,61 @@ pub(crate) fn linear(
     Ok(())
 }
 
+/// Up to 3 linears of one input `x` `[rows, k]` in one launch per row span (`linear3_*`): `outs[i] = mats[i] x`, no
+/// bias. The matrices must share cols, dtype and group (so one chunk form serves all); each output's bits equal its
+/// own [`linear`]'s.
+pub(crate) fn linears(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    mats: &[&CudaMat],
+    outs: &[&mut CudaBuf],
+) -> Result<(), CudaError> {
+    expect((1..=3).contains(&mats.len()) && mats.len() == outs.len(), || {
+        format!("linears: {} matrices and {} outputs (1 to 3)", mats.len(), outs.len())
+    })?;
+    let m0 = mats[0];
+    for (m, o) in mats.iter().zip(outs) {
+        expect(m.cols == m0.cols && m.dtype == m0.dtype && m.group == m0.group, || {
+            format!("linears: [{}, {}] {:?} beside [{}, {}] {:?}", m.rows, m.cols, m.dtype, m0.rows, m0.cols, m0.dtype)
+        })?;
+        expect(o.len() == mul(rows, m.rows)?, || {
+            format!("linears: out has {} values, expected [{rows}, {}]", o.len(), m.rows)
+        })?;
+    }
+    let k = m0.cols;
+    expect(x.len() == mul(rows, k)?, || format!("linears: x has {} values, expected [{rows}, {k}]", x.len()))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (name, cols) = m0.kernel_for("linear", be.dev.one_row(rows));
+    let f = be.func(Src::Dense, &name.replacen("linear", "linear3", 1))?;
+    // 6 words a matrix: values, scales, biases, outputs, out, first block; unused slots start past the grid.
+    let mut table = [0u64; 18];
+    let mut first = 0u64;
+    for (i, (m, o)) in mats.iter().zip(outs).enumerate() {
+        let (w, sc, bi) = m.ptrs()?;
+        table[6 * i..6 * i + 6].copy_from_slice(&[w, sc, bi, m.rows as u64, o.ptr()?, first]);
+        first += m.rows.div_ceil(cols) as u64;
+    }
+    for slot in mats.len()..3 {
+        table[6 * slot + 5] = u64::MAX;
+    }
+    let gx = u32::try_from(first).map_err(|_| CudaError::Shape(format!("linears: {first} blocks")))?;
+    if gx == 0 {
+        return Ok(());
+    }
+    let tm = be.dev.stage(&table)?;
+    let tp = tm.as_ref().map_or(0, |m| m.ptr);
+    let (ri, ki, gi) = (int(rows, "rows")?, int(k, "cols")?, int(m0.group, "group")?);
+    for row0 in (0..rows).step_by(RT * GRID_YZ) {
+        let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
+        let args = [Arg::P(x.ptr()?), Arg::I(ri), Arg::I(ki), Arg::I(gi), Arg::P(tp), Arg::I(row0 as i32)];
+        be.dev.launch(&f, (gx, tiles, 1), BLOCK, 0, &args)?;
+    }
+    Ok(())
+}
+
 /// Dense SwiGLU: the fused gate-up kernel writes `silu(w1 x) * (w3 x)`, then the down projection.
 pub(crate) fn swiglu(
     be: &CudaBackend,
@@ -274,12 +329,12 @@ pub(crate) fn gather(be: &CudaBackend, x: &CudaBuf, width: usize, rows: &[usize]
     Ok(out)
 }
 
-/// Per-head RMSNorm then RoPE of `x` `[rows, heads * head_dim]` in place, positions from the segment table.
+/// Per-head RMSNorm then RoPE of `x` `[rows, heads * head_dim]` in place, positions from the segment table; with
+/// `second`, also of its tensor `[rows, heads2 * head_dim]` with its own weight, in the same launch.
 pub(crate) fn qk_norm_rope(
     be: &CudaBackend,
-    x: &mut CudaBuf,
-    heads: usize,
-    norm: &CudaBuf,
+    (x, heads, norm): (&mut CudaBuf, usize, &CudaBuf),
+    second: Option<(&mut CudaBuf, usize, &CudaBuf)>,
     eps: f32,
     rope: RopeParams,
     segs: &[Segment],
@@ -298,6 +353,10 @@ pub(crate) fn qk_norm_rope(
     let rows = x.len() / width;
     check_len("qk_norm_rope", "x", x.len(), rows * width)?;
     check_len("qk_norm_rope", "norm", norm.len(), hd)?;
+    if let Some((x2, heads2, norm2)) = &second {
+        check_len("qk_norm_rope", "second x", x2.len(), rows * heads2 * hd)?;
+        check_len("qk_norm_rope", "second norm", norm2.len(), hd)?;
+    }
     let pos = row_positions(segs, rows)?;
     let mut words: Vec<u32> = Vec::with_capacity(rows + hd / 2);
     for &p in &pos {
@@ -305,6 +364,10 @@ pub(crate) fn qk_norm_rope(
     }
     words.extend((0..hd / 2).map(|i| rope_inv_freq(rope.theta, hd, i).to_bits()));
     let launch = || -> Result<(), CudaError> {
+        let (x2, heads2, norm2) = match &second {
+            Some((x2, h2, n2)) => (x2.ptr()?, *h2, n2.ptr()?),
+            None => (0, 0, 0),
+        };
         if rows == 0 {
             return Ok(());
         }
@@ -321,8 +384,11 @@ pub(crate) fn qk_norm_rope(
             Arg::P(base),
             Arg::P(base + 4 * rows as u64),
             Arg::I(rope.interleaved as i32),
+            Arg::P(x2),
+            Arg::I(int(heads2, "heads")?),
+            Arg::P(norm2),
         ];
-        let grid = int(mul(rows, heads)?.div_ceil(WPB), "blocks")? as u32;
+        let grid = int(mul(rows, heads + heads2)?.div_ceil(WPB), "blocks")? as u32;
         be.dev.launch(&f, (grid, 1, 1), BLOCK, (WPB * hd * 4) as u32, &args)
     };
     launch().map_err(|e| e.kernel("qk_norm_rope"))

@@ -105,18 +105,13 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
   scale_out(xr, w, 1.0f / sqrtf(ss / n + eps), width, out + (u64)r * (u64)width);
 }
 
-// The residual add fused with the next RMSNorm: x[r] += y[r] (written back), then out[r] = rmsnorm(x[r]) * w, with
-// the same threads, elements and order as add_inplace then rmsnorm, so the bits equal the two launches'. Each thread
-// reads back only the elements it wrote.
-extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const float* y, const float* w, float eps,
-                                                              int width, int rows, float* out) {
-  PDL_ENTRY();
+// The residual add fused with the next RMSNorm over row xr: xr[i] += y_at(i) (written back), then, with a weight w,
+// o = rmsnorm(xr) * w, with the same threads, elements and order as add_inplace then rmsnorm, so the bits equal the
+// two launches'. Each thread reads back only the elements it wrote. The whole block must call it.
+template <class Y>
+__device__ __forceinline__ void add_norm_row(float* xr, Y y_at, const float* w, float eps, int width, float* o) {
   __shared__ float red[WPB];
   __shared__ float total;
-  int r = blockIdx.x;
-  if (r >= rows) return;  // the whole block leaves together
-  float* xr = x + (u64)r * (u64)width;
-  const float* yr = y + (u64)r * (u64)width;
   float s = 0.0f;
   for (int i0 = threadIdx.x; i0 < width; i0 += NV * 32 * WPB) {
     float a[NV];
@@ -126,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const fl
       int i = i0 + u * 32 * WPB;
       if (i < width) {
         a[u] = xr[i];
-        b[u] = yr[i];
+        b[u] = y_at(i);
       }
     }
 #pragma unroll
@@ -143,8 +138,46 @@ extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const fl
       }
     }
   }
+  if (!w) return;  // the last layer: the add alone (uniform over the block)
   float ss = block_total(s, red, &total);
-  scale_out(xr, w, 1.0f / sqrtf(ss / (float)width + eps), width, out + (u64)r * (u64)width);
+  scale_out(xr, w, 1.0f / sqrtf(ss / (float)width + eps), width, o);
+}
+
+// x[r] += y[r], then out[r] = rmsnorm(x[r]) * w (add_norm_row). One block a row.
+extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const float* y, const float* w, float eps,
+                                                              int width, int rows, float* out) {
+  PDL_ENTRY();
+  int r = blockIdx.x;
+  if (r >= rows) return;  // the whole block leaves together
+  const float* yr = y + (u64)r * (u64)width;
+  add_norm_row(x + (u64)r * (u64)width, [&](int i) { return yr[i]; }, w, eps, width, out + (u64)r * (u64)width);
+}
+
+// The MoE combine fused with the residual add and the next RMSNorm: x[r] += moe_sum(y, wts, r, kk, width, i) (the
+// combine's own arithmetic, common.cuh), then out[r] = rmsnorm(x[r]) * w; w null: the add alone (the last layer).
+// The bits equal moe_combine then add_rmsnorm (or add_inplace). One block a row.
+extern "C" __global__ void __launch_bounds__(256) moe_combine_add_rmsnorm(float* x, const float* y, const float* wts,
+                                                                          int kk, const float* w, float eps, int width,
+                                                                          int rows, float* out) {
+  PDL_ENTRY();
+  int r = blockIdx.x;
+  if (r >= rows) return;  // the whole block leaves together
+  float* o = w ? out + (u64)r * (u64)width : 0;
+  add_norm_row(
+      x + (u64)r * (u64)width,
+      [&](int i) {
+#ifdef FAULT_COMBINE_FUSED_REVERSE
+        float acc = 0.0f;
+        for (int rank = kk - 1; rank >= 0; rank--) {
+          u64 a = (u64)r * (u64)kk + (u64)rank;
+          acc = acc + wts[a] * y[a * (u64)width + (u64)i];
+        }
+        return acc;
+#else
+        return moe_sum(y, wts, (u64)r, kk, (u64)width, (u64)i);
+#endif
+      },
+      w, eps, width, o);
 }
 
 // acc[i] += y[i] for i < n.

@@ -144,6 +144,25 @@ impl Backend for CudaBackend {
         self.settle("linear", r, out);
     }
 
+    fn linears(&self, x: &CudaBuf, rows: usize, mats: &[&CudaMat], outs: &mut [&mut CudaBuf]) {
+        let one_kind =
+            mats.iter().all(|m| m.cols == mats[0].cols && m.dtype == mats[0].dtype && m.group == mats[0].group);
+        if !self.dev.fused || mats.len() > 3 || mats.len() != outs.len() || !one_kind {
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                self.linear(x, rows, m, None, o);
+            }
+            return;
+        }
+        let r = ops::linears(self, x, rows, mats, outs);
+        if r.is_err() {
+            self.settle("linears", r, outs[0]);
+            // The real error is noted first; these only poison the other outputs.
+            for o in &outs[1..] {
+                self.settle("linears", Err(CudaError::Unallocated), o);
+            }
+        }
+    }
+
     fn gather_rows(&self, x: &CudaBuf, width: usize, rows: &[usize]) -> CudaBuf {
         match ops::gather(self, x, width, rows) {
             Ok(b) => b,
@@ -183,7 +202,23 @@ impl Backend for CudaBackend {
         segs: &[Segment],
     ) -> Result<(), KernelError> {
         self.dev.take("qk_norm_rope")?;
-        ops::qk_norm_rope(self, x, heads, norm, eps, rope, segs)
+        ops::qk_norm_rope(self, (x, heads, norm), None, eps, rope, segs)
+    }
+
+    fn qk_norm_rope_pair(
+        &self,
+        q: (&mut CudaBuf, usize, &CudaBuf),
+        k: (&mut CudaBuf, usize, &CudaBuf),
+        eps: f32,
+        rope: RopeParams,
+        segs: &[Segment],
+    ) -> Result<(), KernelError> {
+        self.dev.take("qk_norm_rope")?;
+        if !self.dev.fused {
+            ops::qk_norm_rope(self, q, None, eps, rope, segs)?;
+            return ops::qk_norm_rope(self, k, None, eps, rope, segs);
+        }
+        ops::qk_norm_rope(self, q, Some(k), eps, rope, segs)
     }
 
     fn attention(
@@ -291,6 +326,21 @@ impl Backend for CudaBackend {
             .map_err(|e| e.kernel("moe_experts"))
     }
 
+    fn moe_route_experts(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        gate: &CudaMat,
+        expert_bias: Option<&CudaBuf>,
+        experts: &[Ffn<CudaMat>],
+        p: MoeParams,
+        sw: (&mut CudaBuf, &mut CudaBuf),
+        y: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("moe")?;
+        moe::route_experts(self, x, rows, gate, expert_bias, experts, p, sw, y).map_err(|e| e.kernel("moe"))
+    }
+
     fn moe_combine(
         &self,
         y: &CudaBuf,
@@ -301,6 +351,30 @@ impl Backend for CudaBackend {
     ) -> Result<(), KernelError> {
         self.dev.take("moe_combine")?;
         moe::combine(self, y, wts, rows, k, out).map_err(|e| e.kernel("moe_combine"))
+    }
+
+    fn moe_combine_add_rmsnorm(
+        &self,
+        (y, wts): (&CudaBuf, &CudaBuf),
+        rows: usize,
+        k: usize,
+        acc: &mut CudaBuf,
+        norm: Option<(&CudaBuf, f32)>,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        if !self.dev.fused {
+            let mut mixed = self.scratch(rows * width);
+            self.moe_combine(y, wts, rows, k, &mut mixed)?;
+            match norm {
+                Some((weight, eps)) => self.add_rmsnorm(acc, &mixed, weight, eps, width, out),
+                None => self.add(acc, &mixed),
+            }
+            return self.dev.take("moe_combine_add_rmsnorm");
+        }
+        self.dev.take("moe_combine_add_rmsnorm")?;
+        moe::combine_add_rmsnorm(self, (y, wts), rows, k, acc, norm, width, out)
+            .map_err(|e| e.kernel("moe_combine_add_rmsnorm"))
     }
 
     fn copy_bandwidth(&self) -> f64 {

@@ -209,8 +209,7 @@ impl<B: Backend> Drafter<B> {
         b.linear(&x, rows, &lw.q, None, &mut q);
         b.linear(&x, rows, &lw.k, None, &mut k);
         b.linear(&x, rows, &lw.v, None, &mut v);
-        b.qk_norm_rope(&mut q, c.heads, &lw.q_norm, c.eps, self.rope(), segs)?;
-        b.qk_norm_rope(&mut k, c.kv_heads, &lw.k_norm, c.eps, self.rope(), segs)?;
+        b.qk_norm_rope_pair((&mut q, c.heads, &lw.q_norm), (&mut k, c.kv_heads, &lw.k_norm), c.eps, self.rope(), segs)?;
         let mut a = b.zeros(rows * qd);
         b.block_attention(&q, &k, &v, c.heads, c.kv_heads, segs, caches, &mut a)?;
         let mut o = b.zeros(rows * d);

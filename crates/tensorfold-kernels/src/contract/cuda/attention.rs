@@ -54,6 +54,7 @@ pub(super) const ATTN_PLANTS: &[Planted] = &[
     ("reads-first-stream", Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
     ("skips-newest-key", Src::Attention, "FAULT_ATTN_SKIP_NEWEST"),
     ("batch-dependent-chunk-order", Src::Attention, "FAULT_ATTN_BATCH_ORDER"),
+    ("append-skipped", Src::Attention, "FAULT_ATTN_NO_APPEND"),
 ];
 
 /// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
@@ -141,6 +142,10 @@ impl Kernel for Attention {
             Fault {
                 name: "batch-dependent-chunk-order",
                 what: "calls of several rows combine a row's key chunks in reverse",
+            },
+            Fault {
+                name: "append-skipped",
+                what: "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten",
             },
         ]
     }

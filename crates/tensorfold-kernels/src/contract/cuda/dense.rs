@@ -1,11 +1,11 @@
-//! CUDA contract entries of the dense kernels: the linear (every dtype and chunk form) and the fused SwiGLU FFN.
+//! CUDA contract entries of the dense kernels: the linear (every dtype and chunk form, and several in one launch) and the fused SwiGLU FFN.
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
 use super::{Planted, dense_names, device_gate, limits, poisoned, rd, up, warp_dot_bound, with_fault};
 use crate::backend::{Backend, Ffn};
 use crate::bytes::MatView;
-use crate::cuda::{CudaBackend, Src};
+use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
 use rand::rngs::StdRng;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
@@ -49,9 +49,35 @@ pub(super) const LINEAR_PLANTS: &[Planted] = &[
     ("dropped-last-column", Src::Dense, "FAULT_LINEAR_DROP_LAST"),
     ("batch-dependent-order", Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
     ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
+    ("multi-skips-block", Src::Dense, "FAULT_LINEAR_MULTI_OFFSET"),
 ];
 
 impl Linear {
+    /// Three matrices of one input in one launch (`linears`, the q/k/v form) against a `linear` each: bit-equal
+    /// outputs at 1, 3 and 33 rows (the one-row and tile forms), for each chunk form and dtype.
+    fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
+        let mut diffs = 0;
+        for (k, kind) in [(64, "bf16"), (33, "f32"), (36, "q8-12")] {
+            let ws: Vec<CudaMat> =
+                [40, 8, 72].iter().map(|&n| be.upload_mat(&make(rng, n, k, kind)).expect("upload")).collect();
+            for rows in [1, 3, 33] {
+                let x = up(be, &uniform(rng, rows * k));
+                let mut outs: Vec<CudaBuf> = ws.iter().map(|w| poisoned(be, rows * w.rows)).collect();
+                be.linears(&x, rows, &ws.iter().collect::<Vec<_>>(), &mut outs.iter_mut().collect::<Vec<_>>());
+                for (w, o) in ws.iter().zip(&outs) {
+                    let mut one = poisoned(be, rows * w.rows);
+                    be.linear(&x, rows, w, None, &mut one);
+                    diffs += bit_diffs(&rd(be, o), &rd(be, &one));
+                }
+            }
+        }
+        Gate::new(
+            "multi",
+            diffs == 0,
+            format!("q/k/v-style linears in one launch against one each: {diffs} values differ"),
+        )
+    }
+
     /// Gate 2 on two rows and the bias edge: with a bias, each output is bit-equal to the unbiased output + bias.
     fn reference(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Vec<Gate> {
         let (n, k) = (w.rows, w.cols);
@@ -128,6 +154,7 @@ impl Kernel for Linear {
                 name: "one-row-order",
                 what: "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
             },
+            Fault { name: "multi-skips-block", what: "the one-launch form skips the last matrix's first block" },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -139,11 +166,12 @@ impl Kernel for Linear {
             gates.extend(Self::reference(&be, rng, &w, &shape));
             gates.push(Self::invariance(&be, rng, &w, &shape));
         }
+        gates.push(Self::multi(&be, rng));
         gates.push(device_gate(&be));
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let names = dense_names("linear");
+        let names: Vec<String> = dense_names("linear").into_iter().chain(dense_names("linear3")).collect();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }
 }

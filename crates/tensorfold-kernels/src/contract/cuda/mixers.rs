@@ -21,8 +21,11 @@ fn positions(segs: &[Segment]) -> Vec<(usize, usize)> {
 
 struct QkRope(CudaBackend);
 
-pub(super) const ROPE_PLANTS: &[Planted] =
-    &[("wrong-pairs", Src::Rope, "FAULT_ROPE_PAIRS"), ("position-off-by-one", Src::Rope, "FAULT_ROPE_POS")];
+pub(super) const ROPE_PLANTS: &[Planted] = &[
+    ("wrong-pairs", Src::Rope, "FAULT_ROPE_PAIRS"),
+    ("position-off-by-one", Src::Rope, "FAULT_ROPE_POS"),
+    ("pair-shares-weight", Src::Rope, "FAULT_ROPE_PAIR_NORM"),
+];
 
 impl Kernel for QkRope {
     fn name(&self) -> &'static str {
@@ -47,6 +50,10 @@ impl Kernel for QkRope {
         &[
             Fault { name: "wrong-pairs", what: "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back" },
             Fault { name: "position-off-by-one", what: "rotates by position + 1" },
+            Fault {
+                name: "pair-shares-weight",
+                what: "the one-launch q and k form norms the key heads with the query weight",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -119,9 +126,22 @@ impl QkRope {
             call(&x[..2 * w], &[Segment { first_row: 0, rows: 1, start_pos: 0, cache: 0 }]),
             Err(KernelError::Segments(_))
         );
+        // q and k in one launch: each part bit-equal to its own call (k: fewer heads, its own weight).
+        let kh = heads.div_ceil(3);
+        let (xk, knorm) = (uniform(rng, 33 * kh * hd), uniform(rng, hd));
+        let knorm = up(be, &knorm.iter().map(|v| 1.0 - 0.3 * v).collect::<Vec<_>>());
+        let (mut pq, mut pk, mut sk) = (up(be, &x), up(be, &xk), up(be, &xk));
+        let ok = be.qk_norm_rope_pair((&mut pq, heads, &norm), (&mut pk, kh, &knorm), eps, rope, &segs).is_ok()
+            && be.qk_norm_rope(&mut sk, kh, &knorm, eps, rope, &segs).is_ok();
+        let pair = bit_diffs(&rd(be, &pq), &out) + bit_diffs(&rd(be, &pk), &rd(be, &sk));
         vec![
             reference_gate(&shape, err, 4e-6),
             invariance_gate(&format!("{shape}, widths over 4 streams"), inv),
+            Gate::new(
+                "pair",
+                ok && pair == 0,
+                format!("q ({heads} heads) and k ({kh}) in one launch against their own calls: {pair} values differ"),
+            ),
             Gate::new(
                 "edges",
                 same && uncovered,

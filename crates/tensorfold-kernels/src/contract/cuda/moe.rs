@@ -29,6 +29,7 @@ pub(super) const MOE_PLANTS: &[Planted] = &[
     ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS"),
     ("plan-unowned", Src::Moe, "FAULT_MOE_PLAN_ALL"),
     ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
+    ("fused-combine-reversed", Src::Rows, "FAULT_COMBINE_FUSED_REVERSE"),
 ];
 
 /// One shape's device weights and host references.
@@ -95,6 +96,10 @@ impl Kernel for Moe {
                 name: "one-row-order",
                 what: "the one-row expert kernels multiply each group of in-flight chunks in reverse",
             },
+            Fault {
+                name: "fused-combine-reversed",
+                what: "the combine fused with the residual add and norm sums the ranks from the last",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -129,12 +134,14 @@ impl Kernel for Moe {
                 gates.push(Self::edges(&be, &case, &x, ne));
             }
         }
+        gates.push(fused_gate(&be, rng));
         gates.push(device_gate(&be));
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
         let mut names = vec!["moe_route".to_string(), "moe_plan".to_string(), "moe_combine".to_string()];
         let mut l = limits(&self.0, Src::Moe, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        l.extend(limits(&self.0, Src::Rows, &["moe_combine_add_rmsnorm"]));
         names = dense_names("moe_gateup")
             .into_iter()
             .chain(dense_names("moe_down"))
@@ -178,6 +185,36 @@ impl Moe {
             ),
         )
     }
+}
+
+/// `moe_combine_add_rmsnorm` against `moe_combine` then `add_rmsnorm` (or `add`, without a norm) on the same device:
+/// the residual and the normed rows bit-equal, at 1, 5 and 33 rows, top-1, 4 and 8, widths 2048 and 33.
+fn fused_gate(be: &CudaBackend, rng: &mut StdRng) -> Gate {
+    let (eps, mut diffs, mut failed) = (1e-5f32, 0, 0);
+    for (width, rows, k, norm) in [(2048, 1, 4, true), (2048, 5, 8, true), (33, 33, 1, true), (2048, 5, 4, false)] {
+        let w = up(be, &uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect::<Vec<_>>());
+        let (x, y, wts) = (uniform(rng, rows * width), uniform(rng, rows * k * width), uniform(rng, rows * k));
+        let (y, wts) = (up(be, &y), up(be, &wts));
+        let (mut fx, mut fo) = (up(be, &x), poisoned(be, rows * width));
+        let nw = norm.then_some((&w, eps));
+        failed += be.moe_combine_add_rmsnorm((&y, &wts), rows, k, &mut fx, nw, width, &mut fo).is_err() as usize;
+        let (mut sx, mut so, mut mixed) = (up(be, &x), poisoned(be, rows * width), poisoned(be, rows * width));
+        failed += be.moe_combine(&y, &wts, rows, k, &mut mixed).is_err() as usize;
+        if norm {
+            be.add_rmsnorm(&mut sx, &mixed, &w, eps, width, &mut so);
+            diffs += bit_diffs(&rd(be, &fo), &rd(be, &so));
+        } else {
+            be.add(&mut sx, &mixed);
+        }
+        diffs += bit_diffs(&rd(be, &fx), &rd(be, &sx));
+    }
+    Gate::new(
+        "fused combine",
+        diffs == 0 && failed == 0,
+        format!(
+            "moe_combine_add_rmsnorm against moe_combine then add_rmsnorm or add: {diffs} values differ in bits, {failed} calls failed"
+        ),
+    )
 }
 
 fn up_mat(be: &CudaBackend, m: &MatView) -> CudaMat {
