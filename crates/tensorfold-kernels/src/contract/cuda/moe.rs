@@ -139,7 +139,8 @@ impl Kernel for Moe {
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let mut names = vec!["moe_route".to_string(), "moe_plan".to_string(), "moe_combine".to_string()];
+        let mut names: Vec<String> =
+            ["moe_route", "moe_plan", "moe_route_plan", "moe_combine"].iter().map(|s| s.to_string()).collect();
         let mut l = limits(&self.0, Src::Moe, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>());
         l.extend(limits(&self.0, Src::Rows, &["moe_combine_add_rmsnorm"]));
         names = dense_names("moe_gateup")
