@@ -42,6 +42,12 @@ inline float shfl_xor(float v, int off) {
   yield();
   return wslots[w][ph][lane ^ (unsigned)off];
 }
+inline float shfl_from(float v, int src) {
+  unsigned l = lin(), w = l / 32, lane = l % 32, ph = g_cur->phase++ & 1;
+  wslots[w][ph][lane] = v;
+  yield();
+  return wslots[w][ph][(unsigned)src & 31u];
+}
 inline void syncwarp() { g_cur->phase++; yield(); }
 inline void entry() { g_fn(); g_cur->done = true; live--; if (live > 0 && bar_count == live) { bar_count = 0; bar_result = bar_or; bar_or = 0; release_pending = true; } }
 
@@ -103,6 +109,19 @@ inline int __shfl_xor_sync(unsigned m, int v, int off) {
   int r;
   memcpy(&r, &g, 4);
   return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl_from(v, src); }
+inline int __shfl_sync(unsigned, int v, int src) {
+  float f;
+  memcpy(&f, &v, 4);
+  f = emu::shfl_from(f, src);
+  int r;
+  memcpy(&r, &f, 4);
+  return r;
+}
+inline int __shfl_up_sync(unsigned m, int v, unsigned d) {
+  unsigned lane = emu::lin() % 32;
+  return __shfl_sync(m, v, (int)(lane >= d ? lane - d : lane));
 }
 inline void __syncthreads() { emu::sync_or(0); }
 inline int __syncthreads_or(int p) { return emu::sync_or(p != 0); }

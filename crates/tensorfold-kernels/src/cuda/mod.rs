@@ -321,7 +321,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 21, "every entry point was checked");
+        assert_eq!(entries, 24, "every entry point was checked");
     }
 
     #[test]

@@ -8,34 +8,52 @@ __device__ __forceinline__ int total_key(float v) {
 
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
-// One warp a row: kk times, the not yet chosen expert with the largest total_key(score + bias) (ties to the lower
-// id) goes to sel[r * kk + rank] (as a float: exact, ids are below 1024) (lane l scans experts l, l+32, ...; a butterfly argmax picks the winner, which is
-// the same expert whatever the fold order: keys are exact and ties go to the lower id); then weights as
-// transformers' Lfm2MoeSparseMoeBlock: the chosen scores, divided by their rank-order sum + 1e-6 when norm, times
-// rsf. At most 1024 experts (a lane's taken mask has 32 bits; the host checks).
+// Experts a lane holds in registers while it routes a row: lane l holds experts l + 32 i, i < ROUTE_SLOTS (at most
+// 1024 experts; the host checks). The loops over them are unrolled so the arrays stay in registers.
+#define ROUTE_SLOTS 32
+
+// One warp a row. Each expert's sigmoid score and selection key total_key(score + bias) are computed once, by the
+// lane that holds it. Then kk times, the not yet chosen expert with the largest key (ties to the lower id) goes to
+// sel[r * kk + rank] (as a float: exact, ids are below 1024): each lane's best by increasing id, then a butterfly
+// argmax, which picks the same expert whatever the fold order (keys are exact and ties go to the lower id); its
+// score comes from the lane that holds it. Then the weights as transformers' Lfm2MoeSparseMoeBlock: the chosen
+// scores, divided by their rank-order sum + 1e-6 when norm, times rsf. The whole warp must call it.
 __device__ __forceinline__ void route_row(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
                                           float rsf, float* sel, float* wts) {
   int lane = threadIdx.x & 31;
   const float* l = logits + (u64)r * (u64)ne;
   float* se = sel + (u64)r * (u64)kk;
   float* we = wts + (u64)r * (u64)kk;
+  int slots = (ne + 31) / 32;  // the same for the whole warp
+  float sc[ROUTE_SLOTS];
+  int key[ROUTE_SLOTS];
+#pragma unroll
+  for (int i = 0; i < ROUTE_SLOTS; i++) {
+    int e = lane + 32 * i;
+    sc[i] = 0.0f;
+    key[i] = 0;
+    if (i < slots && e < ne) {
+      float s = sigmoid_f(l[e]);
+#ifdef FAULT_MOE_NO_BIAS
+      float k = s + 0.0f;
+#else
+      float k = s + (ebias ? ebias[e] : 0.0f);
+#endif
+      sc[i] = s;
+      key[i] = total_key(k);
+    }
+  }
   u32 taken = 0;  // bit i: expert lane + 32 i was chosen
   float sum = 0.0f;
   for (int rank = 0; rank < kk; rank++) {
     int best = -1;
     int bk = 0;
-    for (int e = lane, i = 0; e < ne; e += 32, i++) {
-      if (taken & (1u << i)) continue;
-      float s = sigmoid_f(l[e]);
-#ifdef FAULT_MOE_NO_BIAS
-      float key = s + 0.0f;
-#else
-      float key = s + (ebias ? ebias[e] : 0.0f);
-#endif
-      int tk = total_key(key);
-      if (best < 0 || tk > bk) {
+#pragma unroll
+    for (int i = 0; i < ROUTE_SLOTS; i++) {
+      int e = lane + 32 * i;
+      if (i < slots && e < ne && !(taken & (1u << i)) && (best < 0 || key[i] > bk)) {
         best = e;
-        bk = tk;
+        bk = key[i];
       }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -46,17 +64,26 @@ __device__ __forceinline__ void route_row(const float* logits, int r, int ne, co
         bk = ok;
       }
     }
-    if ((best & 31) == lane) taken |= 1u << (best >> 5);
-    if (lane == 0) se[rank] = (float)best;
-    sum = sum + sigmoid_f(l[best]);
+    int bi = best >> 5;
+    float mine = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTE_SLOTS; i++) {
+      if (i == bi) mine = sc[i];
+    }
+    float sb = __shfl_sync(0xffffffffu, mine, best & 31);
+    if ((best & 31) == lane) taken |= 1u << bi;
+    if (lane == 0) {
+      se[rank] = (float)best;
+      we[rank] = sb;  // the chosen score, until the weights below
+    }
+    sum = sum + sb;
   }
   if (lane != 0) return;
   for (int rank = 0; rank < kk; rank++) {
-    int e = (int)se[rank];
-    float s = sigmoid_f(l[e]);
+    float s = we[rank];
     float w = norm ? s / (sum + 1e-6f) : s;
 #ifdef FAULT_MOE_WEIGHT_BIAS
-    if (ebias) w = w + ebias[e];
+    if (ebias) w = w + ebias[(int)se[rank]];
 #endif
     we[rank] = w * rsf;
   }
@@ -100,16 +127,32 @@ __device__ __forceinline__ void plan_block(const float* sel, int nassign, int fi
     if (e >= 0 && e < ne) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
-  if (t == 0) {
+  if (t < 32) {
+    // Exclusive prefix sums of the counts and of the tiles, 32 experts at a time by warp scans (exact integers).
     int o = 0;
     int n = 0;
-    for (int e = 0; e < ne; e++) {
-      off[e] = o;
-      tile0[e] = n;
-      o += cnt[e];
-      n += (cnt[e] + RT - 1) / RT;
+    for (int e0 = 0; e0 < ne; e0 += 32) {
+      int e = e0 + t;
+      int c = e < ne ? cnt[e] : 0;
+      int tl = (c + RT - 1) / RT;
+      int ic = c;
+      int it = tl;
+      for (int d = 1; d < 32; d <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, ic, d);
+        int b = __shfl_up_sync(0xffffffffu, it, d);
+        if (t >= d) {
+          ic += a;
+          it += b;
+        }
+      }
+      if (e < ne) {
+        off[e] = o + ic - c;
+        tile0[e] = n + it - tl;
+      }
+      o += __shfl_sync(0xffffffffu, ic, 31);
+      n += __shfl_sync(0xffffffffu, it, 31);
     }
-    *ntiles = n < bound ? n : bound;
+    if (t == 0) *ntiles = n < bound ? n : bound;
   }
   __syncthreads();
   for (int e = t; e < ne; e += bs) {
@@ -140,7 +183,7 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
 }
 
 // Routing and the plan of every expert (first 0) in one launch, for calls of few rows (the host's ROUTE_PLAN_ROWS):
-// one block, warp w routing rows w, w + 32, ... as moe_route, then, after a barrier that makes the block's writes
+// one block, warp w routing rows w, w + warps, ... as moe_route, then, after a barrier that makes the block's writes
 // of sel visible to all its threads, plan_block as moe_plan. The same arithmetic, so the same sel, wts and tiles.
 extern "C" __global__ void moe_route_plan(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
                                           float rsf, float* sel, float* wts, int* list, int* tiles, int* ntiles,

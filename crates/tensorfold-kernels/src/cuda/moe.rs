@@ -159,9 +159,10 @@ fn run_tiles(
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)
 }
 
-/// Calls of at most this many rows route and plan in one launch (`moe_route_plan`, one block): decode and verify
-/// rounds; a wide call keeps a warp a row over many blocks.
-const ROUTE_PLAN_ROWS: usize = 64;
+/// Calls of at most this many rows route and plan in one launch (`moe_route_plan`, one block of [`BLOCK`] threads,
+/// 2 rows a warp at most): decode and verify rounds; a wider call keeps a warp a row over many blocks. The block is
+/// 256 threads, not the plan's 1024, because routing keeps a row's scores in 64 registers a thread.
+const ROUTE_PLAN_ROWS: usize = 16;
 
 /// Routing and every expert on one device ([`route`] then [`experts`] over all experts), with the routing and the
 /// plan in one launch for calls of at most [`ROUTE_PLAN_ROWS`] rows. `sel` and `wts` `[rows, k]`, `y` `[rows * k,
@@ -212,7 +213,7 @@ pub(crate) fn route_experts(
         Arg::P(plan.ntiles),
         Arg::I(int(plan.bound, "tiles")?),
     ];
-    be.dev.launch(&f, (1, 1, 1), PLAN_THREADS, 0, &args)?;
+    be.dev.launch(&f, (1, 1, 1), BLOCK, 0, &args)?;
     run_tiles(be, x, rows, kk, all, inter, &plan, y)?;
     drop(scratch);
     Ok(())

@@ -19,9 +19,11 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(float* x, int row
   if (item >= first + (u64)rows * (u64)heads2) return;  // whole warps leave together
   u64 row = item < first ? item / (u64)heads : (item - first) / (u64)heads2;
   float* h = item < first ? x + item * (u64)hd : x2 + (item - first) * (u64)hd;
-#ifndef FAULT_ROPE_PAIR_NORM  // planted: x2's heads keep the first tensor's weight
-  if (item >= first) norm = norm2;
+  bool second = item >= first;
+#ifdef FAULT_ROPE_PAIR_NORM
+  second = false;  // planted: x2's heads keep the first tensor's weight
 #endif
+  if (second) norm = norm2;
   float* nv = sh + warp * hd;
   float ss = row_sumsq(h, hd, lane);
   float scale = 1.0f / sqrtf(ss / (float)hd + eps);

@@ -105,14 +105,57 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
   scale_out(xr, w, 1.0f / sqrtf(ss / n + eps), width, out + (u64)r * (u64)width);
 }
 
-// The residual add fused with the next RMSNorm over row xr: xr[i] += y_at(i) (written back), then, with a weight w,
+// Elements a thread of a one-pass row kernel holds: rows of at most ONE_PASS = NV * 256 elements (2048: the hidden
+// width of the LFM2 MoE models) are read, summed and written with every load in flight before the first use.
+#define ONE_PASS (NV * 32 * WPB)
+
+// The residual add fused with the next RMSNorm over row xr: xr[i] += y_i (written back), then, with a weight w,
 // o = rmsnorm(xr) * w, with the same threads, elements and order as add_inplace then rmsnorm, so the bits equal the
-// two launches'. Each thread reads back only the elements it wrote. The whole block must call it.
-template <class Y>
-__device__ __forceinline__ void add_norm_row(float* xr, Y y_at, const float* w, float eps, int width, float* o) {
+// two launches'. fill(b) puts y_i of this thread's elements i = threadIdx.x + 256 u (u < NV, i < width) in b[u]
+// (rows of at most ONE_PASS); y_at(i) gives one y_i (wider rows). The whole block must call it.
+template <class Fill, class Y>
+__device__ __forceinline__ void add_norm_row(float* xr, Fill fill, Y y_at, const float* w, float eps, int width,
+                                             float* o) {
   __shared__ float red[WPB];
   __shared__ float total;
   float s = 0.0f;
+  if (width <= ONE_PASS) {
+    // One pass: x, y and the weight all loaded first; the sums stay in registers for the output.
+    float a[NV];
+    float b[NV];
+    float g[NV];
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = threadIdx.x + u * 32 * WPB;
+      if (i < width) {
+        a[u] = xr[i];
+        g[u] = w ? w[i] : 0.0f;
+      }
+    }
+    fill(b);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = threadIdx.x + u * 32 * WPB;
+      if (i < width) {
+        float v = a[u] + b[u];
+#ifdef FAULT_ADDNORM_PRE
+        s = fmaf(a[u], a[u], s);
+#else
+        s = fmaf(v, v, s);
+#endif
+        xr[i] = v;
+        a[u] = v;
+      }
+    }
+    if (!w) return;  // the last layer: the add alone (uniform over the block)
+    float scale = 1.0f / sqrtf(block_total(s, red, &total) / (float)width + eps);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = threadIdx.x + u * 32 * WPB;
+      if (i < width) o[i] = a[u] * scale * g[u];
+    }
+    return;
+  }
   for (int i0 = threadIdx.x; i0 < width; i0 += NV * 32 * WPB) {
     float a[NV];
     float b[NV];
@@ -138,7 +181,7 @@ __device__ __forceinline__ void add_norm_row(float* xr, Y y_at, const float* w, 
       }
     }
   }
-  if (!w) return;  // the last layer: the add alone (uniform over the block)
+  if (!w) return;
   float ss = block_total(s, red, &total);
   scale_out(xr, w, 1.0f / sqrtf(ss / (float)width + eps), width, o);
 }
@@ -150,12 +193,23 @@ extern "C" __global__ void __launch_bounds__(256) add_rmsnorm(float* x, const fl
   int r = blockIdx.x;
   if (r >= rows) return;  // the whole block leaves together
   const float* yr = y + (u64)r * (u64)width;
-  add_norm_row(x + (u64)r * (u64)width, [&](int i) { return yr[i]; }, w, eps, width, out + (u64)r * (u64)width);
+  auto fill = [&](float* b) {
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+      int i = threadIdx.x + u * 32 * WPB;
+      if (i < width) b[u] = yr[i];
+    }
+  };
+  add_norm_row(x + (u64)r * (u64)width, fill, [&](int i) { return yr[i]; }, w, eps, width, out + (u64)r * (u64)width);
 }
 
+// Ranks of a MoE combine whose loads are in flight together (the one-pass form).
+#define COMBINE_RANKS 4
+
 // The MoE combine fused with the residual add and the next RMSNorm: x[r] += moe_sum(y, wts, r, kk, width, i) (the
-// combine's own arithmetic, common.cuh), then out[r] = rmsnorm(x[r]) * w; w null: the add alone (the last layer).
-// The bits equal moe_combine then add_rmsnorm (or add_inplace). One block a row.
+// combine's own arithmetic, common.cuh: each element from +0 in rank order), then out[r] = rmsnorm(x[r]) * w; w
+// null: the add alone (the last layer). The bits equal moe_combine then add_rmsnorm (or add_inplace). One block a
+// row; the one-pass form loads COMBINE_RANKS ranks of the thread's elements at a time.
 extern "C" __global__ void __launch_bounds__(256) moe_combine_add_rmsnorm(float* x, const float* y, const float* wts,
                                                                           int kk, const float* w, float eps, int width,
                                                                           int rows, float* out) {
@@ -163,21 +217,43 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_add_rmsnorm(float*
   int r = blockIdx.x;
   if (r >= rows) return;  // the whole block leaves together
   float* o = w ? out + (u64)r * (u64)width : 0;
-  add_norm_row(
-      x + (u64)r * (u64)width,
-      [&](int i) {
-#ifdef FAULT_COMBINE_FUSED_REVERSE
-        float acc = 0.0f;
-        for (int rank = kk - 1; rank >= 0; rank--) {
-          u64 a = (u64)r * (u64)kk + (u64)rank;
-          acc = acc + wts[a] * y[a * (u64)width + (u64)i];
+  const float* yr = y + (u64)r * (u64)kk * (u64)width;
+  const float* wr = wts + (u64)r * (u64)kk;
+  auto fill = [&](float* b) {
+#pragma unroll
+    for (int u = 0; u < NV; u++) b[u] = 0.0f;
+    for (int q0 = 0; q0 < kk; q0 += COMBINE_RANKS) {
+      float yv[COMBINE_RANKS][NV];
+      float wv[COMBINE_RANKS];
+#pragma unroll
+      for (int q = 0; q < COMBINE_RANKS; q++) {
+        if (q0 + q < kk) {
+          wv[q] = wr[q0 + q];
+#pragma unroll
+          for (int u = 0; u < NV; u++) {
+            int i = threadIdx.x + u * 32 * WPB;
+            if (i < width) yv[q][u] = yr[(u64)(q0 + q) * (u64)width + (u64)i];
+          }
         }
-        return acc;
+      }
+#pragma unroll
+      for (int q = 0; q < COMBINE_RANKS; q++) {
+#ifdef FAULT_COMBINE_FUSED_REVERSE
+        int qq = COMBINE_RANKS - 1 - q;  // planted: the ranks of each group from the last
+        bool live = q0 + qq < kk;
 #else
-        return moe_sum(y, wts, (u64)r, kk, (u64)width, (u64)i);
+        int qq = q;
+        bool live = q0 + q < kk;
 #endif
-      },
-      w, eps, width, o);
+        if (live) {
+#pragma unroll
+          for (int u = 0; u < NV; u++) b[u] = b[u] + wv[qq] * yv[qq][u];
+        }
+      }
+    }
+  };
+  auto y_at = [&](int i) { return moe_sum(y, wts, (u64)r, kk, (u64)width, (u64)i); };
+  add_norm_row(x + (u64)r * (u64)width, fill, y_at, w, eps, width, o);
 }
 
 // acc[i] += y[i] for i < n.

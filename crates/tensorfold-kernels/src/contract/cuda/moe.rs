@@ -189,10 +189,12 @@ impl Moe {
 }
 
 /// `moe_combine_add_rmsnorm` against `moe_combine` then `add_rmsnorm` (or `add`, without a norm) on the same device:
-/// the residual and the normed rows bit-equal, at 1, 5 and 33 rows, top-1, 4 and 8, widths 2048 and 33.
+/// the residual and the normed rows bit-equal, at 1, 5 and 33 rows, top-1, 4, 6 and 8, widths 2048 and 33 (the
+/// one-pass form) and 2304 (the wide form).
 fn fused_gate(be: &CudaBackend, rng: &mut StdRng) -> Gate {
     let (eps, mut diffs, mut failed) = (1e-5f32, 0, 0);
-    for (width, rows, k, norm) in [(2048, 1, 4, true), (2048, 5, 8, true), (33, 33, 1, true), (2048, 5, 4, false)] {
+    let cases = [(2048, 1, 4, true), (2048, 5, 8, true), (33, 33, 1, true), (2048, 5, 4, false), (2304, 3, 6, true)];
+    for (width, rows, k, norm) in cases {
         let w = up(be, &uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect::<Vec<_>>());
         let (x, y, wts) = (uniform(rng, rows * width), uniform(rng, rows * k * width), uniform(rng, rows * k));
         let (y, wts) = (up(be, &y), up(be, &wts));

@@ -194,10 +194,10 @@ impl Kernel for RmsNorm {
 }
 
 /// `add_rmsnorm` against `add` then `rmsnorm` on the same device: the residual and the normed rows bit-equal, at
-/// 1 and 33 rows of widths 2048 and 33.
+/// 1 and 33 rows of widths 2048 and 33 (the one-pass form) and 3 rows of width 2304 (the wide form).
 fn fused_gate(be: &CudaBackend, rng: &mut StdRng, eps: f32) -> Gate {
     let mut diffs = 0;
-    for (width, rows) in [(2048, 33), (2048, 1), (33, 33)] {
+    for (width, rows) in [(2048, 33), (2048, 1), (33, 33), (2304, 3)] {
         let w = up(be, &uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect::<Vec<_>>());
         let (x, y) = (uniform(rng, rows * width), uniform(rng, rows * width));
         let (mut fx, mut fo) = (up(be, &x), poisoned(be, rows * width));
