@@ -8,27 +8,27 @@ __device__ __forceinline__ int total_key(float v) {
 
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
-// Experts a lane holds in registers while it routes a row: lane l holds experts l + 32 i, i < ROUTE_SLOTS (at most
-// 1024 experts; the host checks). The loops over them are unrolled so the arrays stay in registers.
-#define ROUTE_SLOTS 32
-
-// One warp a row. Each expert's sigmoid score and selection key total_key(score + bias) are computed once, by the
-// lane that holds it. Then kk times, the not yet chosen expert with the largest key (ties to the lower id) goes to
+// One warp a row, S = ceil(experts / 32) slots a lane (lane l holds experts l + 32 i, i < S; route_row picks S among
+// 1, 2, 4, 8 and 32, so at most 1024 experts; the host checks). The loops over slots are unrolled so the scores stay
+// in registers, and only the instantiation a layer's expert count picks runs (no instruction-cache cost from the
+// others). Each expert's sigmoid score and selection key total_key(score + bias) are computed once, by the lane that
+// holds it. Then kk times, the not yet chosen expert with the largest key (ties to the lower id) goes to
 // sel[r * kk + rank] (as a float: exact, ids are below 1024): each lane's best by increasing id, then a butterfly
 // argmax, which picks the same expert whatever the fold order (keys are exact and ties go to the lower id); its
 // score comes from the lane that holds it. Then the weights as transformers' Lfm2MoeSparseMoeBlock: the chosen
 // scores, divided by their rank-order sum + 1e-6 when norm, times rsf. The whole warp must call it.
-__device__ __forceinline__ void route_row(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
-                                          float rsf, float* sel, float* wts) {
+template <int S>
+__device__ __forceinline__ void route_slots(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
+                                            float rsf, float* sel, float* wts) {
   int lane = threadIdx.x & 31;
   const float* l = logits + (u64)r * (u64)ne;
   float* se = sel + (u64)r * (u64)kk;
   float* we = wts + (u64)r * (u64)kk;
   int slots = (ne + 31) / 32;  // the same for the whole warp
-  float sc[ROUTE_SLOTS];
-  int key[ROUTE_SLOTS];
+  float sc[S];
+  int key[S];
 #pragma unroll
-  for (int i = 0; i < ROUTE_SLOTS; i++) {
+  for (int i = 0; i < S; i++) {
     int e = lane + 32 * i;
     sc[i] = 0.0f;
     key[i] = 0;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void route_row(const float* logits, int r, int ne, co
     int best = -1;
     int bk = 0;
 #pragma unroll
-    for (int i = 0; i < ROUTE_SLOTS; i++) {
+    for (int i = 0; i < S; i++) {
       int e = lane + 32 * i;
       if (i < slots && e < ne && !(taken & (1u << i)) && (best < 0 || key[i] > bk)) {
         best = e;
@@ -67,7 +67,7 @@ __device__ __forceinline__ void route_row(const float* logits, int r, int ne, co
     int bi = best >> 5;
     float mine = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ROUTE_SLOTS; i++) {
+    for (int i = 0; i < S; i++) {
       if (i == bi) mine = sc[i];
     }
     float sb = __shfl_sync(0xffffffffu, mine, best & 31);
@@ -86,6 +86,21 @@ __device__ __forceinline__ void route_row(const float* logits, int r, int ne, co
     if (ebias) w = w + ebias[(int)se[rank]];
 #endif
     we[rank] = w * rsf;
+  }
+}
+
+__device__ __forceinline__ void route_row(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
+                                          float rsf, float* sel, float* wts) {
+  if (ne <= 32) {
+    route_slots<1>(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+  } else if (ne <= 64) {
+    route_slots<2>(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+  } else if (ne <= 128) {
+    route_slots<4>(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+  } else if (ne <= 256) {
+    route_slots<8>(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+  } else {
+    route_slots<32>(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
   }
 }
 

@@ -14,8 +14,15 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
 
 /// MoE shapes: (hidden, experts, width, top-k, dtype). f32 at odd widths takes the one-element chunk kernels.
 fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
-    // hidden 1024 gives each lane several chunks, so a reordered one-row kernel changes bits.
-    let mut v = vec![(48, 8, 24, 4, "bf16"), (33, 6, 20, 2, "f32"), (1024, 8, 264, 2, "bf16")];
+    // hidden 1024 gives each lane several chunks, so a reordered one-row kernel changes bits; 100 and 300 experts
+    // take routing's 4- and 32-slot forms (6 to 64 experts: 1 and 2 slots a lane).
+    let mut v = vec![
+        (48, 8, 24, 4, "bf16"),
+        (33, 6, 20, 2, "f32"),
+        (1024, 8, 264, 2, "bf16"),
+        (32, 100, 8, 3, "bf16"),
+        (32, 300, 8, 5, "bf16"),
+    ];
     if scale == Scale::Served {
         v.insert(0, (2048, 64, 1536, 4, "bf16"));
     }
