@@ -147,7 +147,7 @@ impl Backend for CudaBackend {
     fn linears(&self, x: &CudaBuf, rows: usize, mats: &[&CudaMat], outs: &mut [&mut CudaBuf]) {
         let one_kind =
             mats.iter().all(|m| m.cols == mats[0].cols && m.dtype == mats[0].dtype && m.group == mats[0].group);
-        if !self.dev.fused || mats.len() > 3 || mats.len() != outs.len() || !one_kind {
+        if !self.dev.fused || mats.is_empty() || mats.len() > 3 || mats.len() != outs.len() || !one_kind {
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 self.linear(x, rows, m, None, o);
             }

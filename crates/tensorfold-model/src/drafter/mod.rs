@@ -138,8 +138,7 @@ impl<B: Backend> Drafter<B> {
         let kd = c.kv_heads * c.head_dim;
         for (l, lw) in w.layers.iter().enumerate() {
             let (mut k, mut v) = (b.zeros(rows * kd), b.zeros(rows * kd));
-            b.linear(&ctx, rows, &lw.k, None, &mut k);
-            b.linear(&ctx, rows, &lw.v, None, &mut v);
+            b.linears(&ctx, rows, &[&lw.k, &lw.v], &mut [&mut k, &mut v]);
             b.qk_norm_rope(&mut k, c.kv_heads, &lw.k_norm, c.eps, self.rope(), segs)?;
             let mut caches: Vec<&mut B::Kv> = states.iter_mut().map(|s| &mut s.kv[l]).collect();
             b.kv_append(&k, &v, segs, &mut caches)?;
@@ -206,9 +205,7 @@ impl<B: Backend> Drafter<B> {
         let mut x = b.zeros(rows * d);
         b.rmsnorm(h, &lw.in_norm, c.eps, d, &mut x);
         let (mut q, mut k, mut v) = (b.zeros(rows * qd), b.zeros(rows * kd), b.zeros(rows * kd));
-        b.linear(&x, rows, &lw.q, None, &mut q);
-        b.linear(&x, rows, &lw.k, None, &mut k);
-        b.linear(&x, rows, &lw.v, None, &mut v);
+        b.linears(&x, rows, &[&lw.q, &lw.k, &lw.v], &mut [&mut q, &mut k, &mut v]);
         b.qk_norm_rope_pair((&mut q, c.heads, &lw.q_norm), (&mut k, c.kv_heads, &lw.k_norm), c.eps, self.rope(), segs)?;
         let mut a = b.zeros(rows * qd);
         b.block_attention(&q, &k, &v, c.heads, c.kv_heads, segs, caches, &mut a)?;
