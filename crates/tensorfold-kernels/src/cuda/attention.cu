@@ -104,9 +104,6 @@ extern "C" __global__ void kv_append(const float* k, const float* v, const u64* 
   }
 }
 
-// Values a thread of attn_partial loads before it multiplies the first.
-#define VB 16
-
 // One block of KEY_CHUNK threads a (chunk, head, row): thread t scores key chunk * KEY_CHUNK + t; the block takes the
 // chunk's max m, p = exp(s - m), their sum l, and o[d] = sum of p * v[d] in key order; part gets (m, l, o[0..hd)).
 // part is [launch rows, heads, max_chunks, hd + 2]. Dynamic shared memory: (hd + 2 * KEY_CHUNK) floats.
@@ -153,21 +150,8 @@ extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, c
     int d = t - g * hd;
     if (g < groups) {
       float o = 0.0f;
-      // VB keys' values are loaded before the first multiply (VB loads in flight, not one); the fmaf chain is the
-      // same, in key order.
-      for (int i0 = g; i0 < nk; i0 += VB * groups) {
-        float vv[VB];
-#pragma unroll
-        for (int q = 0; q < VB; q++) {
-          int i = i0 + q * groups;
-          if (i < nk) vv[q] = kv_row(r, r.v, vin, start + i, width, off)[d];
-        }
-#pragma unroll
-        for (int q = 0; q < VB; q++) {
-          int i = i0 + q * groups;
-          if (i < nk) o = fmaf(ps[i], vv[q], o);
-        }
-      }
+#pragma unroll 4
+      for (int i = g; i < nk; i += groups) o = fmaf(ps[i], kv_row(r, r.v, vin, start + i, width, off)[d], o);
       red[t] = o;  // red is free after block_sum's last barrier
     }
     __syncthreads();

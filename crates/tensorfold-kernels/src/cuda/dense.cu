@@ -296,20 +296,16 @@ template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void moe_gateup_tile(const float* x, int k, int n, const u64* tab, int group, const int* tiles,
                                                 const int* ntiles, const int* list, int kk, float* act, int tile0) {
   int t = tile0 + (int)blockIdx.y;
-  if (t >= *ntiles) return;
+  int nc;
+  int j = warp_cols<C>(n, &nc);
+  if (t >= *ntiles || nc <= 0) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
   auto in_row = [&](int i) { return list[s0 + i] / kk; };
+  auto put = [&](int i, int q, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j + q] = silu_mul(gv, uv); };
   Mat g = expert_mat(tab, e, 0, group);
   Mat u = expert_mat(tab, e, 1, group);
-  // Column groups blockIdx.x, + gridDim.x, ... (the host may launch fewer blocks than groups: warps then loop).
-  for (int bx = blockIdx.x; bx * WPB * C < n; bx += gridDim.x) {
-    int nc;
-    int j = warp_cols_at<C>(bx, n, &nc);
-    if (nc <= 0) break;
-    auto put = [&](int i, int q, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j + q] = silu_mul(gv, uv); };
-    tile_run<DT, V, 2, R, U, C>(g, u, j, nc, k, tiles[3 * t + 2], x, in_row, put, false);
-  }
+  tile_run<DT, V, 2, R, U, C>(g, u, j, nc, k, tiles[3 * t + 2], x, in_row, put, false);
 }
 
 // MoE down projection over one expert tile: y[list[s], j] = dot(act[s], w2[j]).
@@ -317,18 +313,15 @@ template <int DT, int V, int R, int U, int C>
 __device__ __forceinline__ void moe_down_tile(const float* act, int k, int n, const u64* tab, int group, const int* tiles,
                                               const int* ntiles, const int* list, float* y, int tile0) {
   int t = tile0 + (int)blockIdx.y;
-  if (t >= *ntiles) return;
+  int nc;
+  int j = warp_cols<C>(n, &nc);
+  if (t >= *ntiles || nc <= 0) return;
   int e = tiles[3 * t];
   int s0 = tiles[3 * t + 1];
   auto in_row = [&](int i) { return s0 + i; };
+  auto put = [&](int i, int q, float v, float) { y[(u64)list[s0 + i] * (u64)n + j + q] = v; };
   Mat w = expert_mat(tab, e, 2, group);
-  for (int bx = blockIdx.x; bx * WPB * C < n; bx += gridDim.x) {  // as moe_gateup_tile
-    int nc;
-    int j = warp_cols_at<C>(bx, n, &nc);
-    if (nc <= 0) break;
-    auto put = [&](int i, int q, float v, float) { y[(u64)list[s0 + i] * (u64)n + j + q] = v; };
-    tile_run<DT, V, 1, R, U, C>(w, w, j, nc, k, tiles[3 * t + 2], act, in_row, put, false);
-  }
+  tile_run<DT, V, 1, R, U, C>(w, w, j, nc, k, tiles[3 * t + 2], act, in_row, put, false);
 }
 
 // Linears of one input in one launch (linear3_*, the q, k and v projections): mats holds 6 words a matrix (values,

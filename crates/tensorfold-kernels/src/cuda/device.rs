@@ -166,9 +166,6 @@ pub struct Dev {
     /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
     /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
-    /// `TENSORFOLD_CUDA_EXPERT_LOOP=L` (a measuring aid; the bits are the same either way): the grouped expert
-    /// kernels launch a 1/L of their column blocks and each warp loops over L column groups. Unset: 1.
-    pub expert_loop: usize,
     /// Kernels launch with programmatic dependent launch (sm_90 and later, unless `TENSORFOLD_CUDA_PDL=0`): a
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
     /// gap between the two. Off under a profile (each kernel is timed alone).
@@ -228,14 +225,6 @@ impl Dev {
             })?),
             Err(_) => None,
         };
-        let expert_loop = match std::env::var("TENSORFOLD_CUDA_EXPERT_LOOP") {
-            Ok(v) => v.trim().parse().ok().filter(|l: &usize| *l >= 1).ok_or(CudaError::Setting {
-                name: "TENSORFOLD_CUDA_EXPERT_LOOP",
-                value: v,
-                want: "a whole number of column groups a warp, at least 1",
-            })?,
-            Err(_) => 1,
-        };
         let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
         let part = part_setting(std::env::var("TENSORFOLD_CUDA_GRAPH_OPS").ok())?;
         let pdl = pdl_setting(std::env::var("TENSORFOLD_CUDA_PDL").ok())?;
@@ -267,7 +256,6 @@ impl Dev {
             profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
-            expert_loop,
             pdl,
         }))
     }

@@ -350,8 +350,7 @@ fn grouped(
     let (name, cols) = m.kernel_for(kind, t.one_row);
     let plan = t.plan;
     let f = be.func(Src::Dense, &name)?;
-    // Warps loop over `expert_loop` column groups when the grid is cut (TENSORFOLD_CUDA_EXPERT_LOOP).
-    let gx = int(n.div_ceil(cols).div_ceil(be.dev.expert_loop), "blocks")? as u32;
+    let gx = int(n.div_ceil(cols), "blocks")? as u32;
     let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
     for tile0 in (0..plan.bound).step_by(GRID_YZ) {
         let count = (plan.bound - tile0).min(GRID_YZ) as u32;

@@ -53,13 +53,19 @@ pub(super) const LINEAR_PLANTS: &[Planted] = &[
 ];
 
 impl Linear {
-    /// Three matrices of one input in one launch (`linears`, the q/k/v form) against a `linear` each: bit-equal
-    /// outputs at 1, 3 and 33 rows (the one-row and tile forms), for each chunk form and dtype.
+    /// Three matrices of one input in one launch (`linears`, the q/k/v form) and two (the drafter's context k/v)
+    /// against a `linear` each: bit-equal outputs at 1, 3 and 33 rows (the one-row and tile forms), for each chunk
+    /// form and dtype.
     fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         let mut diffs = 0;
-        for (k, kind) in [(64, "bf16"), (33, "f32"), (36, "q8-12")] {
-            let ws: Vec<CudaMat> =
-                [40, 8, 72].iter().map(|&n| be.upload_mat(&make(rng, n, k, kind)).expect("upload")).collect();
+        let sets: [(usize, &str, &[usize]); 4] = [
+            (64, "bf16", &[40, 8, 72]),
+            (33, "f32", &[40, 8, 72]),
+            (36, "q8-12", &[40, 8, 72]),
+            (64, "bf16", &[24, 9]),
+        ];
+        for (k, kind, ns) in sets {
+            let ws: Vec<CudaMat> = ns.iter().map(|&n| be.upload_mat(&make(rng, n, k, kind)).expect("upload")).collect();
             for rows in [1, 3, 33] {
                 let x = up(be, &uniform(rng, rows * k));
                 let mut outs: Vec<CudaBuf> = ws.iter().map(|w| poisoned(be, rows * w.rows)).collect();
