@@ -9,11 +9,18 @@
 # synthetic shape instead (their reply hashes must not change either), and no profile. CHECK=0 skips the check,
 # PROFILE=0 the profile, ORDER=B1 runs B once (env.sh's ab_runs).
 #
-#   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1
+# With KNOB=PREV, A is the previous binary (carry/bin/prev.xz, built from the commit in carry/bin/PREV): a commit
+# against its parent in one sitting.
+#
+#   tools/cuda/ab.sh NAME=VALUE [DECODE]      e.g. TENSORFOLD_CUDA_R1_ROWS=0, TENSORFOLD_CUDA_UNFUSED=1, PREV
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KNOB=${1:?the knob for A, e.g. TENSORFOLD_CUDA_R1_ROWS=0}
-[[ $KNOB == *=* ]] || { echo "ab.sh: the knob is NAME=VALUE (e.g. TENSORFOLD_CUDA_UNFUSED=1), got $KNOB" >&2; exit 2; }
+[[ $KNOB == *=* || $KNOB == PREV ]] || {
+    echo "ab.sh: the knob is NAME=VALUE (e.g. TENSORFOLD_CUDA_UNFUSED=1) or PREV, got $KNOB" >&2
+    exit 2
+}
+[[ $KNOB != PREV || -f carry/bin/prev.xz ]] || { echo "ab.sh: PREV needs carry/bin/prev.xz" >&2; exit 2; }
 DECODE=${2:-128}
 . tools/cuda/env.sh /tmp/tensorfold-ab
 if [ "${CHECK:-1}" != 0 ]; then

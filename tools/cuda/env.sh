@@ -10,6 +10,8 @@ if [ ! -x carry/bin/tensorfold ]; then
     [ -f carry/bin/tensorfold ] && chmod +x carry/bin/tensorfold
 fi
 BIN=${TENSORFOLD_BIN:-$PWD/carry/bin/tensorfold}
+PREV_BIN=$PWD/carry/bin/prev
+if [ -f carry/bin/prev.xz ] && [ ! -x "$PREV_BIN" ]; then xz -dkc carry/bin/prev.xz >"$PREV_BIN" && chmod +x "$PREV_BIN"; fi
 for d in /usr/local/nvidia/lib /usr/local/nvidia/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
@@ -39,17 +41,25 @@ run() {
 }
 # ab_runs NAME KNOB ARGS...: "$BIN" ARGS... four times, A B B A, A with the environment assignment KNOB
 # (NAME=VALUE) and B without, each into $OUT/NAME-RUN.log; prints each run's rc and its figure and hash lines.
+# KNOB=PREV runs A with the previous binary instead (carry/bin/prev.xz, its commit in carry/bin/PREV).
 # ORDER overrides the runs (e.g. ORDER=B1 for one run of the default).
 ab_runs() {
     local name=$1 knob=$2 run rc
     shift 2
     for run in ${ORDER:-A1 B1 B2 A2}; do
         case $run in
-            A*) env "$knob" "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;
+            A*) if [ "$knob" = PREV ]; then "$PREV_BIN" "$@"; else env "$knob" "$BIN" "$@"; fi >"$OUT/$name-$run.log" 2>&1 ;;
             B*) "$BIN" "$@" >"$OUT/$name-$run.log" 2>&1 ;;
         esac
         rc=$?
         echo "-- $name $run rc=$rc"
         grep -E "exactness|prefill|decode|floor|^ +[0-9]+ |^replies|equal:|cuda graphs" "$OUT/$name-$run.log"
     done
+}
+
+# ncu_lines FILE: an ncu report's kernels a line each: name, grid, duration (us), DRAM throughput (% of peak). In the
+# SpeedOfLight section a kernel's DRAM line comes before its Duration line.
+ncu_lines() {
+    awk '/^  [a-z_0-9]+ \(/ { name = $1; grid = $2 $3 $4 } /DRAM Throughput/ { dram = $NF }
+        /^ +Duration/ { sub(/x.*/, "", grid); printf "%-28s %-10s %8s us %6s %% DRAM\n", name, grid, $NF, dram }' "$1"
 }
