@@ -8,8 +8,8 @@ __device__ __forceinline__ int total_key(float v) {
 
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
-// One warp a row, S = ceil(experts / 32) slots a lane (lane l holds experts l + 32 i, i < S; route_row picks S among
-// 1, 2, 4, 8 and 32, so at most 1024 experts; the host checks). The loops over slots are unrolled so the scores stay
+// One warp a row, S slots a lane: lane l holds experts l + 32 i, i < S, and route_row picks the smallest S of 1, 2,
+// 4, 8 and 32 that holds the layer's experts (at most 1024; the host checks). The loops over slots are unrolled so the scores stay
 // in registers, and only the instantiation a layer's expert count picks runs (no instruction-cache cost from the
 // others). Each expert's sigmoid score and selection key total_key(score + bias) are computed once, by the lane that
 // holds it. Then kk times, the not yet chosen expert with the largest key (ties to the lower id) goes to

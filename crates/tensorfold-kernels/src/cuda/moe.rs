@@ -161,7 +161,7 @@ fn run_tiles(
 
 /// Calls of at most this many rows route and plan in one launch (`moe_route_plan`, one block of [`BLOCK`] threads,
 /// 2 rows a warp at most): decode and verify rounds; a wider call keeps a warp a row over many blocks. The block is
-/// 256 threads, not the plan's 1024, because routing keeps a row's scores in 64 registers a thread.
+/// 256 threads, not the plan's 1024, because routing keeps a row's scores in up to 64 registers a thread.
 const ROUTE_PLAN_ROWS: usize = 16;
 
 /// Routing and every expert on one device ([`route`] then [`experts`] over all experts), with the routing and the
