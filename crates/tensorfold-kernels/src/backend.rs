@@ -337,13 +337,7 @@ pub trait Backend: Send + Sync {
         width: usize,
         out: &mut Self::Buf,
     ) -> Result<(), KernelError> {
-        let mut mixed = self.scratch(rows * width);
-        self.moe_combine(y, wts, rows, k, &mut mixed)?;
-        match norm {
-            Some((weight, eps)) => self.add_rmsnorm(acc, &mixed, weight, eps, width, out),
-            None => self.add(acc, &mixed),
-        }
-        Ok(())
+        combine_then_add_rmsnorm(self, (y, wts), rows, k, acc, norm, width, out)
     }
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
@@ -387,4 +381,27 @@ pub fn host_copy_bandwidth() -> f64 {
         std::hint::black_box(&dst);
     }
     2.0 * n as f64 / best
+}
+
+/// [`Backend::moe_combine_add_rmsnorm`] as its steps: [`Backend::moe_combine`] into a scratch row set, then
+/// [`Backend::add_rmsnorm`] (or [`Backend::add`] without a norm). The trait's default, and a fusing backend's
+/// unfused form.
+#[allow(clippy::too_many_arguments)]
+pub fn combine_then_add_rmsnorm<B: Backend + ?Sized>(
+    b: &B,
+    (y, wts): (&B::Buf, &B::Buf),
+    rows: usize,
+    k: usize,
+    acc: &mut B::Buf,
+    norm: Option<(&B::Buf, f32)>,
+    width: usize,
+    out: &mut B::Buf,
+) -> Result<(), KernelError> {
+    let mut mixed = b.scratch(rows * width);
+    b.moe_combine(y, wts, rows, k, &mut mixed)?;
+    match norm {
+        Some((weight, eps)) => b.add_rmsnorm(acc, &mixed, weight, eps, width, out),
+        None => b.add(acc, &mixed),
+    }
+    Ok(())
 }

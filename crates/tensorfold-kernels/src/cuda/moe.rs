@@ -47,6 +47,19 @@ pub(crate) fn route(
     sel: &mut CudaBuf,
     wts: &mut CudaBuf,
 ) -> Result<(), CudaError> {
+    route_launch(be, x, rows, (gate, expert_bias, p), (sel, wts), None)
+}
+
+/// The router linear, then `moe_route` over many blocks or, with `plan`, `moe_route_plan` (routing and the plan of
+/// every expert in one block).
+fn route_launch(
+    be: &CudaBackend,
+    x: &CudaBuf,
+    rows: usize,
+    (gate, expert_bias, p): (&CudaMat, Option<&CudaBuf>, MoeParams),
+    (sel, wts): (&mut CudaBuf, &mut CudaBuf),
+    plan: Option<&Plan>,
+) -> Result<(), CudaError> {
     let (h, ne) = (gate.cols, gate.rows);
     let kk = p.top_k.min(ne);
     expect(x.len() == mul(rows, h)?, || format!("moe_route: x is not [{rows}, {h}]"))?;
@@ -60,23 +73,28 @@ pub(crate) fn route(
     }
     let mut logits = be.buf(mul(rows, ne)?)?;
     linear(be, x, rows, gate, None, &mut logits)?;
-    let f = be.func(Src::Moe, "moe_route")?;
-    let bias = match expert_bias {
-        Some(b) => b.ptr()?,
-        None => 0,
-    };
-    let args = [
+    let mut args = vec![
         Arg::P(logits.ptr()?),
         Arg::I(int(rows, "rows")?),
         Arg::I(int(ne, "experts")?),
-        Arg::P(bias),
+        Arg::P(expert_bias.map_or(Ok(0), |b| b.ptr())?),
         Arg::I(int(kk, "top_k")?),
         Arg::I(p.norm_topk_prob as i32),
         Arg::F(p.routed_scaling_factor),
         Arg::P(sel.ptr()?),
         Arg::P(wts.ptr()?),
     ];
-    be.dev.launch(&f, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)
+    match plan {
+        None => {
+            let f = be.func(Src::Moe, "moe_route")?;
+            be.dev.launch(&f, (int(rows.div_ceil(WPB), "blocks")? as u32, 1, 1), BLOCK, 0, &args)
+        }
+        Some(plan) => {
+            args.extend(plan.args()?);
+            let f = be.func(Src::Moe, "moe_route_plan")?;
+            be.dev.launch(&f, (1, 1, 1), BLOCK, 0, &args)
+        }
+    }
 }
 
 /// The owned experts (`owned` = experts `first ..` of `total`) of every assignment of `sel` `[rows, k]` into `y`
@@ -116,11 +134,8 @@ pub(crate) fn experts(
         Arg::I(int(nassign, "assignments")?),
         Arg::I(int(first, "first expert")?),
         Arg::I(int(ne, "experts")?),
-        Arg::P(plan.list),
-        Arg::P(plan.tiles),
-        Arg::P(plan.ntiles),
-        Arg::I(int(plan.bound, "tiles")?),
     ];
+    let args: Vec<Arg> = args.into_iter().chain(plan.args()?).collect();
     be.dev.launch(&f, (1, 1, 1), PLAN_THREADS, 0, &args)?;
     run_tiles(be, x, rows, kk, owned, inter, &plan, y)?;
     drop(scratch);
@@ -186,34 +201,10 @@ pub(crate) fn route_experts(
         route(be, x, rows, gate, expert_bias, p, sel, wts)?;
         return experts(be, x, rows, sel, kk, (all, 0, ne), y);
     }
-    expect(x.len() == mul(rows, h)?, || format!("moe_route: x is not [{rows}, {h}]"))?;
-    expect(sel.len() == mul(rows, kk)? && wts.len() == sel.len() && y.len() == mul(sel.len(), h)?, || {
-        format!("moe: sel/wts/y are not [{rows}, {kk}] / [{rows} * {kk}, {h}]")
-    })?;
-    expect(expert_bias.is_none_or(|b| b.len() == ne), || format!("moe: expert_bias is not [{ne}]"))?;
-    expect(ne <= 1024, || format!("moe: {ne} experts; the routing kernel takes at most 1024"))?;
+    expect(y.len() == mul(mul(rows, kk)?, h)?, || format!("moe: y is not [{rows} * {kk}, {h}]"))?;
     let inter = check_experts(all, h)?;
-    let mut logits = be.buf(mul(rows, ne)?)?;
-    linear(be, x, rows, gate, None, &mut logits)?;
-    let nassign = mul(rows, kk)?;
-    let (scratch, plan) = plan_scratch(be, nassign, ne)?;
-    let f = be.func(Src::Moe, "moe_route_plan")?;
-    let args = [
-        Arg::P(logits.ptr()?),
-        Arg::I(int(rows, "rows")?),
-        Arg::I(int(ne, "experts")?),
-        Arg::P(expert_bias.map_or(Ok(0), |b| b.ptr())?),
-        Arg::I(int(kk, "top_k")?),
-        Arg::I(p.norm_topk_prob as i32),
-        Arg::F(p.routed_scaling_factor),
-        Arg::P(sel.ptr()?),
-        Arg::P(wts.ptr()?),
-        Arg::P(plan.list),
-        Arg::P(plan.tiles),
-        Arg::P(plan.ntiles),
-        Arg::I(int(plan.bound, "tiles")?),
-    ];
-    be.dev.launch(&f, (1, 1, 1), BLOCK, 0, &args)?;
+    let (scratch, plan) = plan_scratch(be, mul(rows, kk)?, ne)?;
+    route_launch(be, x, rows, (gate, expert_bias, p), (sel, wts), Some(&plan))?;
     run_tiles(be, x, rows, kk, all, inter, &plan, y)?;
     drop(scratch);
     Ok(())
@@ -298,6 +289,13 @@ struct Plan {
     tiles: u64,
     ntiles: u64,
     bound: usize,
+}
+
+impl Plan {
+    /// The plan's outputs as a kernel's last four arguments (moe.cu's `list, tiles, ntiles, bound`).
+    fn args(&self) -> Result<[Arg; 4], CudaError> {
+        Ok([Arg::P(self.list), Arg::P(self.tiles), Arg::P(self.ntiles), Arg::I(int(self.bound, "tiles")?)])
+    }
 }
 
 /// What the grouped tile kernels read: the expert table, the plan, top-k.

@@ -364,12 +364,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<(), KernelError> {
         if !self.dev.fused {
-            let mut mixed = self.scratch(rows * width);
-            self.moe_combine(y, wts, rows, k, &mut mixed)?;
-            match norm {
-                Some((weight, eps)) => self.add_rmsnorm(acc, &mixed, weight, eps, width, out),
-                None => self.add(acc, &mixed),
-            }
+            crate::backend::combine_then_add_rmsnorm(self, (y, wts), rows, k, acc, norm, width, out)?;
             return self.dev.take("moe_combine_add_rmsnorm");
         }
         self.dev.take("moe_combine_add_rmsnorm")?;
