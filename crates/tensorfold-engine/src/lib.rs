@@ -16,4 +16,4 @@ pub mod target;
 pub use crate::core::{Core, EngineConfig, Metrics};
 pub use engine::{Engine, EngineHandle};
 pub use request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
-pub use target::{ModelTarget, Target};
+pub use target::{ModelTarget, SegOut, SegWant, Target};

@@ -1,10 +1,11 @@
 //! One stream, start to finish: chunked prefill, then one decode row per step, every token drawn by the
-//! keyed sampler. The serial reference that shared rounds and drafting must equal.
+//! keyed sampler where the logits live (as the lane core draws). The serial reference that shared rounds and
+//! drafting must equal.
 
-use crate::sampler::{SampleError, SamplingParams, draw};
+use crate::sampler::{DrawSpec, SampleError, SamplingParams};
 use std::time::{Duration, Instant};
 use tensorfold_kernels::{Backend, Segment};
-use tensorfold_model::{ForwardError, LogitRows, Model, StreamState};
+use tensorfold_model::{ForwardError, LogitRows, Model, RowWant, StreamState};
 
 /// Why a solo run stopped early with an error.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -91,6 +92,24 @@ pub fn prefill<B: Backend>(
     Ok((state, logits))
 }
 
+/// Runs `tokens` at the state's position; with `params`, the keyed draw of the last row for the next position
+/// (where the logits live), otherwise nothing (the head is skipped).
+fn forward_draw<B: Backend>(
+    model: &Model<B>,
+    tokens: &[u32],
+    state: &mut StreamState<B>,
+    params: Option<&SamplingParams>,
+) -> Result<Option<u32>, SoloError> {
+    let seg = Segment { first_row: 0, rows: tokens.len(), start_pos: state.pos, cache: 0 };
+    let position = (state.pos + tokens.len()) as u64;
+    let want: Vec<RowWant> = params
+        .map(|&params| RowWant { row: tokens.len() - 1, draw: Some(DrawSpec { params, position }), logits: false })
+        .into_iter()
+        .collect();
+    let out = model.forward(tokens, &[seg], &mut [state], LogitRows::Want(want))?;
+    Ok(out.draws.into_iter().next().flatten().transpose()?)
+}
+
 /// Generates a reply to `prompt`. `on_token` sees each token as it is committed and returns false to stop.
 pub fn generate<B: Backend>(
     model: &Model<B>,
@@ -107,13 +126,24 @@ pub fn generate<B: Backend>(
         });
     }
     let t0 = Instant::now();
-    let (mut state, mut logits) = prefill(model, prompt, cfg.chunk)?;
+    if prompt.is_empty() {
+        return Err(SoloError::EmptyPrompt);
+    }
+    if cfg.chunk == 0 {
+        return Err(SoloError::ZeroChunk);
+    }
+    let mut state = model.new_state();
+    let chunks: Vec<&[u32]> = prompt.chunks(cfg.chunk).collect();
+    let mut tok = 0;
+    for (j, part) in chunks.iter().enumerate() {
+        let last = j + 1 == chunks.len() && cfg.max_tokens > 0;
+        tok = forward_draw(model, part, &mut state, last.then_some(&cfg.params))?.unwrap_or(0);
+    }
     let prefill_time = t0.elapsed();
     let t1 = Instant::now();
     let mut out = Vec::new();
     let mut finish = Finish::Length;
     while out.len() < cfg.max_tokens {
-        let tok = draw(&cfg.params, state.pos as u64, &logits)?;
         out.push(tok);
         if !on_token(tok) {
             finish = Finish::Cancelled;
@@ -126,8 +156,7 @@ pub fn generate<B: Backend>(
         if out.len() == cfg.max_tokens {
             break;
         }
-        let seg = Segment { first_row: 0, rows: 1, start_pos: state.pos, cache: 0 };
-        logits = model.forward(&[tok], &[seg], &mut [&mut state], LogitRows::Last)?.logits;
+        tok = forward_draw(model, &[tok], &mut state, Some(&cfg.params))?.unwrap_or(0);
     }
     let stats = SoloStats {
         prompt_tokens: prompt.len(),

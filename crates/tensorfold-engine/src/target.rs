@@ -2,9 +2,43 @@
 //! can snapshot (prompt cache) and size (memory admission). `Model<B>` is the real target; `fake` has a
 //! test target.
 
+use crate::sampler::{DrawSpec, SampleError, draw};
+use rayon::prelude::*;
 use tensorfold_kernels::{Backend, Segment};
 use tensorfold_model::drafter::{DraftBlock, Picker};
-use tensorfold_model::{ForwardError, LogitRows, Model, StreamState};
+use tensorfold_model::{ForwardError, LogitRows, Model, RowWant, StreamState};
+
+/// What one segment of a round wants back from [`Target::forward_drawn`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SegWant {
+    /// Every row of the segment (a verify window), not only its last.
+    pub all_rows: bool,
+    /// The keyed draw of each of those rows, in order (empty: none; otherwise one a row).
+    pub draws: Vec<DrawSpec>,
+    /// Copy those rows' logits to the host (logprobs, the engine's planted faults).
+    pub logits: bool,
+}
+
+impl SegWant {
+    /// Rows this segment wants from the head: none when it asks for nothing (a prompt chunk before the last).
+    fn rows(&self, seg: &Segment) -> std::ops::Range<usize> {
+        let end = seg.first_row + seg.rows;
+        match (self.draws.is_empty() && !self.logits, self.all_rows) {
+            (true, _) => end..end,
+            (false, true) => seg.first_row..end,
+            (false, false) => end - 1..end,
+        }
+    }
+}
+
+/// What one segment got back: its draws and, when asked, its logits.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SegOut {
+    /// One result a requested draw, in row order.
+    pub draws: Vec<Result<u32, SampleError>>,
+    /// `[rows, vocab]` f32 when [`SegWant::logits`] asked for them; empty otherwise.
+    pub logits: Vec<f32>,
+}
 
 /// A model the engine can run.
 pub trait Target: Send + 'static {
@@ -34,6 +68,34 @@ pub trait Target: Send + 'static {
         states: &mut [&mut Self::State],
         all_rows: &[bool],
     ) -> Result<Vec<Vec<f32>>, ForwardError>;
+    /// [`Target::forward`] serving each segment's [`SegWant`]: the draws where the logits live, logits copied
+    /// only where asked. The default draws on the host from [`Target::forward`]'s logits (the same tokens);
+    /// `ModelTarget` draws on its backend. A bad `wants` (a draw count that is not the row count) is refused.
+    fn forward_drawn(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut Self::State],
+        wants: &[SegWant],
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        check_wants(segs, wants)?;
+        let all: Vec<bool> = wants.iter().map(|w| w.all_rows).collect();
+        let logits = self.forward(tokens, segs, states, &all)?;
+        let v = self.vocab();
+        Ok(logits
+            .into_par_iter()
+            .zip(wants.par_iter())
+            .map(|(l, w)| SegOut {
+                draws: w
+                    .draws
+                    .iter()
+                    .enumerate()
+                    .map(|(r, d)| draw(&d.params, d.position, &l[r * v..(r + 1) * v]))
+                    .collect(),
+                logits: if w.logits { l } else { Vec::new() },
+            })
+            .collect())
+    }
     /// Rolls a state back to `pos` positions (at least its last call's first row): the kept path of a
     /// verify window. Refuses a position outside the last call.
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;
@@ -131,6 +193,35 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
             .collect())
     }
 
+    fn forward_drawn(
+        &self,
+        tokens: &[u32],
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+        wants: &[SegWant],
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        check_wants(segs, wants)?;
+        let v = self.model.cfg.vocab;
+        let mut rows = Vec::new();
+        for (seg, w) in segs.iter().zip(wants) {
+            for (k, row) in w.rows(seg).enumerate() {
+                rows.push(RowWant { row, draw: w.draws.get(k).copied(), logits: w.logits });
+            }
+        }
+        let out = self.model.forward(tokens, segs, states, LogitRows::Want(rows))?;
+        let (mut draws, mut logits) = (out.draws.into_iter(), out.logits.chunks_exact(v.max(1)));
+        Ok(segs
+            .iter()
+            .zip(wants)
+            .map(|(seg, w)| {
+                let n = w.rows(seg).len();
+                let d: Vec<_> = draws.by_ref().take(n).flatten().collect();
+                let l = if w.logits { logits.by_ref().take(n).flatten().copied().collect() } else { Vec::new() };
+                SegOut { draws: d, logits: l }
+            })
+            .collect())
+    }
+
     fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
         self.model.keep(s, pos)
     }
@@ -157,4 +248,18 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
         self.model.snapshot(s)
     }
+}
+
+/// One [`SegWant`] a segment, and a draw a wanted row or none.
+fn check_wants(segs: &[Segment], wants: &[SegWant]) -> Result<(), ForwardError> {
+    if wants.len() != segs.len() {
+        return Err(ForwardError::Batch(format!("{} wants for {} segments", wants.len(), segs.len())));
+    }
+    for (seg, w) in segs.iter().zip(wants) {
+        let rows = if w.all_rows { seg.rows } else { 1 };
+        if !w.draws.is_empty() && w.draws.len() != rows {
+            return Err(ForwardError::Batch(format!("{} draws for {rows} rows", w.draws.len())));
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `Backend` trait the forward is written against, and the types its kernels share.
 
 use crate::bytes::MatView;
+use crate::sample::{DrawSpec, SampleError, draw};
 
 /// A failed kernel call. These are engine faults or bad shapes caught before any arithmetic, never a
 /// silent wrong result.
@@ -341,6 +342,16 @@ pub trait Backend: Send + Sync {
     }
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
+
+    /// The keyed draw ([`crate::sample::draw`]) of each row of `logits` (`[specs.len(), vocab]` f32, row `r`
+    /// drawn by `specs[r]`): the token id, or the row's [`SampleError`] (non-finite logit with its first
+    /// index, bad parameter). The default copies the rows to the host and runs the reference; the CUDA
+    /// backend draws on the device and copies back only the ids.
+    fn draw_rows(&self, logits: &Self::Buf, vocab: usize, specs: &[DrawSpec]) -> Vec<Result<u32, SampleError>> {
+        let host = self.read(logits);
+        let row = |r: usize| host.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
+        specs.iter().enumerate().map(|(r, s)| draw(&s.params, s.position, row(r))).collect()
+    }
 
     /// Measured copy bandwidth of the memory this backend's weights live in, in bytes moved (read plus write) per
     /// second: the best of 5 copies of 512 MiB (the decode floor's denominator; METHOD: measure the ceiling).

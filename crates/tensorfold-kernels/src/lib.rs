@@ -12,6 +12,7 @@ pub mod contract;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod sample;
 pub mod simd;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};

@@ -5,6 +5,7 @@ use crate::config::{Mixer, ModelConfig};
 use crate::drafter::{DraftBlock, DraftState, Drafter};
 use crate::expert_parallel::MoeCall;
 use crate::weights::{FfnWeights, MixerWeights, Weights};
+use tensorfold_kernels::sample::{DrawSpec, SampleError};
 use tensorfold_kernels::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 
 /// A forward that could not run. Checked before any state changes, so a refused call leaves every
@@ -71,7 +72,7 @@ impl<B: Backend> Clone for StreamState<B> {
 }
 
 /// Which rows of a call get logits.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum LogitRows {
     /// Every row (verify windows, `tensorfold exact`).
     All,
@@ -79,17 +80,33 @@ pub enum LogitRows {
     Last,
     /// These call rows, in this order (verify windows beside prompt chunks).
     Rows(Vec<usize>),
+    /// These call rows, each drawn where its logits live and/or copied to the host; an empty list skips the
+    /// head (a prompt chunk before the last).
+    Want(Vec<RowWant>),
 }
 
-/// Logits and greedy picks of the rows that asked for them.
+/// One call row the head serves under [`LogitRows::Want`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowWant {
+    /// The call row.
+    pub row: usize,
+    /// Its keyed draw ([`tensorfold_kernels::Backend::draw_rows`]), if any.
+    pub draw: Option<DrawSpec>,
+    /// Copy its logits to the host (logprobs).
+    pub logits: bool,
+}
+
+/// Logits, greedy picks and draws of the rows that asked for them.
 #[derive(Clone, Debug)]
 pub struct ForwardOut {
     /// Call rows that have logits, in order.
     pub rows: Vec<usize>,
-    /// `[rows.len(), vocab]` f32.
+    /// `[rows.len(), vocab]` f32; under [`LogitRows::Want`] only the rows that asked for logits, in order.
     pub logits: Vec<f32>,
-    /// Greedy pick of each logits row (first largest; non-finite rows flagged).
+    /// Greedy pick of each logits row (first largest; non-finite rows flagged); empty under [`LogitRows::Want`].
     pub picks: Vec<Pick>,
+    /// Under [`LogitRows::Want`], each row's draw (`None` where none was asked); empty otherwise.
+    pub draws: Vec<Option<Result<u32, SampleError>>>,
 }
 
 /// A loaded model on a backend.
@@ -367,22 +384,46 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// Final norm, head and greedy pick of the rows that want logits.
+    /// Final norm, head and greedy pick of the rows that want logits; under [`LogitRows::Want`], the draws and
+    /// the logits rows asked for instead.
     fn head(&self, x: &B::Buf, segs: &[Segment], which: LogitRows) -> ForwardOut {
         let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
         let (b, c, w) = (&self.backend, &self.cfg, &self.weights);
-        let rows: Vec<usize> = match which {
-            LogitRows::All => (0..n_rows).collect(),
-            LogitRows::Last => segs.iter().map(|s| s.first_row + s.rows - 1).collect(),
-            LogitRows::Rows(r) => r,
+        let (rows, wants) = match which {
+            LogitRows::All => ((0..n_rows).collect(), None),
+            LogitRows::Last => (segs.iter().map(|s| s.first_row + s.rows - 1).collect(), None),
+            LogitRows::Rows(r) => (r, None),
+            LogitRows::Want(w) => (w.iter().map(|w| w.row).collect::<Vec<_>>(), Some(w)),
         };
+        if rows.is_empty() {
+            return ForwardOut { rows, logits: Vec::new(), picks: Vec::new(), draws: Vec::new() };
+        }
         let picked = b.gather_rows(x, c.hidden, &rows);
         let mut normed = b.scratch(rows.len() * c.hidden);
         b.rmsnorm(&picked, &w.final_norm, c.norm_eps, c.hidden, &mut normed);
         let mut logits = b.scratch(rows.len() * c.vocab);
         b.linear(&normed, rows.len(), w.head.as_ref().unwrap_or(&w.embed), None, &mut logits);
-        let picks = b.greedy(&logits, c.vocab);
-        ForwardOut { rows, logits: b.read(&logits), picks }
+        let Some(wants) = wants else {
+            let picks = b.greedy(&logits, c.vocab);
+            return ForwardOut { rows, logits: b.read(&logits), picks, draws: Vec::new() };
+        };
+        // A subset of the logits rows, without a copy when it is all of them.
+        let subset = |idx: &[usize]| (idx.len() < rows.len()).then(|| b.gather_rows(&logits, c.vocab, idx));
+        let (drawn, specs): (Vec<usize>, Vec<DrawSpec>) =
+            wants.iter().enumerate().filter_map(|(i, w)| w.draw.map(|d| (i, d))).unzip();
+        let mut draws = vec![None; rows.len()];
+        if !specs.is_empty() {
+            let sub = subset(&drawn);
+            for (i, r) in drawn.into_iter().zip(b.draw_rows(sub.as_ref().unwrap_or(&logits), c.vocab, &specs)) {
+                draws[i] = Some(r);
+            }
+        }
+        let read: Vec<usize> = (0..rows.len()).filter(|&i| wants[i].logits).collect();
+        let host = match read.is_empty() {
+            true => Vec::new(),
+            false => b.read(subset(&read).as_ref().unwrap_or(&logits)),
+        };
+        ForwardOut { rows, logits: host, picks: Vec::new(), draws }
     }
 
     /// Validates a call before it touches any state.
@@ -435,9 +476,12 @@ impl<B: Backend> Model<B> {
         if covered != tokens.len() {
             return Err(ForwardError::Batch(format!("segments cover {covered} of {} rows", tokens.len())));
         }
-        if let LogitRows::Rows(r) = which
-            && let Some(bad) = r.iter().find(|&&i| i >= covered)
-        {
+        let asked: Vec<usize> = match which {
+            LogitRows::Rows(r) => r.clone(),
+            LogitRows::Want(w) => w.iter().map(|w| w.row).collect(),
+            _ => Vec::new(),
+        };
+        if let Some(bad) = asked.iter().find(|&&i| i >= covered) {
             return Err(ForwardError::Batch(format!("logits asked for row {bad} of {covered}")));
         }
         Ok(())

@@ -13,5 +13,5 @@ pub mod weights;
 pub use checkpoint::Source;
 pub use config::{Family, Mixer, ModelConfig};
 pub use expert_parallel::open_expert_parallel;
-pub use forward::{ForwardError, ForwardOut, LogitRows, Model, StreamState};
+pub use forward::{ForwardError, ForwardOut, LogitRows, Model, RowWant, StreamState};
 pub use load::{Loaded, OpenError, open, summarize};

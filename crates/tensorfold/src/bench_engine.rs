@@ -59,6 +59,12 @@ pub struct Args {
     /// Replies of each run checked against their solo runs (default: all); the summary says how many were.
     #[arg(long)]
     check: Option<usize>,
+    /// Top-k of the sampled requests (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Top-p of the sampled requests (1: off); a refused value fails every sampled reply by name.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
 }
 
 /// One concurrent reply and how it arrived.
@@ -146,6 +152,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
     };
     let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
+    println!("sampled requests: top_k {} top_p {} (greedy ones: off)", a.top_k, a.top_p);
     println!(
         "level  temp  mode     aggregate tok/s  per-stream tok/s  TTFT ms  drafted  accepted  mean acc len  fwd %  equal"
     );
@@ -156,7 +163,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             let mut rows: Vec<Row> = modes.iter().map(|_| Row::default()).collect();
             for rep in 0..a.grid.reps {
                 let key = splitmix((level as u64) << 40 ^ (ti as u64) << 20 ^ rep as u64);
-                let reqs = requests(key, level, temp, a.grid.tokens, vocab, &prompts);
+                let reqs = requests(key, level, (temp, a.top_k, a.top_p), a.grid.tokens, vocab, &prompts);
                 // A/B alternated: odd repetitions run drafted first.
                 let order: Vec<usize> =
                     if rep % 2 == 1 { (0..modes.len()).rev().collect() } else { (0..modes.len()).collect() };
@@ -303,7 +310,15 @@ impl Row {
 }
 
 /// `level` requests with distinct seeds: random token prompts, or line `i mod n` of the prompt file.
-fn requests(key: u64, level: usize, temp: f32, tokens: usize, vocab: u64, prompts: &[Vec<u32>]) -> Vec<Request> {
+fn requests(
+    key: u64,
+    level: usize,
+    filters: (f32, usize, f32),
+    tokens: usize,
+    vocab: u64,
+    prompts: &[Vec<u32>],
+) -> Vec<Request> {
+    let (temp, top_k, top_p) = filters;
     (0..level as u64)
         .map(|i| {
             let seed = splitmix(key ^ i.wrapping_mul(0x9e37_79b9));
@@ -313,7 +328,8 @@ fn requests(key: u64, level: usize, temp: f32, tokens: usize, vocab: u64, prompt
             } else {
                 prompts[(key as usize).wrapping_add(i as usize) % prompts.len()].clone()
             };
-            let params = SamplingParams { temperature: temp, seed, ..SamplingParams::greedy() };
+            let (top_k, top_p) = if temp > 0.0 { (top_k, top_p) } else { (0, 1.0) };
+            let params = SamplingParams { temperature: temp, seed, top_k, top_p, ..SamplingParams::greedy() };
             Request { params, ignore_eos: true, ..Request::greedy(prompt, tokens) }
         })
         .collect()

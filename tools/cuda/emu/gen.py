@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "../../../crates/tensorfold-kernels/src/cuda/")
-MODULES = ["rows", "dense", "rope", "attention", "conv", "moe"]
+MODULES = ["rows", "dense", "rope", "attention", "conv", "moe", "sample"]
 ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)\s*\(')
 
 

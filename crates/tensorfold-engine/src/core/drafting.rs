@@ -7,7 +7,7 @@ use crate::drafts::context_copy;
 use crate::request::{FinishReason, RequestId};
 use crate::sampler::{SamplingParams, draw};
 use crate::schedule::{Mode, VerifyMode};
-use crate::target::Target;
+use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::{DraftBlock, Picker};
@@ -194,7 +194,7 @@ impl<T: Target> Core<T> {
             self.counters.accepted_tokens += accepted as u64;
         }
         for (r, &t) in toks.iter().enumerate() {
-            self.send_logprobs(i, &logits[r * v..(r + 1) * v], t);
+            self.send_logprobs(i, logits.get(r * v..(r + 1) * v).unwrap_or(&[]), t);
             if !self.commit(i, t, p0 + 1 + r) {
                 return;
             }
@@ -202,14 +202,15 @@ impl<T: Target> Core<T> {
     }
 }
 
-/// The draws of a decode window (`rows` = the pending token, then drafts; `logits` one row each, `v` wide)
-/// whose first row sits at position `p0`: row `r` is drawn for position `p0 + 1 + r`, and the walk stops at
-/// the first draw that differs from the next draft (the draw after the last kept draft).
+/// The draws of a decode window (`rows` = the pending token, then drafts; `out` one draw a row, and the rows'
+/// logits `v` wide when a fault is planted) whose first row sits at position `p0`: row `r` was drawn for
+/// position `p0 + 1 + r`, and the walk stops at the first draw that differs from the next draft (the draw after
+/// the last kept draft). A draw's error counts only if the walk reaches it.
 pub(super) fn window_draws(
     params: &SamplingParams,
     p0: usize,
     rows: &[u32],
-    logits: &[f32],
+    out: &SegOut,
     v: usize,
     planted: Option<PlantedFault>,
 ) -> Result<Vec<u32>, String> {
@@ -217,9 +218,10 @@ pub(super) fn window_draws(
     let mut toks = Vec::with_capacity(rows.len());
     for r in 0..=n {
         let at = p0 + 1 + r;
-        let key = if planted == Some(PlantedFault::DrawAtWrongPosition) && r < n { at + 1 } else { at };
-        let t =
-            draw(params, key as u64, &logits[r * v..(r + 1) * v]).map_err(|e| format!("draw at position {at}: {e}"))?;
+        let t = match out.draws.get(r) {
+            Some(d) => d.clone().map_err(|e| format!("draw at position {at}: {e}"))?,
+            None => return Err(format!("no draw at position {at}")),
+        };
         toks.push(t);
         if r == n || t != rows[r + 1] {
             break;
@@ -227,7 +229,7 @@ pub(super) fn window_draws(
     }
     let k = toks.len() - 1;
     if planted == Some(PlantedFault::BonusFromWrongRow) && k > 0 {
-        toks[k] = draw(params, (p0 + 1 + k) as u64, &logits[(k - 1) * v..k * v]).map_err(|e| e.to_string())?;
+        toks[k] = draw(params, (p0 + 1 + k) as u64, &out.logits[(k - 1) * v..k * v]).map_err(|e| e.to_string())?;
     }
     Ok(toks)
 }

@@ -5,7 +5,7 @@
 
 use super::{Core, FinishReason, Plan};
 use crate::request::{Event, Stats};
-use crate::target::Target;
+use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 
@@ -39,8 +39,8 @@ impl<T: Target> Core<T> {
     }
 
     /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
-    /// pointed at their lanes again (finishing reorders lanes), with their logits.
-    pub(super) fn drop_failed(&mut self, plan: Plan, results: Vec<Result<Vec<f32>, String>>) -> (Plan, Vec<Vec<f32>>) {
+    /// pointed at their lanes again (finishing reorders lanes), with their outputs.
+    pub(super) fn drop_failed(&mut self, plan: Plan, results: Vec<Result<SegOut, String>>) -> (Plan, Vec<SegOut>) {
         let entries: Vec<_> =
             plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
         let (mut ran, mut logits) = (Vec::new(), Vec::new());

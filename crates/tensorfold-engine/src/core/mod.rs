@@ -13,9 +13,8 @@ use drafting::window_draws;
 use crate::drafts::Guard;
 use crate::prompt_cache::{CacheCounters, PromptCache};
 use crate::request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
-use crate::sampler::{SamplingParams, draw};
-use crate::target::Target;
-use rayon::prelude::*;
+use crate::sampler::DrawSpec;
+use crate::target::{SegOut, SegWant, Target};
 use std::collections::VecDeque;
 use std::time::Instant;
 use tensorfold_kernels::Segment;
@@ -410,30 +409,17 @@ impl<T: Target> Core<T> {
             self.fail_all();
             return true;
         }
-        let (plan, logits) = self.drop_failed(plan, results);
+        let (plan, outs) = self.drop_failed(plan, results);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
-        // The keyed draws of every window are independent of each other: run them across threads.
         let v = self.target.vocab();
-        let jobs: Vec<Option<(SamplingParams, usize)>> = plan
-            .iter()
-            .map(|(lane, rows)| {
-                let s = &self.lanes[*lane];
-                s.pending.map(|_| (s.req.params, self.target.pos(&s.state) - rows.len()))
-            })
-            .collect();
-        let draws: Vec<Option<Result<Vec<u32>, String>>> = jobs
-            .par_iter()
-            .zip(plan.par_iter())
-            .zip(logits.par_iter())
-            .map(|((job, (_, rows)), lg)| {
-                job.map(|(params, p0)| window_draws(&params, p0, rows, lg, v, self.cfg.planted))
-            })
-            .collect();
-        for (((id, (_, rows)), logits), draws) in ids.into_iter().zip(&plan).zip(logits).zip(draws) {
+        for ((id, (_, rows)), out) in ids.into_iter().zip(&plan).zip(outs) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
-            match draws {
-                Some(d) => self.verify(i, rows, &logits, d),
-                None => self.after_prompt_rows(i, &logits),
+            if self.lanes[i].pending.is_some() {
+                let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
+                let draws = window_draws(&self.lanes[i].req.params, p0, rows, &out, v, self.cfg.planted);
+                self.verify(i, rows, &out.logits, draws);
+            } else {
+                self.after_prompt_rows(i, out);
             }
         }
         let wall = (self.clock.now() - t0).as_secs_f64();
@@ -443,8 +429,8 @@ impl<T: Target> Core<T> {
     }
 
     /// One forward over every planned row (or one per stream when shared rounds are off): each entry's
-    /// logits, or its error. Windows with drafts get logits for every row.
-    fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Vec<Result<Vec<f32>, String>> {
+    /// draws (and logits where asked), or its error. Windows with drafts get a draw for every row.
+    fn run_forward(&mut self, plan: &[(usize, Vec<u32>)]) -> Vec<Result<SegOut, String>> {
         if !self.cfg.shared_rounds {
             return plan
                 .iter()
@@ -465,31 +451,47 @@ impl<T: Target> Core<T> {
     }
 
     /// One target forward over the rows of `plan`.
-    fn forward_rows(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>, String> {
+    fn forward_rows(&mut self, plan: &[(usize, Vec<u32>)]) -> Result<Vec<SegOut>, String> {
         if let Some(f) = &self.failure {
             return Err(f.clone());
         }
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
-        let mut all_rows = Vec::new();
+        let mut wants = Vec::new();
         for (k, (lane, rows)) in plan.iter().enumerate() {
             let start_pos = self.target.pos(&self.lanes[*lane].state);
             segs.push(Segment { first_row: tokens.len(), rows: rows.len(), start_pos, cache: k });
-            all_rows.push(self.lanes[*lane].pending.is_some() && rows.len() > 1);
+            wants.push(self.want(*lane, start_pos, rows.len()));
             tokens.extend_from_slice(rows);
         }
         let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
         let mut states: Vec<&mut T::State> =
             plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
-        let out = self.target.forward(&tokens, &segs, &mut states, &all_rows);
+        let out = self.target.forward_drawn(&tokens, &segs, &mut states, &wants);
         out.map_err(|e| {
             self.note_device(&e);
             e.to_string()
         })
     }
 
+    /// What a lane's segment of `rows` rows from `start` needs back: a decode window a draw a row (row `r` for
+    /// position `start + 1 + r`), the prompt's last chunk the first token's draw, an earlier chunk nothing;
+    /// logits only for logprobs or a planted fault.
+    fn want(&self, lane: usize, start: usize, rows: usize) -> SegWant {
+        let s = &self.lanes[lane];
+        let (params, logprobs) = (s.req.params, s.req.logprobs.is_some());
+        if s.pending.is_none() {
+            let last = start + rows == s.req.prompt.len();
+            let draws = if last { vec![DrawSpec { params, position: (start + rows) as u64 }] } else { Vec::new() };
+            return SegWant { all_rows: false, draws, logits: last && logprobs };
+        }
+        let shift = |r: usize| usize::from(self.cfg.planted == Some(PlantedFault::DrawAtWrongPosition) && r + 1 < rows);
+        let draws = (0..rows).map(|r| DrawSpec { params, position: (start + 1 + r + shift(r)) as u64 }).collect();
+        SegWant { all_rows: rows > 1, draws, logits: logprobs || self.cfg.planted.is_some() }
+    }
+
     /// After a prompt chunk: prompt-cache snapshots, and the first token once the prompt is in.
-    fn after_prompt_rows(&mut self, i: usize, logits: &[f32]) {
+    fn after_prompt_rows(&mut self, i: usize, out: SegOut) {
         let pos = self.target.pos(&self.lanes[i].state);
         let prompt_len = self.lanes[i].req.prompt.len();
         let s = &self.lanes[i];
@@ -504,12 +506,13 @@ impl<T: Target> Core<T> {
         let s = &mut self.lanes[i];
         let cached_tokens = s.stats.cached_tokens;
         s.sink.send(Event::Prefilled { cached_tokens });
-        match draw(&s.req.params, pos as u64, logits) {
-            Ok(tok) => {
-                self.send_logprobs(i, logits, tok);
+        match out.draws.into_iter().next() {
+            Some(Ok(tok)) => {
+                self.send_logprobs(i, &out.logits, tok);
                 self.commit(i, tok, pos);
             }
-            Err(e) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
+            Some(Err(e)) => self.finish(i, FinishReason::Error, Some(format!("draw at position {pos}: {e}"))),
+            None => self.finish(i, FinishReason::Error, Some(format!("no draw at position {pos}"))),
         }
     }
 

@@ -56,9 +56,14 @@ pub enum Src {
     Conv,
     /// `moe.cu`: routing, plan, combine.
     Moe,
+    /// `sample.cu`: the keyed draw.
+    Sample,
 }
 
 impl Src {
+    /// Every module, in load order.
+    pub const ALL: [Src; 7] = [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe, Src::Sample];
+
     /// Module name (the file stem).
     pub fn name(self) -> &'static str {
         match self {
@@ -68,6 +73,7 @@ impl Src {
             Src::Attention => "attention",
             Src::Conv => "conv",
             Src::Moe => "moe",
+            Src::Sample => "sample",
         }
     }
 
@@ -79,6 +85,7 @@ impl Src {
             Src::Attention => include_str!("attention.cu"),
             Src::Conv => include_str!("conv.cu"),
             Src::Moe => include_str!("moe.cu"),
+            Src::Sample => include_str!("sample.cu"),
         }
     }
 

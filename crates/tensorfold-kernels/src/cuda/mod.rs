@@ -10,6 +10,7 @@
 mod attention;
 mod conv;
 mod device;
+pub(crate) mod draw;
 mod graphs;
 mod moe;
 pub mod nccl;
@@ -135,7 +136,7 @@ impl CudaBackend {
     /// Compiles (or reads from the kernel cache) and loads every kernel module, so the first request does not pay
     /// NVRTC's compile (about 13 s on the H200 with an empty cache). Errors: NVRTC's or the driver's, by module.
     pub fn warm_up(&self) -> Result<(), CudaError> {
-        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+        for src in Src::ALL {
             self.dev.warm(src)?;
         }
         Ok(())
@@ -268,7 +269,7 @@ mod tests {
             eprintln!("libnvrtc not found: compile check skipped");
             return;
         }
-        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+        for src in Src::ALL {
             let text = src.source();
             let defines = faults_of(&text);
             for define in std::iter::once(None).chain(defines.iter().map(|d| Some(d.as_str()))) {
@@ -312,7 +313,7 @@ mod tests {
     #[test]
     fn every_kernel_waits_for_the_kernel_before_it_first_thing() {
         let mut entries = 0;
-        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+        for src in Src::ALL {
             let s = src.source();
             for (at, _) in s.match_indices("__global__ void") {
                 let body = &s[at + s[at..].find('{').expect("a kernel has a body") + 1..];
@@ -321,12 +322,12 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 24, "every entry point was checked");
+        assert_eq!(entries, 25, "every entry point was checked");
     }
 
     #[test]
     fn every_module_source_starts_with_its_doc_line_and_the_common_header() {
-        for src in [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe] {
+        for src in Src::ALL {
             let s = src.source();
             assert!(s.starts_with("//! "), "{}", src.name());
             // The host launchers mirror these constants.

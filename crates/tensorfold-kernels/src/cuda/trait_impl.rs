@@ -3,9 +3,10 @@
 //! fill their output with NaN, so a failed forward's logits are flagged non-finite and refused, never used.
 
 use super::types::{CudaBuf, CudaConv, CudaKv, CudaMat, f32_bytes};
-use super::{CudaBackend, CudaError, attention, conv, moe, ops};
+use super::{CudaBackend, CudaError, attention, conv, draw, moe, ops};
 use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
 use crate::bytes::MatView;
+use crate::sample::{DrawSpec, SampleError};
 
 impl CudaBackend {
     /// Records `r`'s failure and poisons `out` with NaN (0xff bytes), best effort.
@@ -386,6 +387,21 @@ impl Backend for CudaBackend {
 
     fn graph_report(&self) -> Option<String> {
         Some(self.dev.graph_report())
+    }
+
+    fn draw_rows(&self, logits: &CudaBuf, vocab: usize, specs: &[DrawSpec]) -> Vec<Result<u32, SampleError>> {
+        let failed = |e: &CudaError| vec![Err(SampleError::Device(e.to_string())); specs.len()];
+        if self.dev.pending() {
+            return failed(&CudaError::Shape("an earlier kernel failed".into()));
+        }
+        match draw::draw_rows(self, logits, vocab, specs) {
+            Ok(d) => d.0,
+            Err(e) => {
+                let out = failed(&e);
+                self.dev.note("draw_rows", Err(e));
+                out
+            }
+        }
     }
 
     fn greedy(&self, logits: &CudaBuf, vocab: usize) -> Vec<Pick> {

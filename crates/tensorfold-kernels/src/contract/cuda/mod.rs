@@ -5,6 +5,7 @@
 
 mod attention;
 mod dense;
+mod draw;
 mod graphs;
 mod mixers;
 mod moe;
@@ -22,6 +23,7 @@ pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
     v.extend(mixers::kernels(be));
     v.extend(attention::kernels(be));
     v.extend(moe::kernels(be));
+    v.extend(draw::kernels(be));
     v.extend(graphs::kernels(be));
     v
 }
@@ -112,6 +114,7 @@ mod tests {
             rows::RMS_PLANTS,
             rows::ROWS_PLANTS,
             rows::GREEDY_PLANTS,
+            draw::DRAW_PLANTS,
         ];
         for &(name, src, define) in all.iter().flat_map(|p| p.iter()) {
             assert!(

@@ -1,0 +1,78 @@
+//! `Target::forward_drawn` on the real fixture model: the draws its backend makes beside the head equal the host's
+//! keyed draws of the same logits, logits come back only where asked, and bad wants are refused by name.
+
+use tensorfold_engine::sampler::{DrawSpec, SamplingParams, draw};
+use tensorfold_engine::{ModelTarget, SegWant, Target};
+use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_model::{ForwardError, Source};
+
+fn target() -> ModelTarget<CpuBackend> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-dense-bf16");
+    let l = tensorfold_model::open(&Source::Dir(dir), CpuBackend).expect("fixture opens");
+    ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, min_p: 0.02, seed }
+}
+
+#[test]
+fn drawn_rows_equal_the_host_draws_of_the_same_logits_and_logits_come_only_where_asked() {
+    let t = target();
+    let v = t.vocab();
+    let (mut a, mut b, mut c) = (t.new_state(), t.new_state(), t.new_state());
+    let segs = [
+        Segment { first_row: 0, rows: 4, start_pos: 0, cache: 0 },
+        Segment { first_row: 4, rows: 3, start_pos: 0, cache: 1 },
+        Segment { first_row: 7, rows: 2, start_pos: 0, cache: 2 },
+    ];
+    let tokens = [1, 50, 60, 70, 1, 80, 81, 1, 90];
+    let spec = |params, position| DrawSpec { params, position };
+    let wants = [
+        SegWant { all_rows: true, draws: (0..4).map(|r| spec(sampled(3), 1 + r)).collect(), logits: false },
+        SegWant { all_rows: false, draws: vec![spec(SamplingParams::greedy(), 3)], logits: true },
+        SegWant::default(),
+    ];
+    let out = t.forward_drawn(&tokens, &segs, &mut [&mut a, &mut b, &mut c], &wants).expect("drawn");
+    assert!(out[0].logits.is_empty() && out[2].logits.is_empty() && out[2].draws.is_empty());
+    assert_eq!(out[1].logits.len(), v);
+    let (mut a2, mut b2, mut c2) = (t.new_state(), t.new_state(), t.new_state());
+    let logits = t.forward(&tokens, &segs, &mut [&mut a2, &mut b2, &mut c2], &[true, false, false]).expect("plain");
+    let want: Vec<_> = (0..4).map(|r| draw(&sampled(3), 1 + r as u64, &logits[0][r * v..(r + 1) * v])).collect();
+    assert_eq!(out[0].draws, want);
+    assert_eq!(out[1].draws, vec![draw(&SamplingParams::greedy(), 3, &logits[1])]);
+    assert_eq!(out[1].logits, logits[1]);
+    assert_eq!((t.pos(&a), t.pos(&b), t.pos(&c)), (4, 3, 2), "a segment that asks for nothing still runs");
+}
+
+#[test]
+fn wants_that_do_not_match_the_segments_are_refused_and_leave_states_unchanged() {
+    let t = target();
+    let mut s = t.new_state();
+    let seg = [Segment { first_row: 0, rows: 3, start_pos: 0, cache: 0 }];
+    let two = SegWant { all_rows: false, draws: vec![DrawSpec { params: sampled(1), position: 3 }; 2], logits: false };
+    let e = t.forward_drawn(&[1, 2, 3], &seg, &mut [&mut s], &[two]).expect_err("two draws for one row");
+    assert!(matches!(&e, ForwardError::Batch(m) if m.contains("2 draws for 1 rows")), "{e}");
+    let e = t.forward_drawn(&[1, 2, 3], &seg, &mut [&mut s], &[]).expect_err("no want");
+    assert!(matches!(&e, ForwardError::Batch(m) if m.contains("0 wants for 1 segments")), "{e}");
+    assert_eq!(t.pos(&s), 0);
+    let bad = SegWant {
+        all_rows: false,
+        draws: vec![DrawSpec { params: SamplingParams { top_p: 2.0, ..sampled(1) }, position: 3 }],
+        logits: false,
+    };
+    let out = t.forward_drawn(&[1, 2, 3], &seg, &mut [&mut s], &[bad]).expect("runs");
+    assert!(format!("{:?}", out[0].draws[0]).contains("top_p"), "a refused parameter is the row's named error");
+}
+
+#[test]
+fn a_wanted_row_past_the_call_is_refused_before_anything_runs() {
+    let t = target();
+    let mut s = t.new_state();
+    let seg = [Segment { first_row: 0, rows: 2, start_pos: 0, cache: 0 }];
+    let want = vec![tensorfold_model::RowWant { row: 5, draw: None, logits: true }];
+    let e =
+        t.model.forward(&[1, 2], &seg, &mut [&mut s], tensorfold_model::LogitRows::Want(want)).expect_err("refused");
+    assert!(matches!(&e, ForwardError::Batch(m) if m.contains("row 5 of 2")), "{e}");
+    assert_eq!(t.pos(&s), 0);
+}
