@@ -11,6 +11,7 @@ pub use conv::CpuConv;
 
 use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
 use crate::bytes::MatView;
+use crate::sample::{DrawSpec, SampleError, draw};
 use rayon::prelude::*;
 
 /// The CPU backend. Weights stay in the checkpoint's mapped pages (bf16 or f32); activations are f32.
@@ -264,6 +265,12 @@ impl Backend for CpuBackend {
 
     fn greedy(&self, logits: &Vec<f32>, vocab: usize) -> Vec<Pick> {
         logits.par_chunks(vocab).map(ops::greedy_row).collect()
+    }
+
+    /// The host reference itself, rows across threads, without copying the logits.
+    fn draw_rows(&self, logits: &Vec<f32>, vocab: usize, specs: &[DrawSpec]) -> Vec<Result<u32, SampleError>> {
+        let row = |r: usize| logits.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
+        specs.par_iter().enumerate().map(|(r, s)| draw(&s.params, s.position, row(r))).collect()
     }
 }
 
