@@ -116,7 +116,7 @@ pub trait Target: Send + 'static {
         &self,
         states: &[&Self::State],
         anchors: &[u32],
-        _pickers: &[Option<&Picker>],
+        _pickers: &[Option<Picker>],
     ) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.draft(states, anchors)
     }
@@ -235,7 +235,7 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         &self,
         states: &[&StreamState<B>],
         anchors: &[u32],
-        pickers: &[Option<&Picker>],
+        pickers: &[Option<Picker>],
     ) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.model.drafter.as_ref()?;
         Some(self.model.draft_with(states, anchors, false, pickers))

@@ -347,7 +347,7 @@ impl<B: Backend> Model<B> {
         states: &[&StreamState<B>],
         anchors: &[u32],
         want_scores: bool,
-        pickers: &[Option<&crate::drafter::Picker>],
+        pickers: &[Option<crate::drafter::Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let d = self.drafter.as_ref().ok_or(ForwardError::NoDrafter)?;
         if let Some(&id) = anchors.iter().find(|&&t| t as usize >= self.cfg.vocab) {

@@ -199,30 +199,31 @@ fn eight_bit_drafter_linears_are_a_quarter_of_f32_and_stay_close_to_the_referenc
 }
 
 #[test]
-fn a_picker_chooses_each_draft_and_feeds_the_markov_chain() {
+fn a_keyed_picker_draws_each_draft_from_its_row_and_feeds_the_markov_chain() {
+    use tensorfold_kernels::sample::{SamplingParams, draw};
+    use tensorfold_model::drafter::Picker;
     let m = model();
     let r = reference();
     let s = consumed(&m, &r.tokens[..9], 4);
     let greedy = draft_one(&m, &s, r.tokens[9]);
     let v = m.cfg.vocab;
-    // Picks are the picker's: 3, 4, 5, ... (the chain then runs from those, so later scores differ from greedy's).
-    let fixed = move |k: usize, scores: &[f32]| {
-        assert_eq!(scores.len(), v, "a picker sees one row of scores");
-        Some(3 + k as u32)
-    };
-    let picked = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(&fixed)]).expect("draft").remove(0);
-    assert_eq!(picked.tokens, (0..picked.tokens.len()).map(|k| 3 + k as u32).collect::<Vec<_>>());
-    assert_eq!(picked.scores[..v], greedy.scores[..v], "row 0 comes before any pick");
-    assert_ne!(picked.scores[v..2 * v], greedy.scores[v..2 * v], "row 1 follows the picked token, not the greedy one");
-    // No pick, or one past the vocabulary: the greedy chain.
-    let none = |_: usize, _: &[f32]| None;
-    let past = move |_: usize, _: &[f32]| Some(v as u32 + 5);
-    for p in [&none as &tensorfold_model::drafter::Picker, &past] {
-        let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(p)]).expect("draft").remove(0);
-        assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()));
+    // A hot sampled picker: each draft is the keyed draw of its own row's scores at its own position.
+    let hot = Picker { params: SamplingParams { temperature: 5.0, seed: 11, ..SamplingParams::greedy() }, first: 10 };
+    let picked = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(hot)]).expect("draft").remove(0);
+    for (k, &t) in picked.tokens.iter().enumerate() {
+        assert_eq!(Ok(t), draw(&hot.params, 10 + k as u64, &picked.scores[k * v..(k + 1) * v]), "row {k}");
     }
+    assert_eq!(picked.scores[..v], greedy.scores[..v], "row 0 comes before any pick");
+    let at = picked.tokens.iter().zip(&greedy.tokens).position(|(a, b)| a != b).expect("a hot draw leaves the chain");
+    assert!(at + 1 < picked.tokens.len(), "the fixture's first differing pick has a row after it");
+    let next = (at + 1) * v..(at + 2) * v;
+    assert_ne!(picked.scores[next.clone()], greedy.scores[next], "the row after a drawn pick follows that pick");
+    // A greedy picker is the greedy chain.
+    let cold = Picker { params: SamplingParams::greedy(), first: 10 };
+    let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(cold)]).expect("draft").remove(0);
+    assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()));
     // In a batch, a picker applies to its own stream only.
-    let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(&fixed)]).expect("batch");
+    let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(hot)]).expect("batch");
     assert_eq!(two[0].tokens, greedy.tokens);
     assert_eq!(two[1].tokens, picked.tokens);
 }

@@ -112,18 +112,15 @@ impl<T: Target> Core<T> {
             let anchors: Vec<u32> = ids.iter().map(|&i| lanes[i].pending.expect("drafting lanes decode")).collect();
             // Sampled requests draft with their own keyed draw at each draft's position (the pending token sits
             // at `pos`; draft k is checked against the draw at `pos + 1 + k`).
-            let pickers: Vec<Option<Box<Picker>>> = ids
+            let pickers: Vec<Option<Picker>> = ids
                 .iter()
                 .map(|&i| {
                     let params = lanes[i].req.params;
-                    let pos = self.target.pos(&lanes[i].state);
-                    let pick: Option<Box<Picker>> = (!params.is_greedy())
-                        .then(|| Box::new(move |k: usize, s: &[f32]| draw(&params, (pos + 1 + k) as u64, s).ok()) as _);
-                    pick
+                    let first = (self.target.pos(&lanes[i].state) + 1) as u64;
+                    (!params.is_greedy()).then_some(Picker { params, first })
                 })
                 .collect();
-            let refs: Vec<Option<&Picker>> = pickers.iter().map(|p| p.as_deref()).collect();
-            self.target.draft_keyed(&states, &anchors, &refs)
+            self.target.draft_keyed(&states, &anchors, &pickers)
         };
         let (results, shared): (Vec<Result<DraftBlock, ForwardError>>, _) = match run(&self.lanes, &want) {
             None => return,

@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::forward::ForwardError;
 use crate::weights::WeightError;
 pub use config::{DrafterConfig, DrafterConfigError, MAX_BLOCK};
+use tensorfold_kernels::sample::{DrawSpec, SamplingParams};
 use tensorfold_kernels::{Backend, KernelError, RopeParams, Segment};
 pub use weights::{DrafterBits, DrafterWeights};
 
@@ -46,11 +47,19 @@ impl<B: Backend> Clone for DraftState<B> {
     }
 }
 
-/// A stream's draft pick for sampled requests: given the block row `k` (the draft for the position `k + 1` after the
-/// anchor's) and that row's scores `[vocab]`, the token to propose, or `None` for the greedy pick. The engine passes
-/// the request's keyed draw at that position: sharing the target's Gumbel noise couples the two draws, so a drafter
-/// close to the target proposes the token the target will draw (lossless either way: only equal tokens are kept).
-pub type Picker = dyn Fn(usize, &[f32]) -> Option<u32> + Send + Sync;
+/// A stream's keyed draft pick for sampled requests: block row `k` (the draft for position `first + k`) is the keyed
+/// draw ([`tensorfold_kernels::sample::draw`]) of that row's scores with `params` at `first + k`, made where the
+/// scores live (`Backend::draw_rows`). The engine passes the request's params and the position after the anchor:
+/// sharing the target's Gumbel noise couples the two draws, so a drafter close to the target proposes the token the
+/// target will draw (lossless either way: only equal tokens are kept). A draw that fails or lands past the
+/// vocabulary falls back to the greedy pick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Picker {
+    /// The request's sampling parameters.
+    pub params: SamplingParams,
+    /// Position of block row 0's draft (the anchor's position + 1).
+    pub first: u64,
+}
 
 /// One stream's drafted block: `tokens[k]` proposes position `anchor_pos + k + 1`.
 #[derive(Clone, Debug, PartialEq)]
@@ -164,7 +173,7 @@ impl<B: Backend> Drafter<B> {
         anchors: &[(u32, usize)],
         states: &[&DraftState<B>],
         want_scores: bool,
-        pickers: &[Option<&Picker>],
+        pickers: &[Option<Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v) = (anchors.len(), c.block, c.hidden, c.vocab);
@@ -218,6 +227,23 @@ impl<B: Backend> Drafter<B> {
         Ok(())
     }
 
+    /// Block row `k`'s keyed draws of the `n` streams' scores `s` (`[n, vocab]`), `None` where a stream has no picker
+    /// (or its draw failed); empty when no stream has one. Streams without a picker ride along as greedy rows.
+    fn keyed_picks(&self, b: &B, s: &B::Buf, pickers: &[Option<Picker>], n: usize, k: usize) -> Vec<Option<u32>> {
+        if !pickers.iter().any(Option::is_some) {
+            return Vec::new();
+        }
+        let pick = |i: usize| pickers.get(i).copied().flatten();
+        let specs: Vec<DrawSpec> = (0..n)
+            .map(|i| match pick(i) {
+                Some(p) => DrawSpec { params: p.params, position: p.first + k as u64 },
+                None => DrawSpec { params: SamplingParams::greedy(), position: 0 },
+            })
+            .collect();
+        let drawn = b.draw_rows(s, self.cfg.vocab, &specs);
+        drawn.into_iter().enumerate().map(|(i, d)| pick(i).and(d.ok())).collect()
+    }
+
     /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`,
     /// greedy pick (ties to the lowest id) or the stream's picker, and the confidence
     /// `sigmoid(w . [y_k ; W1[prev_k]] + b)`.
@@ -229,7 +255,7 @@ impl<B: Backend> Drafter<B> {
         y: &B::Buf,
         anchors: &[(u32, usize)],
         want_scores: bool,
-        pickers: &[Option<&Picker>],
+        pickers: &[Option<Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
@@ -259,13 +285,10 @@ impl<B: Backend> Drafter<B> {
                 }
                 None => Vec::new(),
             };
-            let picked = pickers.iter().any(Option::is_some);
-            let scores = if want_scores || picked { b.read(&s) } else { Vec::new() };
+            let drawn = self.keyed_picks(b, &s, pickers, n, k);
+            let scores = if want_scores { b.read(&s) } else { Vec::new() };
             let chosen: Vec<u32> = (0..n)
-                .map(|i| {
-                    let pick = pickers.get(i).copied().flatten().and_then(|p| p(k, &scores[i * v..(i + 1) * v]));
-                    pick.filter(|&t| (t as usize) < v).unwrap_or(picks[i].token)
-                })
+                .map(|i| drawn.get(i).copied().flatten().filter(|&t| (t as usize) < v).unwrap_or(picks[i].token))
                 .collect();
             for (i, blk) in out.iter_mut().enumerate() {
                 blk.tokens.push(chosen[i]);
