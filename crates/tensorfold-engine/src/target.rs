@@ -250,12 +250,15 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     }
 }
 
-/// One [`SegWant`] a segment, and a draw a wanted row or none.
+/// One [`SegWant`] a segment, every segment with rows, and a draw a wanted row or none.
 fn check_wants(segs: &[Segment], wants: &[SegWant]) -> Result<(), ForwardError> {
     if wants.len() != segs.len() {
         return Err(ForwardError::Batch(format!("{} wants for {} segments", wants.len(), segs.len())));
     }
     for (seg, w) in segs.iter().zip(wants) {
+        if seg.rows == 0 {
+            return Err(ForwardError::Batch("a segment has no rows".into()));
+        }
         let rows = if w.all_rows { seg.rows } else { 1 };
         if !w.draws.is_empty() && w.draws.len() != rows {
             return Err(ForwardError::Batch(format!("{} draws for {rows} rows", w.draws.len())));

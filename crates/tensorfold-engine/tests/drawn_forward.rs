@@ -20,29 +20,30 @@ fn sampled(seed: u64) -> SamplingParams {
 fn drawn_rows_equal_the_host_draws_of_the_same_logits_and_logits_come_only_where_asked() {
     let t = target();
     let v = t.vocab();
-    let (mut a, mut b, mut c) = (t.new_state(), t.new_state(), t.new_state());
-    let segs = [
-        Segment { first_row: 0, rows: 4, start_pos: 0, cache: 0 },
-        Segment { first_row: 4, rows: 3, start_pos: 0, cache: 1 },
-        Segment { first_row: 7, rows: 2, start_pos: 0, cache: 2 },
-    ];
-    let tokens = [1, 50, 60, 70, 1, 80, 81, 1, 90];
+    let mut st: Vec<_> = (0..4).map(|_| t.new_state()).collect();
+    let seg = |k: usize, first_row, rows| Segment { first_row, rows, start_pos: 0, cache: k };
+    let segs = [seg(0, 0, 4), seg(1, 4, 3), seg(2, 7, 2), seg(3, 9, 2)];
+    let tokens = [1, 50, 60, 70, 1, 80, 81, 1, 90, 1, 95];
     let spec = |params, position| DrawSpec { params, position };
     let wants = [
         SegWant { all_rows: true, draws: (0..4).map(|r| spec(sampled(3), 1 + r)).collect(), logits: false },
         SegWant { all_rows: false, draws: vec![spec(SamplingParams::greedy(), 3)], logits: true },
+        SegWant { all_rows: true, draws: Vec::new(), logits: true },
         SegWant::default(),
     ];
-    let out = t.forward_drawn(&tokens, &segs, &mut [&mut a, &mut b, &mut c], &wants).expect("drawn");
-    assert!(out[0].logits.is_empty() && out[2].logits.is_empty() && out[2].draws.is_empty());
-    assert_eq!(out[1].logits.len(), v);
-    let (mut a2, mut b2, mut c2) = (t.new_state(), t.new_state(), t.new_state());
-    let logits = t.forward(&tokens, &segs, &mut [&mut a2, &mut b2, &mut c2], &[true, false, false]).expect("plain");
+    let mut refs: Vec<_> = st.iter_mut().collect();
+    let out = t.forward_drawn(&tokens, &segs, &mut refs, &wants).expect("drawn");
+    assert!(out[0].logits.is_empty() && out[3].logits.is_empty() && out[3].draws.is_empty() && out[2].draws.is_empty());
+    assert_eq!((out[1].logits.len(), out[2].logits.len()), (v, 2 * v));
+    let mut plain: Vec<_> = (0..4).map(|_| t.new_state()).collect();
+    let mut refs: Vec<_> = plain.iter_mut().collect();
+    let logits = t.forward(&tokens, &segs, &mut refs, &[true, false, true, false]).expect("plain");
     let want: Vec<_> = (0..4).map(|r| draw(&sampled(3), 1 + r as u64, &logits[0][r * v..(r + 1) * v])).collect();
     assert_eq!(out[0].draws, want);
     assert_eq!(out[1].draws, vec![draw(&SamplingParams::greedy(), 3, &logits[1])]);
-    assert_eq!(out[1].logits, logits[1]);
-    assert_eq!((t.pos(&a), t.pos(&b), t.pos(&c)), (4, 3, 2), "a segment that asks for nothing still runs");
+    assert_eq!((&out[1].logits, &out[2].logits), (&logits[1], &logits[2]));
+    let pos: Vec<usize> = st.iter().map(|s| t.pos(s)).collect();
+    assert_eq!(pos, [4, 3, 2, 2], "a segment that asks for nothing still runs");
 }
 
 #[test]
@@ -55,6 +56,9 @@ fn wants_that_do_not_match_the_segments_are_refused_and_leave_states_unchanged()
     assert!(matches!(&e, ForwardError::Batch(m) if m.contains("2 draws for 1 rows")), "{e}");
     let e = t.forward_drawn(&[1, 2, 3], &seg, &mut [&mut s], &[]).expect_err("no want");
     assert!(matches!(&e, ForwardError::Batch(m) if m.contains("0 wants for 1 segments")), "{e}");
+    let empty = [Segment { first_row: 0, rows: 0, start_pos: 0, cache: 0 }];
+    let e = t.forward_drawn(&[1, 2, 3], &empty, &mut [&mut s], &[SegWant::default()]).expect_err("empty segment");
+    assert!(matches!(&e, ForwardError::Batch(m) if m.contains("no rows")), "{e}");
     assert_eq!(t.pos(&s), 0);
     let bad = SegWant {
         all_rows: false,

@@ -1,7 +1,7 @@
 //! The `Backend` trait the forward is written against, and the types its kernels share.
 
 use crate::bytes::MatView;
-use crate::sample::{DrawSpec, SampleError, draw};
+use crate::sample::{DrawSpec, SampleError, draw, greedy_pick};
 
 /// A failed kernel call. These are engine faults or bad shapes caught before any arithmetic, never a
 /// silent wrong result.
@@ -353,6 +353,50 @@ pub trait Backend: Send + Sync {
         specs.iter().enumerate().map(|(r, s)| draw(&s.params, s.position, row(r))).collect()
     }
 
+    /// [`Backend::draw_rows`] with the results left where the logits live, for a chain of picks that feeds its next
+    /// step without a host read (the drafter's Markov chain). `out` (`[specs.len() * 3]`) gets each row's `[token,
+    /// status, index]` as u32 bits in f32 slots: status [`DRAWN`] (a refused spec gives the greedy pick),
+    /// [`DRAWN_NONFINITE`] (index = the first non-finite logit), or [`DRAWN_GREEDY`] (CUDA: the top-p nucleus was
+    /// longer than the device's window, token = the greedy pick). The default draws on the host and uploads.
+    fn draw_into(&self, logits: &Self::Buf, vocab: usize, specs: &[DrawSpec], out: &mut Self::Buf) {
+        let host = self.read(logits);
+        let row = |r: usize| host.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
+        let words: Vec<f32> =
+            specs.iter().enumerate().flat_map(|(r, s)| drawn_words(row(r), s).map(f32::from_bits)).collect();
+        *out = self.upload(&words);
+    }
+
+    /// `out[r] = table[words[3r]]` for `rows` ids a [`Backend::draw_into`] left on the device, widened as
+    /// [`Backend::embed`]; an id past the table gives a NaN row (a device cannot refuse it without a host read), which
+    /// the next pick flags. Errors: a words buffer shorter than `3 * rows`.
+    fn embed_words(
+        &self,
+        table: &Self::Mat,
+        words: &Self::Buf,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError> {
+        let w = self.read(words);
+        if w.len() < 3 * rows {
+            return Err(KernelError::Shape { kernel: "embed_words", what: "words", got: w.len(), want: 3 * rows });
+        }
+        let ids: Vec<u32> = (0..rows).map(|r| w[3 * r].to_bits()).collect();
+        match self.embed(table, &ids, out) {
+            Err(KernelError::TokenOutOfRange { vocab, .. }) => {
+                let ok: Vec<u32> = ids.iter().map(|&i| if (i as usize) < vocab { i } else { 0 }).collect();
+                self.embed(table, &ok, out)?;
+                let mut o = self.read(out);
+                let h = o.len() / rows.max(1);
+                for (r, _) in ids.iter().enumerate().filter(|(_, i)| **i as usize >= vocab) {
+                    o[r * h..(r + 1) * h].fill(f32::NAN);
+                }
+                *out = self.upload(&o);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// Measured copy bandwidth of the memory this backend's weights live in, in bytes moved (read plus write) per
     /// second: the best of 5 copies of 512 MiB (the decode floor's denominator; METHOD: measure the ceiling).
     /// The default times a host `memcpy`.
@@ -376,6 +420,26 @@ pub trait Backend: Send + Sync {
     /// `cuda/graphs.rs`); `None` where there is nothing to say.
     fn graph_report(&self) -> Option<String> {
         None
+    }
+}
+
+/// [`Backend::draw_into`]'s status of a drawn row (or of a refused spec's greedy pick).
+pub const DRAWN: u32 = 0;
+/// [`Backend::draw_into`]'s status of a row holding a non-finite logit.
+pub const DRAWN_NONFINITE: u32 = 1;
+/// [`Backend::draw_into`]'s status of a row whose top-p nucleus was past the device's window: token = greedy pick.
+pub const DRAWN_GREEDY: u32 = 2;
+
+/// One row's `[token, status, index]` words of [`Backend::draw_into`], drawn on the host.
+pub fn drawn_words(row: &[f32], s: &DrawSpec) -> [u32; 3] {
+    match draw(&s.params, s.position, row) {
+        Ok(t) => [t, DRAWN, 0],
+        Err(SampleError::NonFinite { index }) => [0, DRAWN_NONFINITE, index as u32],
+        Err(_) => match greedy_pick(row) {
+            Ok(t) => [t, DRAWN, 0],
+            Err(SampleError::NonFinite { index }) => [0, DRAWN_NONFINITE, index as u32],
+            Err(_) => [0, DRAWN_NONFINITE, 0],
+        },
     }
 }
 

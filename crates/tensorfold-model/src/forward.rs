@@ -324,6 +324,10 @@ impl<B: Backend> Model<B> {
         let out = self.head(&x, segs, which);
         // The logits are read: a collective that failed on the way fails the call (its results may be garbage).
         if let Some(ep) = &self.ep {
+            if out.rows.is_empty() {
+                // No head ran (prompt chunks before their last): one value read waits for the collectives.
+                b.read(&b.gather_rows(&x, h, &[0]));
+            }
             ep.comm.check()?;
         }
         Ok(out)

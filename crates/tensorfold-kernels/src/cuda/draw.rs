@@ -46,23 +46,8 @@ pub(crate) fn draw_rows(
     if vocab == 0 {
         return Ok((vec![Err(SampleError::EmptyLogits); rows], 0));
     }
-    if logits.len() != mul(rows, vocab)? {
-        return Err(CudaError::Shape(format!("{} logits for {rows} rows of {vocab}", logits.len())));
-    }
-    let checked: Vec<Result<(), SampleError>> = specs.iter().map(|s| s.params.validate()).collect();
-    let words: Vec<u64> = specs
-        .iter()
-        .zip(&checked)
-        .flat_map(|(s, ok)| match ok {
-            Ok(()) => pack(&s.params, s.position),
-            Err(_) => pack(&SamplingParams::greedy(), s.position),
-        })
-        .collect();
-    let spec = be.dev.upload(&words)?.ok_or(CudaError::Unallocated)?;
     let out = be.dev.alloc(mul(rows, 12)?)?.ok_or(CudaError::Unallocated)?;
-    let f = be.func(Src::Sample, "draw_rows")?;
-    let args = [Arg::P(logits.ptr()?), Arg::I(int(vocab, "vocab")?), Arg::P(spec.ptr), Arg::P(out.ptr)];
-    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), DRAW_THREADS, 0, &args)?;
+    let checked = launch(be, logits, vocab, specs, out.ptr)?;
     let mut host = vec![0u32; rows * 3];
     be.dev.dtoh(&mut host, out.ptr)?;
     let (mut drawn, mut on_host) = (Vec::with_capacity(rows), 0);
@@ -79,6 +64,54 @@ pub(crate) fn draw_rows(
         });
     }
     Ok((drawn, on_host))
+}
+
+/// Validates each spec (a refused one is drawn greedily, its error kept for the caller), packs the specs and launches
+/// `draw_rows` writing `[token, status, index]` a row at `out`.
+fn launch(
+    be: &CudaBackend,
+    logits: &CudaBuf,
+    vocab: usize,
+    specs: &[DrawSpec],
+    out: u64,
+) -> Result<Vec<Result<(), SampleError>>, CudaError> {
+    let rows = specs.len();
+    if logits.len() != mul(rows, vocab)? || vocab == 0 {
+        return Err(CudaError::Shape(format!("{} logits for {rows} rows of {vocab}", logits.len())));
+    }
+    let checked: Vec<Result<(), SampleError>> = specs.iter().map(|s| s.params.validate()).collect();
+    let words: Vec<u64> = specs
+        .iter()
+        .zip(&checked)
+        .flat_map(|(s, ok)| match ok {
+            Ok(()) => pack(&s.params, s.position),
+            Err(_) => pack(&SamplingParams::greedy(), s.position),
+        })
+        .collect();
+    let spec = be.dev.upload(&words)?.ok_or(CudaError::Unallocated)?;
+    let f = be.func(Src::Sample, "draw_rows")?;
+    let args = [Arg::P(logits.ptr()?), Arg::I(int(vocab, "vocab")?), Arg::P(spec.ptr), Arg::P(out)];
+    be.dev.launch(&f, (int(rows, "rows")? as u32, 1, 1), DRAW_THREADS, 0, &args)?;
+    Ok(checked)
+}
+
+/// The draws kept on the device: `out` (`[rows, 3]` u32 words in an f32 buffer's bits) gets each row's token,
+/// status (0 drawn, or a refused spec's greedy pick; 1 a non-finite logit; 2 a nucleus past the window, token = the
+/// greedy pick) and first non-finite index. Nothing is read back.
+pub(crate) fn draw_into(
+    be: &CudaBackend,
+    logits: &CudaBuf,
+    vocab: usize,
+    specs: &[DrawSpec],
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    if out.len() != mul(specs.len(), 3)? {
+        return Err(CudaError::Shape(format!("draw_into: {} words for {} rows", out.len(), specs.len())));
+    }
+    if specs.is_empty() {
+        return Ok(());
+    }
+    launch(be, logits, vocab, specs, out.ptr()?).map(|_| ())
 }
 
 /// Row `r` drawn on the host (a nucleus past the device's window): only that row is copied.

@@ -83,6 +83,41 @@ pub(crate) fn embed_unchecked(
         Arg::I(table.dtype_code()),
         Arg::I(int(table.rows, "vocab")?),
         Arg::P(idm.as_ref().map_or(0, |m| m.ptr)),
+        Arg::I(1),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(h, "width")?),
+        Arg::P(out.ptr()?),
+    ];
+    be.dev.launch(&f, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
+}
+
+/// `out[r] = table[words[3r]]` for `rows` ids a draw left on the device (`draw_into`'s words); an id past the table
+/// gives a NaN row (the device cannot refuse it without a host read).
+pub(crate) fn embed_words(
+    be: &CudaBackend,
+    table: &CudaMat,
+    words: &CudaBuf,
+    rows: usize,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let h = table.cols;
+    expect(words.len() == mul(rows, 3)? && out.len() == mul(rows, h)?, || {
+        format!("embed_words: {} words and {} outputs for {rows} rows of {h}", words.len(), out.len())
+    })?;
+    if rows * h == 0 || table.rows == 0 {
+        return Ok(());
+    }
+    let (w, s, b) = table.ptrs()?;
+    let f = be.func(Src::Rows, "embed")?;
+    let args = [
+        Arg::P(w),
+        Arg::P(s),
+        Arg::P(b),
+        Arg::I(int(table.group, "group")?),
+        Arg::I(table.dtype_code()),
+        Arg::I(int(table.rows, "vocab")?),
+        Arg::P(words.ptr()?),
+        Arg::I(3),
         Arg::I(int(rows, "rows")?),
         Arg::I(int(h, "width")?),
         Arg::P(out.ptr()?),

@@ -1,21 +1,30 @@
 //! Row kernels: embedding gather, RMSNorm, elementwise add, row gather and the greedy pick.
 
-// out[r, c] = table[ids[r], c] widened exactly: bf16 by a 16-bit shift, Q8 as fmaf(code, scale, bias) (MatView::get).
-// One thread an element. The host checked every id against the table before the launch.
+// out[r, c] = table[ids[r * stride], c] widened exactly: bf16 by a 16-bit shift, Q8 as fmaf(code, scale, bias)
+// (MatView::get). One thread an element. Host ids (stride 1) were checked against the table before the launch; ids a
+// kernel wrote on the device (a draw's [token, status, index] words, stride 3) cannot be, so an id past the table
+// gives a NaN row, which the next pick flags.
 extern "C" __global__ void embed(const void* table, const float* scales, const float* biases, int group, int dtype,
-                                 int vocab, const u32* ids, int rows, int h, float* out) {
+                                 int vocab, const u32* ids, int stride, int rows, int h, float* out) {
   PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)h) return;
   u64 r = i / (u64)h;
   u64 c = i % (u64)h;
-  u64 id = ids[r];
+  u64 id = ids[r * (u64)stride];
+#ifdef FAULT_EMBED_STRIDE_IGNORED
+  id = ids[r];
+#endif
 #ifdef FAULT_EMBED_OFF_BY_ONE
   id = min_u64(id + 1, (u64)(vocab - 1));
 #endif
 #ifdef FAULT_EMBED_CLAMP
   id = min_u64(id, (u64)(vocab - 1));
 #endif
+  if (id >= (u64)vocab) {
+    out[i] = __uint_as_float(0x7fc00000u);
+    return;
+  }
   u64 at = id * (u64)h + c;
   float v;
   if (dtype == DT_F32) {

@@ -192,6 +192,9 @@ __device__ int nucleus(DrawShared& sh, const float* l, int n, u64 kmax, int surv
 #ifdef FAULT_DRAW_NUCLEUS_SHORT
     if (keep > 1) keep -= 1;
 #endif
+#ifdef FAULT_DRAW_ALL_HOST
+    keep = -1;
+#endif
     sh.st[0] = keep;
   }
   __syncthreads();
@@ -202,7 +205,8 @@ __device__ int nucleus(DrawShared& sh, const float* l, int n, u64 kmax, int surv
 
 // One row's draw. spec[4r..4r+4) = seed, position, temperature bits | top_k << 32, top_p bits | min_p bits << 32
 // (top_k 0 = off; the host validated every parameter). out[3r..3r+3) = token, status (DRAW_OK, DRAW_NONFINITE,
-// DRAW_HOST: the nucleus is longer than DRAW_WINDOW and the host draws the row), first non-finite index.
+// DRAW_HOST: the nucleus is longer than DRAW_WINDOW; the host draws the row, or a caller that keeps the words on
+// the device takes the token, the greedy pick), first non-finite index.
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(const float* logits, int vocab, const u64* spec,
                                                                       u32* out) {
   PDL_ENTRY();
@@ -232,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(const float
   int top = block_argmax(sh, bi < 0 ? 0.0 : (double)bv, bi);
   if (bad < vocab || temp == 0.0f) {
     if (t == 0) out[3 * row] = bad < vocab ? 0u : (u32)top, out[3 * row + 1] = bad < vocab ? DRAW_NONFINITE : DRAW_OK,
-                out[3 * row + 2] = (u32)bad;
+                out[3 * row + 2] = bad < vocab ? (u32)bad : 0u;
     return;
   }
   double inv_t = 1.0 / (double)temp, s_max = (double)l[top] * inv_t;
@@ -242,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(const float
   if (top_p < 1.0f) {
     keep = nucleus(sh, l, vocab, kmax, k_on ? top_k : vocab, inv_t, s_max, top_p);
     if (keep < 0) {
-      if (t == 0) out[3 * row] = 0u, out[3 * row + 1] = DRAW_HOST, out[3 * row + 2] = 0u;
+      if (t == 0) out[3 * row] = (u32)top, out[3 * row + 1] = DRAW_HOST, out[3 * row + 2] = 0u;
       return;
     }
   }

@@ -404,6 +404,16 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn draw_into(&self, logits: &CudaBuf, vocab: usize, specs: &[DrawSpec], out: &mut CudaBuf) {
+        let r = draw::draw_into(self, logits, vocab, specs, out);
+        self.settle("draw_into", r, out);
+    }
+
+    fn embed_words(&self, table: &CudaMat, words: &CudaBuf, rows: usize, out: &mut CudaBuf) -> Result<(), KernelError> {
+        self.dev.take("embed_words")?;
+        ops::embed_words(self, table, words, rows, out).map_err(|e| e.kernel("embed_words"))
+    }
+
     fn greedy(&self, logits: &CudaBuf, vocab: usize) -> Vec<Pick> {
         let rows = logits.len().checked_div(vocab).map_or(0, |_| logits.len().div_ceil(vocab));
         let flagged = || vec![Pick { token: 0, nonfinite: true }; rows];

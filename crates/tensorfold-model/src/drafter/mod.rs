@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::forward::ForwardError;
 use crate::weights::WeightError;
 pub use config::{DrafterConfig, DrafterConfigError, MAX_BLOCK};
+use tensorfold_kernels::backend::{DRAWN, DRAWN_GREEDY};
 use tensorfold_kernels::sample::{DrawSpec, SamplingParams};
 use tensorfold_kernels::{Backend, KernelError, RopeParams, Segment};
 pub use weights::{DrafterBits, DrafterWeights};
@@ -227,27 +228,21 @@ impl<B: Backend> Drafter<B> {
         Ok(())
     }
 
-    /// Block row `k`'s keyed draws of the `n` streams' scores `s` (`[n, vocab]`), `None` where a stream has no picker
-    /// (or its draw failed); empty when no stream has one. Streams without a picker ride along as greedy rows.
-    fn keyed_picks(&self, b: &B, s: &B::Buf, pickers: &[Option<Picker>], n: usize, k: usize) -> Vec<Option<u32>> {
-        if !pickers.iter().any(Option::is_some) {
-            return Vec::new();
-        }
-        let pick = |i: usize| pickers.get(i).copied().flatten();
-        let specs: Vec<DrawSpec> = (0..n)
-            .map(|i| match pick(i) {
+    /// Block row `k`'s draw specs, one a stream: its picker's keyed draw at `first + k`, or the greedy pick.
+    fn specs(pickers: &[Option<Picker>], n: usize, k: usize) -> Vec<DrawSpec> {
+        (0..n)
+            .map(|i| match pickers.get(i).copied().flatten() {
                 Some(p) => DrawSpec { params: p.params, position: p.first + k as u64 },
                 None => DrawSpec { params: SamplingParams::greedy(), position: 0 },
             })
-            .collect();
-        let drawn = b.draw_rows(s, self.cfg.vocab, &specs);
-        drawn.into_iter().enumerate().map(|(i, d)| pick(i).and(d.ok())).collect()
+            .collect()
     }
 
-    /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`,
-    /// greedy pick (ties to the lowest id) or the stream's picker, and the confidence
-    /// `sigmoid(w . [y_k ; W1[prev_k]] + b)`.
-    #[allow(clippy::too_many_arguments)]
+    /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`, the greedy
+    /// pick (ties to the lowest id) or the stream's keyed draw ([`Picker`]), and the confidence
+    /// `sigmoid(w . [y_k ; W1[prev_k]] + b)`. Each row's picks stay where the scores live and feed the next row
+    /// (`Backend::draw_into`, `Backend::embed_words`); the host reads the block's picks, confidences and scores once,
+    /// after the last row.
     fn markov(
         &self,
         b: &B,
@@ -259,47 +254,59 @@ impl<B: Backend> Drafter<B> {
     ) -> Result<Vec<DraftBlock>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
-        let mut prev: Vec<u32> = anchors.iter().map(|a| a.0).collect();
-        let mut out: Vec<DraftBlock> =
-            (0..n).map(|_| DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }).collect();
+        let anchor_ids: Vec<u32> = anchors.iter().map(|a| a.0).collect();
+        let mut words: Vec<B::Buf> = Vec::new();
+        let mut conf: Vec<(B::Buf, B::Buf)> = Vec::new();
+        let mut scores: Vec<B::Buf> = Vec::new();
         for k in 0..bs {
             let rows_k: Vec<usize> = (0..n).map(|i| i * bs + k).collect();
             let mut s = b.gather_rows(logits, v, &rows_k);
             let mut m1 = b.zeros(n * r);
-            b.embed(&w.markov_w1, &prev, &mut m1)?;
+            match words.last() {
+                None => b.embed(&w.markov_w1, &anchor_ids, &mut m1)?,
+                Some(prev) => b.embed_words(&w.markov_w1, prev, n, &mut m1)?,
+            }
             let mut m2 = b.zeros(n * v);
             b.linear(&m1, n, &w.markov_w2, None, &mut m2);
             b.add(&mut s, &m2);
-            let picks = b.greedy(&s, v);
-            if let Some(row) = picks.iter().position(|p| p.nonfinite || p.token as usize >= v) {
-                return Err(ForwardError::DraftNonfinite { stream: row, row: k });
+            let mut picked = b.zeros(3 * n);
+            b.draw_into(&s, v, &Self::specs(pickers, n, k), &mut picked);
+            words.push(picked);
+            if let Some((wy, wm, _)) = &w.confidence {
+                let yk = b.gather_rows(y, d, &rows_k);
+                let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
+                b.linear(&yk, n, wy, None, &mut cy);
+                b.linear(&m1, n, wm, None, &mut cm);
+                conf.push((cy, cm));
             }
-            let conf = match &w.confidence {
-                Some((wy, wm, bias)) => {
-                    let yk = b.gather_rows(y, d, &rows_k);
-                    let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
-                    b.linear(&yk, n, wy, None, &mut cy);
-                    b.linear(&m1, n, wm, None, &mut cm);
-                    let (cy, cm) = (b.read(&cy), b.read(&cm));
-                    cy.iter().zip(&cm).map(|(a, m)| 1.0 / (1.0 + (-(a + m + bias)).exp())).collect()
-                }
-                None => Vec::new(),
-            };
-            let drawn = self.keyed_picks(b, &s, pickers, n, k);
-            let scores = if want_scores { b.read(&s) } else { Vec::new() };
-            let chosen: Vec<u32> = (0..n)
-                .map(|i| drawn.get(i).copied().flatten().filter(|&t| (t as usize) < v).unwrap_or(picks[i].token))
-                .collect();
+            if want_scores {
+                scores.push(s);
+            }
+        }
+        let mut out: Vec<DraftBlock> =
+            (0..n).map(|_| DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }).collect();
+        for (k, wk) in words.iter().enumerate() {
+            let wk = b.read(wk);
             for (i, blk) in out.iter_mut().enumerate() {
-                blk.tokens.push(chosen[i]);
-                if let Some(&cv) = conf.get(i) {
-                    blk.confidence.push(cv);
+                let (t, status) = (wk[3 * i].to_bits(), wk[3 * i + 1].to_bits());
+                if !(status == DRAWN || status == DRAWN_GREEDY) || t as usize >= v {
+                    return Err(ForwardError::DraftNonfinite { stream: i, row: k });
                 }
-                if want_scores {
-                    blk.scores.extend_from_slice(&scores[i * v..(i + 1) * v]);
-                }
+                blk.tokens.push(t);
             }
-            prev = chosen;
+        }
+        let bias = w.confidence.as_ref().map_or(0.0, |cw| cw.2);
+        for (cy, cm) in &conf {
+            let (cy, cm) = (b.read(cy), b.read(cm));
+            for (i, blk) in out.iter_mut().enumerate() {
+                blk.confidence.push(1.0 / (1.0 + (-(cy[i] + cm[i] + bias)).exp()));
+            }
+        }
+        for sk in &scores {
+            let sk = b.read(sk);
+            for (i, blk) in out.iter_mut().enumerate() {
+                blk.scores.extend_from_slice(&sk[i * v..(i + 1) * v]);
+            }
         }
         Ok(out)
     }

@@ -2,9 +2,10 @@
 
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale};
-use super::{Planted, device_gate, limits, up, with_fault};
+use super::{Planted, device_gate, limits, rd, up, with_fault};
+use crate::backend::{Backend, DRAWN_GREEDY, drawn_words};
 use crate::cuda::{CudaBackend, Src, draw::draw_rows};
-use crate::sample::{DrawSpec, SampleError, SamplingParams, draw};
+use crate::sample::{DrawSpec, SampleError, SamplingParams, draw, greedy_pick};
 use rand::{Rng, rngs::StdRng};
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn crate::contract::Kernel>> {
@@ -18,6 +19,7 @@ pub(super) const DRAW_PLANTS: &[Planted] = &[
     ("nucleus-short", Src::Sample, "FAULT_DRAW_NUCLEUS_SHORT"),
     ("wrong-position", Src::Sample, "FAULT_DRAW_WRONG_POSITION"),
     ("top-k-off", Src::Sample, "FAULT_DRAW_TOPK_OFF"),
+    ("all-to-host", Src::Sample, "FAULT_DRAW_ALL_HOST"),
 ];
 
 /// The parameter sets every vocabulary is drawn under (seeds and positions vary by row).
@@ -70,6 +72,7 @@ impl Kernel for Draw {
             Fault { name: "nucleus-short", what: "the top-p nucleus loses its last token" },
             Fault { name: "wrong-position", what: "the draw is keyed one position late" },
             Fault { name: "top-k-off", what: "top-k is ignored when top-p is off" },
+            Fault { name: "all-to-host", what: "every top-p row is handed back to the host" },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -95,6 +98,14 @@ impl Kernel for Draw {
             let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
             let detail = format!("{v} logits: {} rows, {wrong} differ; {on_host} nuclei drawn by the host", rows.len());
             gates.push(Gate::new("reference", wrong == 0, detail));
+            // Only a flat row's unbounded nucleus may outgrow the window: every other row draws on the device.
+            let may = (0..rows.len()).filter(|&i| long_nucleus(&specs[i].params, i % 4, v)).count();
+            gates.push(Gate::new(
+                "window",
+                on_host <= may,
+                format!("{v} logits: {on_host} on the host, at most {may}"),
+            ));
+            gates.push(kept_on_device(&be, &flat, &rows, &specs, v));
             let single: usize = (0..rows.len())
                 .filter(|&i| {
                     draw_rows(&be, &up(&be, &rows[i]), v, &specs[i..=i]).map(|d| d.0) != Ok(vec![got[i].clone()])
@@ -109,6 +120,35 @@ impl Kernel for Draw {
     fn limits(&self) -> Vec<String> {
         limits(&self.0, Src::Sample, &["draw_rows"])
     }
+}
+
+/// Whether a row (`r` = its index among its case's 4: even = flat) may have a nucleus longer than the device's
+/// 2048-key window: a flat row, or top-p above 0.99 (a peaked row at T = 1.5 and 128000 logits needs about 2900
+/// keys for 0.999), with top-p on and no top-k of at most 2048, in a vocabulary wider than the window.
+fn long_nucleus(p: &SamplingParams, r: usize, v: usize) -> bool {
+    (r.is_multiple_of(2) || p.top_p > 0.99)
+        && p.temperature > 0.0
+        && p.top_p < 1.0
+        && (p.top_k == 0 || p.top_k > 2048)
+        && v > 2048
+}
+
+/// Gate `kept`: `draw_into`'s words (left on the device) are the host's `drawn_words` of each row, or, for a nucleus
+/// past the window, the greedy pick with status DRAWN_GREEDY.
+fn kept_on_device(be: &CudaBackend, flat: &[f32], rows: &[Vec<f32>], specs: &[DrawSpec], v: usize) -> Gate {
+    let mut out = be.zeros(3 * specs.len());
+    be.draw_into(&up(be, flat), v, specs, &mut out);
+    let words: Vec<u32> = rd(be, &out).iter().map(|x| x.to_bits()).collect();
+    let wrong = (0..specs.len())
+        .filter(|&i| {
+            let got = &words[3 * i..3 * i + 3];
+            match got[1] {
+                DRAWN_GREEDY => Ok(got[0]) != greedy_pick(&rows[i]) || !long_nucleus(&specs[i].params, i % 4, v),
+                _ => got != drawn_words(&rows[i], &specs[i]),
+            }
+        })
+        .count();
+    Gate::new("kept", wrong == 0, format!("{v} logits: {wrong} of {} rows' device words differ", specs.len()))
 }
 
 /// Non-finite logits (the first index named), refused parameters, exact ties at the top-k bound, signed zeros, a

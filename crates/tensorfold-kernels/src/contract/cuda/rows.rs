@@ -5,7 +5,7 @@ use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
 use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
 use crate::KernelError;
 use crate::backend::{Backend, Pick};
-use crate::cuda::{CudaBackend, CudaBuf, Src};
+use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
 use rand::{Rng, rngs::StdRng};
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
@@ -19,8 +19,11 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
 
 struct Embed(CudaBackend);
 
-pub(super) const EMBED_PLANTS: &[Planted] =
-    &[("off-by-one-row", Src::Rows, "FAULT_EMBED_OFF_BY_ONE"), ("clamps-out-of-range", Src::Rows, "FAULT_EMBED_CLAMP")];
+pub(super) const EMBED_PLANTS: &[Planted] = &[
+    ("off-by-one-row", Src::Rows, "FAULT_EMBED_OFF_BY_ONE"),
+    ("clamps-out-of-range", Src::Rows, "FAULT_EMBED_CLAMP"),
+    ("drawn-stride-ignored", Src::Rows, "FAULT_EMBED_STRIDE_IGNORED"),
+];
 
 impl Kernel for Embed {
     fn name(&self) -> &'static str {
@@ -47,6 +50,10 @@ impl Kernel for Embed {
             Fault {
                 name: "clamps-out-of-range",
                 what: "the host check is skipped and the kernel reads the last row for an id past the table",
+            },
+            Fault {
+                name: "drawn-stride-ignored",
+                what: "ids a draw left on the device are read one word apart, not three",
             },
         ]
     }
@@ -108,12 +115,28 @@ impl Kernel for Embed {
             ),
             invariance_gate("33 ids", inv),
             Gate::new("edges", refused, format!("id {v} past a table of {v}: refused = {refused}")),
+            drawn_ids(&be, &tm, &ids, &want, v, h),
             device_gate(&be),
         ]
     }
     fn limits(&self) -> Vec<String> {
         limits(&self.0, Src::Rows, &["embed"])
     }
+}
+
+/// Gate `drawn ids`: `embed_words` over `[id, status, index]` words on the device gives the rows `embed` gives for
+/// the same ids, and an id past the table a NaN row.
+fn drawn_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize, h: usize) -> Gate {
+    let mut ws: Vec<u32> = ids.iter().flat_map(|&i| [i, 0, 7]).collect();
+    ws.extend([v as u32, 0, 7]);
+    let words: Vec<f32> = ws.into_iter().map(f32::from_bits).collect();
+    let mut out = poisoned(be, (ids.len() + 1) * h);
+    let ok = be.embed_words(tm, &up(be, &words), ids.len() + 1, &mut out).is_ok();
+    let got = rd(be, &out);
+    let diffs = bit_diffs(&got[..ids.len() * h], want);
+    let nan = got[ids.len() * h..].iter().all(|x| x.is_nan());
+    let detail = format!("{} ids: {diffs} values differ; id {v} past the table gives a NaN row: {nan}", ids.len());
+    Gate::new("drawn ids", ok && diffs == 0 && nan, detail)
 }
 
 struct RmsNorm(CudaBackend);
