@@ -8,18 +8,6 @@ __device__ __forceinline__ int total_key(float v) {
 
 __device__ __forceinline__ float sigmoid_f(float l) { return 1.0f / (1.0f + exp_f(-l)); }
 
-// One rank's expert (as a float: exact, ids are below 1024) and weight as transformers' Lfm2MoeSparseMoeBlock: the
-// chosen score s, divided by the rank-order sum + 1e-6 when norm, times rsf.
-__device__ __forceinline__ void route_weight(int e, float s, float sum, const float* ebias, int norm, float rsf,
-                                             float* se, float* we) {
-  float w = norm ? s / (sum + 1e-6f) : s;
-#ifdef FAULT_MOE_WEIGHT_BIAS
-  if (ebias) w = w + ebias[e];
-#endif
-  *se = (float)e;
-  *we = w * rsf;
-}
-
 // One warp a row, S slots a lane: lane l holds experts l + 32 i, i < S, and route_row picks the smallest S of 1, 2,
 // 4, 8 and 32 that holds the layer's experts (at most 1024; the host checks). The loops over slots are unrolled so the scores stay
 // in registers, and only the instantiation a layer's expert count picks runs (no instruction-cache cost from the
@@ -27,8 +15,8 @@ __device__ __forceinline__ void route_weight(int e, float s, float sum, const fl
 // holds it. Then kk times, the not yet chosen expert with the largest key (ties to the lower id) goes to
 // sel[r * kk + rank] (as a float: exact, ids are below 1024): each lane's best by increasing id, then a butterfly
 // argmax, which picks the same expert whatever the fold order (keys are exact and ties go to the lower id); its
-// score comes from the lane that holds it (and, for kk <= 32, stays with lane `rank`). Then route_weight, by lanes
-// 0 .. kk in parallel (kk <= 32) or by lane 0 in rank order. The whole warp must call it.
+// score comes from the lane that holds it. Then the weights as transformers' Lfm2MoeSparseMoeBlock: the chosen
+// scores, divided by their rank-order sum + 1e-6 when norm, times rsf. The whole warp must call it.
 template <int S>
 __device__ __forceinline__ void route_slots(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
                                             float rsf, float* sel, float* wts) {
@@ -57,8 +45,6 @@ __device__ __forceinline__ void route_slots(const float* logits, int r, int ne, 
   }
   u32 taken = 0;  // bit i: expert lane + 32 i was chosen
   float sum = 0.0f;
-  int my_e = 0;
-  float my_s = 0.0f;
   for (int rank = 0; rank < kk; rank++) {
     int best = -1;
     int bk = 0;
@@ -86,21 +72,21 @@ __device__ __forceinline__ void route_slots(const float* logits, int r, int ne, 
     }
     float sb = __shfl_sync(0xffffffffu, mine, best & 31);
     if ((best & 31) == lane) taken |= 1u << bi;
-    if (kk <= 32) {
-      // Lane `rank` keeps its rank's expert and score in registers: no write and read-back through memory.
-      if (lane == rank) my_e = best, my_s = sb;
-    } else if (lane == 0) {
+    if (lane == 0) {
       se[rank] = (float)best;
       we[rank] = sb;  // the chosen score, until the weights below
     }
     sum = sum + sb;
   }
-  if (kk <= 32) {
-    if (lane < kk) route_weight(my_e, my_s, sum, ebias, norm, rsf, se + lane, we + lane);
-    return;
-  }
   if (lane != 0) return;
-  for (int rank = 0; rank < kk; rank++) route_weight((int)se[rank], we[rank], sum, ebias, norm, rsf, se + rank, we + rank);
+  for (int rank = 0; rank < kk; rank++) {
+    float s = we[rank];
+    float w = norm ? s / (sum + 1e-6f) : s;
+#ifdef FAULT_MOE_WEIGHT_BIAS
+    if (ebias) w = w + ebias[(int)se[rank]];
+#endif
+    we[rank] = w * rsf;
+  }
 }
 
 __device__ __forceinline__ void route_row(const float* logits, int r, int ne, const float* ebias, int kk, int norm,
@@ -214,32 +200,16 @@ extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, in
 // Routing and the plan of every expert (first 0) in one launch, for calls of few rows (the host's ROUTE_PLAN_ROWS):
 // one block, warp w routing rows w, w + warps, ... as moe_route, then, after a barrier that makes the block's writes
 // of sel visible to all its threads, plan_block as moe_plan. The same arithmetic, so the same sel, wts and tiles.
-// Assignments a route_plan block keeps in shared memory (rows * kk at most this; more go through sel and wts).
-#define RP_SHARED 512
-
 extern "C" __global__ void moe_route_plan(const float* logits, int rows, int ne, const float* ebias, int kk, int norm,
                                           float rsf, float* sel, float* wts, int* list, int* tiles, int* ntiles,
                                           int bound) {
   PDL_ENTRY();
-  __shared__ float ssel[RP_SHARED];
-  __shared__ float swts[RP_SHARED];
-  int n = rows * kk;
-  // Small calls route into shared memory, so the plan reads the selection without a round trip through L2.
-  bool small = n <= RP_SHARED;
-  float* se = small ? ssel : sel;
-  float* we = small ? swts : wts;
   for (int r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5) {
-    route_row(logits, r, ne, ebias, kk, norm, rsf, se, we);
-    __syncwarp();  // the row's weights are written before the warp's next row
+    route_row(logits, r, ne, ebias, kk, norm, rsf, sel, wts);
+    __syncwarp();  // lane 0 finishes the row's weights before the warp's next row
   }
   __syncthreads();
-  if (small) {
-    for (int a = threadIdx.x; a < n; a += blockDim.x) {
-      sel[a] = ssel[a];
-      wts[a] = swts[a];
-    }
-  }
-  plan_block(se, n, 0, ne, list, tiles, ntiles, bound);
+  plan_block(sel, rows * kk, 0, ne, list, tiles, ntiles, bound);
 }
 
 // out[r, c] = sum over rank, in rank order from 0, of wts[r, rank] * y[r * kk + rank, c] (the CPU's combine).
