@@ -3,8 +3,11 @@
 # excluded) and its DRAM throughput, a line each, from `bench forward` on LFM2.5-24B-A2B's shape with graphs off
 # (ncu times kernels one by one; leave the clocks alone: --clock-control none). Runs carry/bin/tensorfold.xz like
 # the other scripts here (env.sh); the full report goes to $OUT/ncu.txt. REGEX picks kernels by name (default:
-# all); SKIP kernels of that match are passed over first (the default lands in the second decode step on the 24B
-# shape), then COUNT are profiled. SECTIONS adds ncu sections (e.g. "--section WarpStateStats").
+# all); SKIP kernels of that match are passed over first, then COUNT are profiled. Check the grid column: since
+# `bench forward` also runs a 512-token prompt, the default 420 lands in that prefill (grids of 64 row tiles) at
+# 77893fc, not in a decode step; raise SKIP past it. SECTIONS adds ncu options (e.g. "--section WarpStateStats",
+# or "--cache-control none": ncu flushes caches before each kernel by default, so a one-block kernel fetches its
+# code cold and reads longer than it runs in a graph).
 #
 #   tools/cuda/ncu_step.sh [REGEX] [SKIP] [COUNT]      e.g. tools/cuda/ncu_step.sh 'moe_|attn' 160 16
 set -uo pipefail
