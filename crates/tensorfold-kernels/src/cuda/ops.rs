@@ -73,22 +73,7 @@ pub(crate) fn embed_unchecked(
         return Ok(());
     }
     let idm = be.dev.stage(ids)?;
-    let (w, s, b) = table.ptrs()?;
-    let f = be.func(Src::Rows, "embed")?;
-    let args = [
-        Arg::P(w),
-        Arg::P(s),
-        Arg::P(b),
-        Arg::I(int(table.group, "group")?),
-        Arg::I(table.dtype_code()),
-        Arg::I(int(table.rows, "vocab")?),
-        Arg::P(idm.as_ref().map_or(0, |m| m.ptr)),
-        Arg::I(1),
-        Arg::I(int(rows, "rows")?),
-        Arg::I(int(h, "width")?),
-        Arg::P(out.ptr()?),
-    ];
-    be.dev.launch(&f, (blocks(mul(rows, h)?)?, 1, 1), BLOCK, 0, &args)
+    embed_launch(be, table, (idm.as_ref().map_or(0, |m| m.ptr), 1), rows, out)
 }
 
 /// `out[r] = table[words[3r]]` for `rows` ids a draw left on the device (`draw_into`'s words); an id past the table
@@ -107,6 +92,18 @@ pub(crate) fn embed_words(
     if rows * h == 0 || table.rows == 0 {
         return Ok(());
     }
+    embed_launch(be, table, (words.ptr()?, 3), rows, out)
+}
+
+/// The `embed` kernel over `rows` ids read at `ids.0` every `ids.1` words.
+fn embed_launch(
+    be: &CudaBackend,
+    table: &CudaMat,
+    ids: (u64, i32),
+    rows: usize,
+    out: &mut CudaBuf,
+) -> Result<(), CudaError> {
+    let h = table.cols;
     let (w, s, b) = table.ptrs()?;
     let f = be.func(Src::Rows, "embed")?;
     let args = [
@@ -116,8 +113,8 @@ pub(crate) fn embed_words(
         Arg::I(int(table.group, "group")?),
         Arg::I(table.dtype_code()),
         Arg::I(int(table.rows, "vocab")?),
-        Arg::P(words.ptr()?),
-        Arg::I(3),
+        Arg::P(ids.0),
+        Arg::I(ids.1),
         Arg::I(int(rows, "rows")?),
         Arg::I(int(h, "width")?),
         Arg::P(out.ptr()?),
