@@ -368,7 +368,7 @@ pub trait Backend: Send + Sync {
 
     /// `out[r] = table[words[3r]]` for `rows` ids a [`Backend::draw_into`] left on the device, widened as
     /// [`Backend::embed`]; an id past the table gives a NaN row (a device cannot refuse it without a host read), which
-    /// the next pick flags. Errors: a words buffer shorter than `3 * rows`.
+    /// the next pick flags. Errors: a words buffer that is not `3 * rows` long.
     fn embed_words(
         &self,
         table: &Self::Mat,
@@ -377,7 +377,7 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     ) -> Result<(), KernelError> {
         let w = self.read(words);
-        if w.len() < 3 * rows {
+        if w.len() != 3 * rows {
             return Err(KernelError::Shape { kernel: "embed_words", what: "words", got: w.len(), want: 3 * rows });
         }
         let ids: Vec<u32> = (0..rows).map(|r| w[3 * r].to_bits()).collect();

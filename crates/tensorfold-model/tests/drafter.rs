@@ -218,10 +218,13 @@ fn a_keyed_picker_draws_each_draft_from_its_row_and_feeds_the_markov_chain() {
     assert!(at + 1 < picked.tokens.len(), "the fixture's first differing pick has a row after it");
     let next = (at + 1) * v..(at + 2) * v;
     assert_ne!(picked.scores[next.clone()], greedy.scores[next], "the row after a drawn pick follows that pick");
-    // A greedy picker is the greedy chain.
+    // A greedy picker, or one whose params are refused, is the greedy chain.
     let cold = Picker { params: SamplingParams::greedy(), first: 10 };
-    let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(cold)]).expect("draft").remove(0);
-    assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()));
+    let refused = Picker { params: SamplingParams { top_p: 0.0, ..hot.params }, first: 10 };
+    for p in [cold, refused] {
+        let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(p)]).expect("draft").remove(0);
+        assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()), "{p:?}");
+    }
     // In a batch, a picker applies to its own stream only.
     let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(hot)]).expect("batch");
     assert_eq!(two[0].tokens, greedy.tokens);

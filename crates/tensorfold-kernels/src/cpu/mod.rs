@@ -9,7 +9,7 @@ pub mod ops;
 pub use attention::CpuKv;
 pub use conv::CpuConv;
 
-use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
+use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment, drawn_words};
 use crate::bytes::MatView;
 use crate::sample::{DrawSpec, SampleError, draw};
 use rayon::prelude::*;
@@ -265,6 +265,13 @@ impl Backend for CpuBackend {
 
     fn greedy(&self, logits: &Vec<f32>, vocab: usize) -> Vec<Pick> {
         logits.par_chunks(vocab).map(ops::greedy_row).collect()
+    }
+
+    /// [`Backend::draw_into`]'s words from the host reference, rows across threads.
+    fn draw_into(&self, logits: &Vec<f32>, vocab: usize, specs: &[DrawSpec], out: &mut Vec<f32>) {
+        let row = |r: usize| logits.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
+        let words: Vec<[u32; 3]> = specs.par_iter().enumerate().map(|(r, s)| drawn_words(row(r), s)).collect();
+        *out = words.into_iter().flatten().map(f32::from_bits).collect();
     }
 
     /// The host reference itself, rows across threads, without copying the logits.

@@ -50,10 +50,10 @@ impl<B: Backend> Clone for DraftState<B> {
 
 /// A stream's keyed draft pick for sampled requests: block row `k` (the draft for position `first + k`) is the keyed
 /// draw ([`tensorfold_kernels::sample::draw`]) of that row's scores with `params` at `first + k`, made where the
-/// scores live (`Backend::draw_rows`). The engine passes the request's params and the position after the anchor:
+/// scores live (`Backend::draw_into`). The engine passes the request's params and the position after the anchor:
 /// sharing the target's Gumbel noise couples the two draws, so a drafter close to the target proposes the token the
-/// target will draw (lossless either way: only equal tokens are kept). A draw that fails or lands past the
-/// vocabulary falls back to the greedy pick.
+/// target will draw (lossless either way: only equal tokens are kept). Refused params draft the greedy pick; so does,
+/// under CUDA, a top-p nucleus longer than the device's 2048-key window.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Picker {
     /// The request's sampling parameters.
@@ -241,8 +241,8 @@ impl<B: Backend> Drafter<B> {
     /// The Markov chain, one block row at a time for all streams: `s_k = logits_k + W2 . W1[prev_k]`, the greedy
     /// pick (ties to the lowest id) or the stream's keyed draw ([`Picker`]), and the confidence
     /// `sigmoid(w . [y_k ; W1[prev_k]] + b)`. Each row's picks stay where the scores live and feed the next row
-    /// (`Backend::draw_into`, `Backend::embed_words`); the host reads the block's picks, confidences and scores once,
-    /// after the last row.
+    /// (`Backend::draw_into`, `Backend::embed_words`); the host reads the block's picks, confidences and scores only
+    /// after the last row (one wait for the device, then a copy a row).
     fn markov(
         &self,
         b: &B,
@@ -256,7 +256,7 @@ impl<B: Backend> Drafter<B> {
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
         let anchor_ids: Vec<u32> = anchors.iter().map(|a| a.0).collect();
         let mut words: Vec<B::Buf> = Vec::new();
-        let mut conf: Vec<(B::Buf, B::Buf)> = Vec::new();
+        let mut conf: Vec<B::Buf> = Vec::new();
         let mut scores: Vec<B::Buf> = Vec::new();
         for k in 0..bs {
             let rows_k: Vec<usize> = (0..n).map(|i| i * bs + k).collect();
@@ -277,7 +277,8 @@ impl<B: Backend> Drafter<B> {
                 let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
                 b.linear(&yk, n, wy, None, &mut cy);
                 b.linear(&m1, n, wm, None, &mut cm);
-                conf.push((cy, cm));
+                b.add(&mut cy, &cm);
+                conf.push(cy);
             }
             if want_scores {
                 scores.push(s);
@@ -296,10 +297,11 @@ impl<B: Backend> Drafter<B> {
             }
         }
         let bias = w.confidence.as_ref().map_or(0.0, |cw| cw.2);
-        for (cy, cm) in &conf {
-            let (cy, cm) = (b.read(cy), b.read(cm));
+        for c in &conf {
+            // `add` is the f32 sum cy + cm, the order the host used.
+            let c = b.read(c);
             for (i, blk) in out.iter_mut().enumerate() {
-                blk.confidence.push(1.0 / (1.0 + (-(cy[i] + cm[i] + bias)).exp()));
+                blk.confidence.push(1.0 / (1.0 + (-(c[i] + bias)).exp()));
             }
         }
         for sk in &scores {

@@ -133,17 +133,30 @@ fn long_nucleus(p: &SamplingParams, r: usize, v: usize) -> bool {
         && v > 2048
 }
 
-/// Gate `kept`: `draw_into`'s words (left on the device) are the host's `drawn_words` of each row, or, for a nucleus
-/// past the window, the greedy pick with status DRAWN_GREEDY.
+/// Gate `kept`: `draw_into`'s words (left on the device) are the host's `drawn_words` of each row (plus a non-finite
+/// row and a refused spec), or, for a nucleus past the window, the greedy pick with status DRAWN_GREEDY.
 fn kept_on_device(be: &CudaBackend, flat: &[f32], rows: &[Vec<f32>], specs: &[DrawSpec], v: usize) -> Gate {
+    // Two more rows: a non-finite logit under a sampled spec, and a refused spec (drawn as the greedy pick).
+    let (mut rows, mut specs, mut flat) = (rows.to_vec(), specs.to_vec(), flat.to_vec());
+    let mut bad = rows[1].clone();
+    bad[v / 2] = f32::NAN;
+    let refused = SamplingParams { temperature: 1.0, top_p: 0.0, ..SamplingParams::greedy() };
+    for (r, params) in [(bad, specs[5].params), (rows[2].clone(), refused)] {
+        flat.extend_from_slice(&r);
+        rows.push(r);
+        specs.push(DrawSpec { params, position: 17 });
+    }
     let mut out = be.zeros(3 * specs.len());
-    be.draw_into(&up(be, flat), v, specs, &mut out);
+    be.draw_into(&up(be, &flat), v, &specs, &mut out);
     let words: Vec<u32> = rd(be, &out).iter().map(|x| x.to_bits()).collect();
+    let n = specs.len() - 2;
     let wrong = (0..specs.len())
         .filter(|&i| {
             let got = &words[3 * i..3 * i + 3];
             match got[1] {
-                DRAWN_GREEDY => Ok(got[0]) != greedy_pick(&rows[i]) || !long_nucleus(&specs[i].params, i % 4, v),
+                DRAWN_GREEDY => {
+                    Ok(got[0]) != greedy_pick(&rows[i]) || i >= n || !long_nucleus(&specs[i].params, i % 4, v)
+                }
                 _ => got != drawn_words(&rows[i], &specs[i]),
             }
         })

@@ -130,7 +130,8 @@ fn drawn_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize
     let mut ws: Vec<u32> = ids.iter().flat_map(|&i| [i, 0, 7]).collect();
     ws.extend([v as u32, 0, 7]);
     let words: Vec<f32> = ws.into_iter().map(f32::from_bits).collect();
-    let mut out = poisoned(be, (ids.len() + 1) * h);
+    // Zeros, not NaN: the id past the table must be written NaN by the kernel, not left as poisoned.
+    let mut out = up(be, &vec![0.0; (ids.len() + 1) * h]);
     let ok = be.embed_words(tm, &up(be, &words), ids.len() + 1, &mut out).is_ok();
     let got = rd(be, &out);
     let diffs = bit_diffs(&got[..ids.len() * h], want);
