@@ -62,6 +62,14 @@ pub struct Picker {
     pub first: u64,
 }
 
+/// The Markov chain's per-row device buffers, read after its last row: draw words `[streams * 3]`, confidence logits
+/// `[streams]` (with a confidence head), scores `[streams, vocab]` (when asked).
+struct ChainBufs<B: Backend> {
+    words: Vec<B::Buf>,
+    conf: Vec<B::Buf>,
+    scores: Vec<B::Buf>,
+}
+
 /// One stream's drafted block: `tokens[k]` proposes position `anchor_pos + k + 1`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DraftBlock {
@@ -255,14 +263,12 @@ impl<B: Backend> Drafter<B> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
         let anchor_ids: Vec<u32> = anchors.iter().map(|a| a.0).collect();
-        let mut words: Vec<B::Buf> = Vec::new();
-        let mut conf: Vec<B::Buf> = Vec::new();
-        let mut scores: Vec<B::Buf> = Vec::new();
+        let mut kept = ChainBufs::<B> { words: Vec::new(), conf: Vec::new(), scores: Vec::new() };
         for k in 0..bs {
             let rows_k: Vec<usize> = (0..n).map(|i| i * bs + k).collect();
             let mut s = b.gather_rows(logits, v, &rows_k);
             let mut m1 = b.zeros(n * r);
-            match words.last() {
+            match kept.words.last() {
                 None => b.embed(&w.markov_w1, &anchor_ids, &mut m1)?,
                 Some(prev) => b.embed_words(&w.markov_w1, prev, n, &mut m1)?,
             }
@@ -271,22 +277,29 @@ impl<B: Backend> Drafter<B> {
             b.add(&mut s, &m2);
             let mut picked = b.zeros(3 * n);
             b.draw_into(&s, v, &Self::specs(pickers, n, k), &mut picked);
-            words.push(picked);
+            kept.words.push(picked);
             if let Some((wy, wm, _)) = &w.confidence {
                 let yk = b.gather_rows(y, d, &rows_k);
                 let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
                 b.linear(&yk, n, wy, None, &mut cy);
                 b.linear(&m1, n, wm, None, &mut cm);
                 b.add(&mut cy, &cm);
-                conf.push(cy);
+                kept.conf.push(cy);
             }
             if want_scores {
-                scores.push(s);
+                kept.scores.push(s);
             }
         }
+        self.read_blocks(b, n, &kept)
+    }
+
+    /// The blocks of `n` streams from the chain's per-row device buffers: each row's draw words (a status other than
+    /// drawn is [`ForwardError::DraftNonfinite`]), confidence logits `w . [y ; W1[prev]]` and, when kept, scores.
+    fn read_blocks(&self, b: &B, n: usize, kept: &ChainBufs<B>) -> Result<Vec<DraftBlock>, ForwardError> {
+        let v = self.cfg.vocab;
         let mut out: Vec<DraftBlock> =
             (0..n).map(|_| DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }).collect();
-        for (k, wk) in words.iter().enumerate() {
+        for (k, wk) in kept.words.iter().enumerate() {
             let wk = b.read(wk);
             for (i, blk) in out.iter_mut().enumerate() {
                 let (t, status) = (wk[3 * i].to_bits(), wk[3 * i + 1].to_bits());
@@ -296,15 +309,15 @@ impl<B: Backend> Drafter<B> {
                 blk.tokens.push(t);
             }
         }
-        let bias = w.confidence.as_ref().map_or(0.0, |cw| cw.2);
-        for c in &conf {
+        let bias = self.weights.confidence.as_ref().map_or(0.0, |cw| cw.2);
+        for c in &kept.conf {
             // `add` is the f32 sum cy + cm, the order the host used.
             let c = b.read(c);
             for (i, blk) in out.iter_mut().enumerate() {
                 blk.confidence.push(1.0 / (1.0 + (-(c[i] + bias)).exp()));
             }
         }
-        for sk in &scores {
+        for sk in &kept.scores {
             let sk = b.read(sk);
             for (i, blk) in out.iter_mut().enumerate() {
                 blk.scores.extend_from_slice(&sk[i * v..(i + 1) * v]);
