@@ -122,11 +122,7 @@ pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
     if get(o, "logit_bias").and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
     }
-    let top_k = match int(o, "top_k")? {
-        None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k as usize,
-        Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` = {k} must be -1, 0 (off) or positive"))),
-    };
+    let top_k = top_k(o)?;
     let seed = match get(o, "seed") {
         None => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::invalid("seed", "`seed` must be a non-negative integer"))?),
@@ -136,7 +132,11 @@ pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
             return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` = {t} must be in [0, 20]")));
         }
-        boolean(o, "logprobs", false)?.then_some(top.unwrap_or(0) as usize)
+        let on = boolean(o, "logprobs", false)?;
+        if top.is_some() && !on {
+            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+        }
+        on.then_some(top.unwrap_or(0) as usize)
     } else {
         match int(o, "logprobs")? {
             None => None,
@@ -154,7 +154,7 @@ pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         model,
         max_tokens,
         temperature: num(o, "temperature", 1.0, 0.0, 2.0)? as f32,
-        top_p: num(o, "top_p", 1.0, 0.0, 1.0)? as f32,
+        top_p: top_p(o)?,
         top_k,
         min_p: num(o, "min_p", 0.0, 0.0, 1.0)? as f32,
         seed,
@@ -165,9 +165,35 @@ pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         logprobs,
         draft: boolean(o, "draft", true)?,
     })
-    .and_then(|p| {
-        if p.top_p <= 0.0 { Err(ApiError::invalid("top_p", "`top_p` must be greater than 0")) } else { Ok(p) }
-    })
+}
+
+/// `top_p` in (0, 1], as the f32 the sampler takes (a value that rounds to 0 there is refused, not made greedy).
+fn top_p(o: &Map<String, Value>) -> Result<f32, ApiError> {
+    let Some(v) = get(o, "top_p") else { return Ok(1.0) };
+    let x = v.as_f64().ok_or_else(|| ApiError::invalid("top_p", "`top_p` must be a number"))?;
+    if !(x > 0.0 && x <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("`top_p` = {x} is out of range (0, 1]: it must be greater than 0"),
+        ));
+    }
+    match x as f32 {
+        f if f > 0.0 => Ok(f),
+        _ => {
+            Err(ApiError::invalid("top_p", format!("`top_p` = {x} rounds to 0 as a 32-bit float; send at least 1e-45")))
+        }
+    }
+}
+
+/// `top_k`: -1 or 0 is off, a positive integer keeps that many (at or past the vocabulary: off, as any size is).
+fn top_k(o: &Map<String, Value>) -> Result<usize, ApiError> {
+    let Some(v) = get(o, "top_k") else { return Ok(0) };
+    match (v.as_i64(), v.as_u64()) {
+        (Some(-1 | 0), _) => Ok(0),
+        (_, Some(k)) => Ok(usize::try_from(k).unwrap_or(usize::MAX)),
+        (Some(k), None) => Err(ApiError::invalid("top_k", format!("`top_k` = {k} must be -1, 0 (off) or positive"))),
+        (None, None) => Err(ApiError::invalid("top_k", "`top_k` must be an integer")),
+    }
 }
 
 fn stops(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
@@ -266,4 +292,44 @@ pub fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
             Ok(ChatMessage { role, content })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parsed(v: Value, chat: bool) -> Result<Params, ApiError> {
+        params(v.as_object().expect("an object"), chat)
+    }
+
+    #[test]
+    fn top_k_past_any_vocabulary_is_off_and_malformed_ones_are_named() {
+        let k = |v: Value| parsed(json!({ "top_k": v }), false).map(|p| p.top_k).map_err(|e| e.message);
+        assert_eq!(k(json!(-1)), Ok(0));
+        assert_eq!(k(json!(40)), Ok(40));
+        // Past i64: still a count, past every vocabulary, so off as any top_k at or past the vocabulary is.
+        assert_eq!(k(json!(9_223_372_036_854_775_808u64)), Ok(9_223_372_036_854_775_808));
+        assert!(k(json!(-5)).is_err_and(|m| m.contains("must be -1, 0 (off) or positive")));
+        assert!(k(json!(2.5)).is_err_and(|m| m.contains("must be an integer")));
+    }
+
+    #[test]
+    fn top_p_is_in_the_open_closed_unit_interval_as_an_f32() {
+        let p = |v: Value| parsed(json!({ "top_p": v }), false).map(|p| p.top_p).map_err(|e| e.message);
+        assert_eq!(p(json!(0.9)), Ok(0.9));
+        assert_eq!(p(json!(1e-30)), Ok(1e-30));
+        assert!(p(json!(0)).is_err_and(|m| m.contains("out of range (0, 1]")));
+        assert!(p(json!(1.5)).is_err_and(|m| m.contains("out of range (0, 1]")));
+        assert!(p(json!(1e-300)).is_err_and(|m| m.contains("rounds to 0")));
+    }
+
+    #[test]
+    fn chat_top_logprobs_needs_logprobs() {
+        let lp = |v: Value| parsed(v, true).map(|p| p.logprobs).map_err(|e| e.message);
+        assert_eq!(lp(json!({"logprobs": true, "top_logprobs": 3})), Ok(Some(3)));
+        assert_eq!(lp(json!({"logprobs": true})), Ok(Some(0)));
+        assert!(lp(json!({"top_logprobs": 3})).is_err_and(|m| m.contains("needs `logprobs: true`")));
+        assert!(lp(json!({"logprobs": false, "top_logprobs": 0})).is_err());
+    }
 }

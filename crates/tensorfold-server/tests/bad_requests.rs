@@ -156,8 +156,22 @@ fn table() -> Vec<Bad> {
         },
         bad("temperature -0.5", CHAT, with(&m, json!({"temperature": -0.5})), 400, Some("temperature")),
         Bad {
-            says: "greater than 0",
+            says: "`top_p` = 0 is out of range (0, 1]",
             ..bad("top_p 0", COMPLETIONS, with(&c, json!({"top_p": 0})), 400, Some("top_p"))
+        },
+        Bad {
+            says: "rounds to 0 as a 32-bit float",
+            ..bad("top_p 1e-300", CHAT, with(&m, json!({"top_p": 1e-300})), 400, Some("top_p"))
+        },
+        Bad {
+            says: "needs `logprobs: true`",
+            ..bad(
+                "top_logprobs without logprobs",
+                CHAT,
+                with(&m, json!({"top_logprobs": 3})),
+                400,
+                Some("top_logprobs"),
+            )
         },
         bad("top_p 1.5", CHAT, with(&m, json!({"top_p": 1.5})), 400, Some("top_p")),
         Bad {
