@@ -178,8 +178,10 @@ fn gib(b: usize) -> f64 {
 /// Greedy decode of `n` tokens after `prompt`; returns the tokens and the seconds of the steps after the first.
 fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usize) -> anyhow::Result<(Vec<u32>, f64)> {
     let (mut state, logits) = prefill(m, prompt, chunk)?;
-    // A profile (TENSORFOLD_CUDA_PROFILE) then covers the decode steps only.
-    let _ = m.backend.take_profile();
+    // A profile (TENSORFOLD_CUDA_PROFILE) of the prompt's prefill is printed apart; the next covers the decode steps.
+    if let Some(p) = m.backend.take_profile() {
+        println!("prefill of the {}-token prompt in chunks of {chunk}: {p}", prompt.len());
+    }
     let mut tok = tensorfold_engine::sampler::greedy_pick(&logits)?;
     let mut out = vec![tok];
     let t = Instant::now();

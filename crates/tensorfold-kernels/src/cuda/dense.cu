@@ -400,3 +400,260 @@ TF_DENSE_ENTRIES(bf16_v8_r1, DT_BF16, 8, 1, 8, 1)
 TF_DENSE_ENTRIES(bf16_v1_r1, DT_BF16, 1, 1, 8, 1)
 TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8, 1)
 TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8, 1)
+
+// Wide tiles, for calls of many rows (prefill; the host's Dev::wide): a block of 256 threads computes WTM rows by
+// WTN columns, thread (ty, tx) = (t / 32, t % 32) the rows 4ty .. 4ty+3 and columns 4tx .. 4tx+3, from stages of
+// shared memory, so each staged value feeds 4 rows or 4 columns of fmaf. The bits are the warp kernels' above:
+// an output is warp_sum's butterfly tree over the 32 lane classes (class l: the chunks l, l+32, ... that lane l
+// walks), each class an fmaf chain from +0 in increasing order. The block walks the classes one at a time in the
+// tree's leaf order, bit-reversed l (0, 16, 8, 24, ...: the butterfly adds l and l^16 first), and folds each
+// finished class into a stack of partial sums like a binary counter, so every pair is added where warp_sum adds it.
+// A stage holds WJG chunks of one class for the tile's rows and columns, widened to f32 (as widen8).
+#define WTM 32
+#define WTN 128
+#define WJG 8
+
+struct WideSmem {
+  float x[WJG * 8][WTM];  // [element of the stage][row]
+  float w[WJG * 8][WTN];  // [element of the stage][column]
+};
+
+// Leaf p of the butterfly's tree is lane class bitrev5(p).
+__device__ __forceinline__ int wide_class(int p) {
+#ifdef FAULT_LINEAR_WIDE_TREE
+  return p;  // planted: the classes folded in lane order, another tree
+#else
+  return ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4);
+#endif
+}
+
+// Chunks lane class l walks over a row of k (tile_dot's `steps` for V = 8).
+__device__ __forceinline__ int class_steps(int l, int k) { return 8 * l < k ? (k - 8 * l + 255) / 256 : 0; }
+
+// Chunks of class l that group g of WJG holds.
+__device__ __forceinline__ int stage_chunks(int l, int k, int g) {
+  int d = class_steps(l, k) - WJG * g;
+  return d < 0 ? 0 : (d > WJG ? WJG : d);
+}
+
+// One stage's global loads, held in registers while the stage before it is multiplied.
+struct WideLoad {
+  uint4 xa, xb;  // a row's chunk (f32 bits)
+  Raw8 w[4];     // four weight chunks
+};
+
+// The loads of stage (class l, group g): thread t stages row t % 32 at chunk t / 32 and column (t % WTN) at chunks
+// t / WTN + 2u. NW == 2 puts m0's columns j0 .. j0+63 at 0 .. 63 and m1's at 64 .. 127. Chunks past the class, rows
+// past nt and columns past n are not loaded (they are never multiplied, or never written).
+template <int DT, int NW, class In>
+__device__ __forceinline__ void wide_fetch(const Mat& m0, const Mat& m1, int j0, int n, int k, int nt, const float* x,
+                                           In in_row, int l, int g, int nv, WideLoad& ld) {
+  int t = threadIdx.x;
+  int jj = t >> 5;
+  if ((t & 31) < nt && jj < nv) {
+    const uint4* p = reinterpret_cast<const uint4*>(x + (u64)in_row(t & 31) * (u64)k + 8 * l + 256 * (8 * g + jj));
+    ld.xa = __ldg(p);
+    ld.xb = __ldg(p + 1);
+  }
+  int vc = t % WTN;
+  int col = NW == 2 ? j0 + (vc & 63) : j0 + vc;
+  const Mat& m = NW == 2 && vc >= 64 ? m1 : m0;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    int cj = t / WTN + 2 * u;
+    if (col < n && cj < nv) ld.w[u] = load_raw8<DT>(m, (u64)col, k, 8 * l + 256 * (8 * g + cj));
+  }
+}
+
+// The held loads into shared memory, widened; what was not loaded is staged as zeros.
+template <int DT>
+__device__ __forceinline__ void wide_put(WideSmem& sm, int n_ok, int nt, int nv, const WideLoad& ld) {
+  int t = threadIdx.x;
+  int jj = t >> 5;
+  bool xok = (t & 31) < nt && jj < nv;
+  float xv[8] = {__uint_as_float(ld.xa.x), __uint_as_float(ld.xa.y), __uint_as_float(ld.xa.z),
+                 __uint_as_float(ld.xa.w), __uint_as_float(ld.xb.x), __uint_as_float(ld.xb.y),
+                 __uint_as_float(ld.xb.z), __uint_as_float(ld.xb.w)};
+#pragma unroll
+  for (int e = 0; e < 8; e++) sm.x[8 * jj + e][t & 31] = xok ? xv[e] : 0.0f;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    int cj = t / WTN + 2 * u;
+    float wv[8];
+    widen8<DT>(ld.w[u], wv);
+    bool ok = n_ok && cj < nv;
+#pragma unroll
+    for (int e = 0; e < 8; e++) sm.w[8 * cj + e][t % WTN] = ok ? wv[e] : 0.0f;
+  }
+}
+
+// This thread's 4 x 4 outputs (rows 4ty + r, columns 4tx + c of the tile) into fin[r][c], bit-equal to tile_run's.
+// Every thread of the block must call it (barriers).
+template <int DT, int NW, class In>
+__device__ __forceinline__ void wide_tile(WideSmem& sm, const Mat& m0, const Mat& m1, int j0, int n, int k, int nt,
+                                          const float* x, In in_row, float fin[4][4]) {
+  int t = threadIdx.x;
+  int ty = t >> 5;
+  int tx = t & 31;
+  int vc = t % WTN;
+  bool n_ok = (NW == 2 ? j0 + (vc & 63) : j0 + vc) < n;
+  int groups = (class_steps(0, k) + WJG - 1) / WJG;
+  float acc[4][4];
+  float st[5][4][4];
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) { acc[r][c] = 0.0f; fin[r][c] = 0.0f; }
+  if (groups == 0) return;  // k == 0: every class is empty and the tree of +0 is +0
+  WideLoad ld;
+  wide_fetch<DT, NW>(m0, m1, j0, n, k, nt, x, in_row, wide_class(0), 0, stage_chunks(wide_class(0), k, 0), ld);
+  for (int s = 0; s < 32 * groups; s++) {
+    int p = s / groups;
+    int g = s % groups;
+    int l = wide_class(p);
+    int nv = stage_chunks(l, k, g);
+    __syncthreads();  // the stage before is multiplied
+    wide_put<DT>(sm, n_ok, nt, nv, ld);
+    __syncthreads();
+    if (s + 1 < 32 * groups) {
+      int p1 = (s + 1) / groups;
+      int g1 = (s + 1) % groups;
+      int l1 = wide_class(p1);
+      wide_fetch<DT, NW>(m0, m1, j0, n, k, nt, x, in_row, l1, g1, stage_chunks(l1, k, g1), ld);
+    }
+#pragma unroll 8
+    for (int e = 0; e < 8 * nv; e++) {
+      float4 xv = *reinterpret_cast<const float4*>(&sm.x[e][4 * ty]);
+      float4 wv = *reinterpret_cast<const float4*>(&sm.w[e][4 * tx]);
+      float xr[4] = {xv.x, xv.y, xv.z, xv.w};
+      float wc[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[r][c] = fmaf(wc[c], xr[r], acc[r][c]);
+    }
+    if (g == groups - 1) {
+      // Leaf p done: add the stack's partial sums its binary counter carries into (p's trailing ones), then hold it.
+      int carry = 0;
+      while (carry < 5 && ((p >> carry) & 1)) carry++;
+#pragma unroll
+      for (int lv = 0; lv < 5; lv++)
+        if (lv < carry)
+#pragma unroll
+          for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[r][c] = st[lv][r][c] + acc[r][c];
+#pragma unroll
+      for (int lv = 0; lv < 5; lv++)
+        if (lv == carry)
+#pragma unroll
+          for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) st[lv][r][c] = acc[r][c];
+      if (carry == 5)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+          for (int c = 0; c < 4; c++) fin[r][c] = acc[r][c];
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[r][c] = 0.0f;
+    }
+  }
+}
+
+// The gate-up tile's activations: fin holds gate columns (tx < 16) or up columns (tx >= 16); they meet in shared
+// memory, then thread t writes act for columns j0 + t % 64 of rows t / 64, +4, ... via put(i, j, silu_mul(g, u)).
+template <class Put>
+__device__ __forceinline__ void wide_gateup_out(WideSmem& sm, const float fin[4][4], int j0, int n, int nt, Put put) {
+  float* o = &sm.w[0][0];  // [WTM][WTN]
+  int t = threadIdx.x;
+  __syncthreads();  // the last stage is multiplied
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) o[(4 * (t >> 5) + r) * WTN + 4 * (t & 31) + c] = fin[r][c];
+  __syncthreads();
+  int j = t & 63;
+  for (int i = t >> 6; i < nt; i += 4)
+    if (j0 + j < n) put(i, j0 + j, silu_mul(o[i * WTN + j], o[i * WTN + 64 + j]));
+}
+
+// Plain tile outputs: put(i, j, v) for this thread's rows i < nt and columns j < n.
+template <class Put>
+__device__ __forceinline__ void wide_out(const float fin[4][4], int j0, int n, int nt, Put put) {
+  int t = threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int i = 4 * (t >> 5) + r;
+      int j = j0 + 4 * (t & 31) + c;
+      if (i < nt && j < n) put(i, j, fin[r][c]);
+    }
+}
+
+// Entry points linear_wide_bf16_v8, gateup_wide_q8_v8, moe_gateup_wide_f32_v8, moe_down_wide_bf16_v8, ...: grid x
+// the row tiles of WTM rows (MoE: the plan's tiles, planned at WTM slots), grid y the column blocks (WTN columns,
+// WTN / 2 for gate-up). Only the 8-element chunk form: the v1 matrices keep the warp kernels.
+#define TF_WIDE_ENTRIES(NAME, DT)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(256) linear_wide_##NAME(                                                \
+      const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb, int group,              \
+      const float* bias, float* out) {                                                                                 \
+    PDL_ENTRY();                                                                                                       \
+    __shared__ WideSmem sm;                                                                                            \
+    Mat m;                                                                                                             \
+    m.w = w; m.scales = ws; m.biases = wb; m.group = group;                                                            \
+    int r0 = blockIdx.x * WTM, j0 = blockIdx.y * WTN, nt = rows - r0 < WTM ? rows - r0 : WTM;                                       \
+    float fin[4][4];                                                                                                   \
+    wide_tile<DT, 1>(sm, m, m, j0, n, k, nt, x, [&](int i) { return r0 + i; }, fin);                                   \
+    wide_out(fin, j0, n, nt, [&](int i, int j, float v) {                                                              \
+      out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;                                                        \
+    });                                                                                                                \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) gateup_wide_##NAME(                                                \
+      const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb, const void* u,          \
+      const float* us, const float* ub, int group, float* act) {                                                       \
+    PDL_ENTRY();                                                                                                       \
+    __shared__ WideSmem sm;                                                                                            \
+    Mat mg;                                                                                                            \
+    mg.w = g; mg.scales = gs; mg.biases = gb; mg.group = group;                                                        \
+    Mat mu;                                                                                                            \
+    mu.w = u; mu.scales = us; mu.biases = ub; mu.group = group;                                                        \
+    int r0 = blockIdx.x * WTM, j0 = blockIdx.y * (WTN / 2), nt = rows - r0 < WTM ? rows - r0 : WTM;                                 \
+    float fin[4][4];                                                                                                   \
+    wide_tile<DT, 2>(sm, mg, mu, j0, n, k, nt, x, [&](int i) { return r0 + i; }, fin);                                 \
+    wide_gateup_out(sm, fin, j0, n, nt, [&](int i, int j, float v) { act[(u64)(r0 + i) * (u64)n + j] = v; });         \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) moe_gateup_wide_##NAME(                                            \
+      const float* x, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles, const int* list,   \
+      int kk, float* act) {                                                                                            \
+    PDL_ENTRY();                                                                                                       \
+    __shared__ WideSmem sm;                                                                                            \
+    int t = blockIdx.x;                                                                                                \
+    if (t >= *ntiles) return;                                                                                          \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = blockIdx.y * (WTN / 2);                   \
+    Mat mg = expert_mat(tab, e, 0, group);                                                                             \
+    Mat mu = expert_mat(tab, e, 1, group);                                                                             \
+    float fin[4][4];                                                                                                   \
+    wide_tile<DT, 2>(sm, mg, mu, j0, n, k, nt, x, [&](int i) { return list[s0 + i] / kk; }, fin);                      \
+    wide_gateup_out(sm, fin, j0, n, nt, [&](int i, int j, float v) { act[(u64)(s0 + i) * (u64)n + j] = v; });         \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) moe_down_wide_##NAME(                                              \
+      const float* act, int k, int n, const u64* tab, int group, const int* tiles, const int* ntiles,                  \
+      const int* list, float* y) {                                                                                     \
+    PDL_ENTRY();                                                                                                       \
+    __shared__ WideSmem sm;                                                                                            \
+    int t = blockIdx.x;                                                                                                \
+    if (t >= *ntiles) return;                                                                                          \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = blockIdx.y * WTN;                         \
+    Mat w = expert_mat(tab, e, 2, group);                                                                              \
+    float fin[4][4];                                                                                                   \
+    wide_tile<DT, 1>(sm, w, w, j0, n, k, nt, act, [&](int i) { return s0 + i; }, fin);                                 \
+    wide_out(fin, j0, n, nt, [&](int i, int j, float v) { y[(u64)list[s0 + i] * (u64)n + j] = v; });                  \
+  }
+
+TF_WIDE_ENTRIES(f32_v8, DT_F32)
+TF_WIDE_ENTRIES(bf16_v8, DT_BF16)
+TF_WIDE_ENTRIES(q8_v8, DT_Q8)

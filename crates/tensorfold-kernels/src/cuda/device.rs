@@ -26,6 +26,14 @@ pub const RT: usize = 8;
 /// cache for each further row. Measured (docs/receipts/2026-11-29-llama-cuda.md): up to 4 rows it is not slower;
 /// MoE calls of up to 2 assignments an expert on the `_r1` forms were 5 to 10% slower at 8 and 16 streams.
 pub const R1_ROWS: usize = 4;
+/// Rows (MoE: slots) a wide tile covers (dense.cu's `WTM`); the MoE plan cuts experts into tiles of this many for
+/// wide calls.
+pub const WTM: usize = 32;
+/// Output columns a wide tile covers (dense.cu's `WTN`; half that for the gate-up forms).
+pub const WTN: usize = 128;
+/// Calls of at least this many rows (dense, or a MoE layer's) run the wide tiles by default (prefill chunks; and
+/// verify rounds of 64 rows or more).
+pub const WIDE_ROWS: usize = 64;
 /// Output columns a warp of a tile kernel covers (common.cuh's `CT`; the `_r1` kernels cover 1).
 pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
@@ -173,6 +181,9 @@ pub struct Dev {
     /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
     /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
+    /// `TENSORFOLD_CUDA_WIDE_ROWS=N` (a measuring aid, the bits are the same either way): calls of at least N rows
+    /// run the wide tiles (0: never). Unset: [`WIDE_ROWS`].
+    pub wide_rows: Option<usize>,
     /// Kernels launch with programmatic dependent launch (sm_90 and later, unless `TENSORFOLD_CUDA_PDL=0`): a
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
     /// gap between the two. Off under a profile (each kernel is timed alone).
@@ -224,14 +235,8 @@ impl Dev {
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
         }
-        let r1_rows = match std::env::var("TENSORFOLD_CUDA_R1_ROWS") {
-            Ok(v) => Some(v.trim().parse().map_err(|_| CudaError::Setting {
-                name: "TENSORFOLD_CUDA_R1_ROWS",
-                value: v,
-                want: "a count (a whole number of rows)",
-            })?),
-            Err(_) => None,
-        };
+        let r1_rows = rows_setting("TENSORFOLD_CUDA_R1_ROWS")?;
+        let wide_rows = rows_setting("TENSORFOLD_CUDA_WIDE_ROWS")?;
         let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
         let part = part_setting(std::env::var("TENSORFOLD_CUDA_GRAPH_OPS").ok())?;
         let pdl = pdl_setting(std::env::var("TENSORFOLD_CUDA_PDL").ok())?;
@@ -263,6 +268,7 @@ impl Dev {
             profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
+            wide_rows,
             pdl,
         }))
     }
@@ -350,6 +356,12 @@ impl Dev {
     /// `TENSORFOLD_CUDA_R1_ROWS`.
     pub fn one_row(&self, rows: usize) -> bool {
         one_row(self.r1_rows, rows)
+    }
+
+    /// Whether a call of `rows` rows (dense, or a MoE layer's) runs the wide tiles: at least [`WIDE_ROWS`], or
+    /// `TENSORFOLD_CUDA_WIDE_ROWS` (0: never).
+    pub fn wide(&self, rows: usize) -> bool {
+        wide(self.wide_rows, rows)
     }
 
     /// Module `src` (no planted fault) compiled and loaded now.
@@ -549,6 +561,23 @@ fn driver_version() -> i32 {
 /// [`Dev::one_row`] with the override `r1_rows` given.
 pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize) -> bool {
     rows <= r1_rows.unwrap_or(R1_ROWS)
+}
+
+/// [`Dev::wide`] with the override `wide_rows` given.
+pub(crate) fn wide(wide_rows: Option<usize>, rows: usize) -> bool {
+    let at = wide_rows.unwrap_or(WIDE_ROWS);
+    at > 0 && rows >= at
+}
+
+/// A row-count setting from the environment: unset is `None`, a whole number `Some`, anything else refused by name.
+fn rows_setting(name: &'static str) -> Result<Option<usize>, CudaError> {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().parse() {
+            Ok(n) => Ok(Some(n)),
+            Err(_) => Err(CudaError::Setting { name, value: v, want: "a count (a whole number of rows)" }),
+        },
+        Err(_) => Ok(None),
+    }
 }
 
 fn low_bytes(b: [u8; 4]) -> u64 {

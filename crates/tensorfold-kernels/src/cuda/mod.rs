@@ -23,7 +23,7 @@ mod types;
 pub use nccl::NcclCollective;
 pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
 
-pub(crate) use device::{Plant, Src};
+pub(crate) use device::{Plant, Src, WIDE_ROWS};
 pub use graphs::GraphFault;
 
 use crate::backend::KernelError;
@@ -289,6 +289,14 @@ mod tests {
         assert!(one_row(None, 1) && one_row(None, 4) && !one_row(None, 5));
         assert!(!one_row(Some(0), 1), "0 never takes them");
         assert!(one_row(Some(8), 8) && !one_row(Some(8), 9) && !one_row(Some(1), 2));
+    }
+
+    #[test]
+    fn the_wide_tiles_take_calls_of_at_least_64_rows_unless_overridden() {
+        use device::wide;
+        assert!(!wide(None, 63) && wide(None, 64) && wide(None, 2048));
+        assert!(!wide(Some(0), 1) && !wide(Some(0), 100_000), "0 never takes them");
+        assert!(wide(Some(1), 1) && !wide(Some(33), 32) && wide(Some(33), 33));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! MoE routing on the device: sigmoid scores, top-k by score + expert_bias, the weights, the expert plan (assignments grouped by expert into RT-slot tiles) and the rank-order combine.
+//! MoE routing on the device: sigmoid scores, top-k by score + expert_bias, the weights, the expert plan (assignments grouped by expert into tiles of RT slots, or WTM for the wide tiles) and the rank-order combine.
 
 // Rust's f32::total_cmp as an integer key: larger key, larger float (NaN above +inf).
 __device__ __forceinline__ int total_key(float v) {
@@ -117,12 +117,13 @@ extern "C" __global__ void moe_route(const float* logits, int rows, int ne, cons
 
 // One block, over the owned experts first .. first + ne (local id e = sel - first; other assignments are skipped):
 // counts assignments per expert, lays the experts' slots out in expert order, cuts each expert's slots into tiles
-// of at most RT (tiles[3t..3t+3) = local expert, first slot, slots; *ntiles of them, at most `bound`), then fills
+// of at most rt (tiles[3t..3t+3) = local expert, first slot, slots; *ntiles of them, at most `bound`; rt is RT for
+// the warp kernels, WTM for the wide tiles), then fills
 // list[slot] = assignment (row * kk + rank). Counts and offsets live in shared memory; only the running sums are
 // serial. The order of slots inside an expert may vary from run to run (atomics), but no value depends on it:
 // each slot's row is computed alone.
 __device__ __forceinline__ void plan_block(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
-                                           int* ntiles, int bound) {
+                                           int* ntiles, int bound, int rt) {
   __shared__ int cnt[PLAN_MAX];
   __shared__ int off[PLAN_MAX];
   __shared__ int tile0[PLAN_MAX];
@@ -149,7 +150,7 @@ __device__ __forceinline__ void plan_block(const float* sel, int nassign, int fi
     for (int e0 = 0; e0 < ne; e0 += 32) {
       int e = e0 + t;
       int c = e < ne ? cnt[e] : 0;
-      int tl = (c + RT - 1) / RT;
+      int tl = (c + rt - 1) / rt;
       int ic = c;
       int it = tl;
       for (int d = 1; d < 32; d <<= 1) {
@@ -171,12 +172,12 @@ __device__ __forceinline__ void plan_block(const float* sel, int nassign, int fi
   }
   __syncthreads();
   for (int e = t; e < ne; e += bs) {
-    for (int s = 0; s < cnt[e]; s += RT) {
-      int i = tile0[e] + s / RT;
+    for (int s = 0; s < cnt[e]; s += rt) {
+      int i = tile0[e] + s / rt;
       if (i < bound) {
         tiles[3 * i] = e;
         tiles[3 * i + 1] = off[e] + s;
-        tiles[3 * i + 2] = cnt[e] - s < RT ? cnt[e] - s : RT;
+        tiles[3 * i + 2] = cnt[e] - s < rt ? cnt[e] - s : rt;
       }
     }
   }
@@ -192,9 +193,9 @@ __device__ __forceinline__ void plan_block(const float* sel, int nassign, int fi
 }
 
 extern "C" __global__ void moe_plan(const float* sel, int nassign, int first, int ne, int* list, int* tiles,
-                                    int* ntiles, int bound) {
+                                    int* ntiles, int bound, int rt) {
   PDL_ENTRY();
-  plan_block(sel, nassign, first, ne, list, tiles, ntiles, bound);
+  plan_block(sel, nassign, first, ne, list, tiles, ntiles, bound, rt);
 }
 
 // Routing and the plan of every expert (first 0) in one launch, for calls of few rows (the host's ROUTE_PLAN_ROWS):
@@ -209,7 +210,7 @@ extern "C" __global__ void moe_route_plan(const float* logits, int rows, int ne,
     __syncwarp();  // lane 0 finishes the row's weights before the warp's next row
   }
   __syncthreads();
-  plan_block(sel, rows * kk, 0, ne, list, tiles, ntiles, bound);
+  plan_block(sel, rows * kk, 0, ne, list, tiles, ntiles, bound, RT);
 }
 
 // out[r, c] = sum over rank, in rank order from 0, of wts[r, rank] * y[r * kk + rank, c] (the CPU's combine).

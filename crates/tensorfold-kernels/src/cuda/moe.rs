@@ -2,8 +2,8 @@
 //! the routing in one launch for few rows), the grouped gate-up and down tiles (each active expert's weights read
 //! once a call), and the rank-order combine.
 
-use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, WPB};
-use super::ops::{blocks, expect, int, linear, mul, same_kind};
+use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, WPB, WTM};
+use super::ops::{blocks, expect, int, linear, mul, same_kind, wide_kernel};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::{Ffn, MoeParams};
@@ -127,7 +127,8 @@ pub(crate) fn experts(
     if first > 0 || ne < total {
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
-    let (scratch, plan) = plan_scratch(be, nassign, ne)?;
+    let wide = wide_experts(be, owned, rows, inter, h);
+    let (scratch, plan) = plan_scratch(be, nassign, ne, if wide { WTM } else { RT })?;
     let f = be.func(Src::Moe, "moe_plan")?;
     let args = [
         Arg::P(sel.ptr()?),
@@ -135,22 +136,31 @@ pub(crate) fn experts(
         Arg::I(int(first, "first expert")?),
         Arg::I(int(ne, "experts")?),
     ];
-    let args: Vec<Arg> = args.into_iter().chain(plan.args()?).collect();
+    let rt = Arg::I(int(plan.rt, "tile slots")?);
+    let args: Vec<Arg> = args.into_iter().chain(plan.args()?).chain([rt]).collect();
     be.dev.launch(&f, (1, 1, 1), PLAN_THREADS, 0, &args)?;
     run_tiles(be, x, rows, kk, owned, inter, &plan, y)?;
     drop(scratch);
     Ok(())
 }
 
-/// The plan's int scratch (list | tiles, 3 a tile | ntiles) for `nassign` assignments over `ne` experts, and its
-/// addresses (the scratch must outlive the tile launches).
-fn plan_scratch(be: &CudaBackend, nassign: usize, ne: usize) -> Result<(Option<Mem>, Plan), CudaError> {
-    let bound = ne.min(nassign) + nassign / RT;
+/// Whether a MoE call of `rows` rows runs both expert kernels as wide tiles (and plans tiles of [`WTM`] slots).
+fn wide_experts(be: &CudaBackend, owned: &[Ffn<CudaMat>], rows: usize, inter: usize, h: usize) -> bool {
+    owned.first().is_some_and(|f| {
+        wide_kernel(be, &f.w1, "moe_gateup", rows, inter).is_some()
+            && wide_kernel(be, &f.w2, "moe_down", rows, h).is_some()
+    })
+}
+
+/// The plan's int scratch (list | tiles, 3 a tile | ntiles) for `nassign` assignments over `ne` experts in tiles of
+/// at most `rt` slots, and its addresses (the scratch must outlive the tile launches).
+fn plan_scratch(be: &CudaBackend, nassign: usize, ne: usize, rt: usize) -> Result<(Option<Mem>, Plan), CudaError> {
+    let bound = ne.min(nassign) + nassign / rt;
     let ints = nassign + 3 * bound + 1;
     let scratch = be.dev.alloc(mul(ints, 4)?)?;
     let base = scratch.as_ref().map_or(0, |m| m.ptr);
     let at = |words: usize| base + 4 * words as u64;
-    Ok((scratch, Plan { list: at(0), tiles: at(nassign), ntiles: at(nassign + 3 * bound), bound }))
+    Ok((scratch, Plan { list: at(0), tiles: at(nassign), ntiles: at(nassign + 3 * bound), bound, rt }))
 }
 
 /// The grouped gate-up and down tiles of a plan over `owned` into `y` `[rows * k, hidden]`.
@@ -168,7 +178,7 @@ fn run_tiles(
     let h = x.len() / rows;
     let tab = be.dev.constant(&expert_table(owned)?)?;
     let one_row = be.dev.one_row(rows);
-    let t = Tiles { tab, plan, kk: int(kk, "top_k")?, one_row };
+    let t = Tiles { tab, plan, kk: int(kk, "top_k")?, one_row, wide: plan.rt == WTM };
     let act = be.buf(mul(mul(rows, kk)?, inter)?)?;
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &t)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)
@@ -203,7 +213,7 @@ pub(crate) fn route_experts(
     }
     expect(y.len() == mul(mul(rows, kk)?, h)?, || format!("moe: y is not [{rows} * {kk}, {h}]"))?;
     let inter = check_experts(all, h)?;
-    let (scratch, plan) = plan_scratch(be, mul(rows, kk)?, ne)?;
+    let (scratch, plan) = plan_scratch(be, mul(rows, kk)?, ne, RT)?;
     route_launch(be, x, rows, (gate, expert_bias, p), (sel, wts), Some(&plan))?;
     run_tiles(be, x, rows, kk, all, inter, &plan, y)?;
     drop(scratch);
@@ -289,6 +299,8 @@ struct Plan {
     tiles: u64,
     ntiles: u64,
     bound: usize,
+    /// Slots a tile holds at most: [`RT`] for the warp kernels, [`WTM`] for the wide tiles.
+    rt: usize,
 }
 
 impl Plan {
@@ -305,6 +317,8 @@ struct Tiles<'a> {
     kk: i32,
     /// Whether the `_r1` kernels run ([`super::device::Dev::one_row`] over the layer's rows).
     one_row: bool,
+    /// Whether the wide tiles run (the plan's tiles hold up to [`WTM`] slots).
+    wide: bool,
 }
 
 /// Every expert's w1 and w3 `[inter, hidden]` alike (one gate-up kernel reads them), every w2 `[hidden, inter]`
@@ -345,42 +359,29 @@ fn grouped(
     (k, n): (usize, usize),
     t: &Tiles,
 ) -> Result<(), CudaError> {
-    let (name, cols) = m.kernel_for(kind, t.one_row);
     let plan = t.plan;
+    let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
+    let mut args = vec![Arg::P(io.0), Arg::I(ki), Arg::I(ni), Arg::P(t.tab), Arg::I(gi)];
+    args.extend([plan.tiles, plan.ntiles, plan.list].map(Arg::P));
+    if kind == "moe_gateup" {
+        args.push(Arg::I(t.kk));
+    }
+    args.push(Arg::P(io.1));
+    if t.wide {
+        // Grid x the plan's tiles (up to 2^31 - 1), y the column blocks: wide_experts checked the form exists.
+        let (name, cols) = m.kernel_wide(kind).ok_or_else(|| CudaError::Shape(format!("{kind}: no wide form")))?;
+        let f = be.func(Src::Dense, &name)?;
+        let grid = (int(plan.bound, "tiles")? as u32, n.div_ceil(cols) as u32, 1);
+        return be.dev.launch(&f, grid, BLOCK, 0, &args);
+    }
+    let (name, cols) = m.kernel_for(kind, t.one_row);
     let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
-    let (ki, ni, gi) = (int(k, "cols")?, int(n, "outputs")?, int(m.group, "group")?);
+    args.push(Arg::I(0));
+    let last = args.len() - 1;
     for tile0 in (0..plan.bound).step_by(GRID_YZ) {
         let count = (plan.bound - tile0).min(GRID_YZ) as u32;
-        let t0 = int(tile0, "tile")?;
-        let args: Vec<Arg> = if kind == "moe_gateup" {
-            vec![
-                Arg::P(io.0),
-                Arg::I(ki),
-                Arg::I(ni),
-                Arg::P(t.tab),
-                Arg::I(gi),
-                Arg::P(plan.tiles),
-                Arg::P(plan.ntiles),
-                Arg::P(plan.list),
-                Arg::I(t.kk),
-                Arg::P(io.1),
-                Arg::I(t0),
-            ]
-        } else {
-            vec![
-                Arg::P(io.0),
-                Arg::I(ki),
-                Arg::I(ni),
-                Arg::P(t.tab),
-                Arg::I(gi),
-                Arg::P(plan.tiles),
-                Arg::P(plan.ntiles),
-                Arg::P(plan.list),
-                Arg::P(io.1),
-                Arg::I(t0),
-            ]
-        };
+        args[last] = Arg::I(int(tile0, "tile")?);
         be.dev.launch(&f, (gx, count, 1), BLOCK, 0, &args)?;
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Launchers of the row and dense kernels: weight upload, embedding, RMSNorm, linear, SwiGLU, add, row gather, q/k
 //! norm + RoPE and the greedy pick. Each checks its shapes on the host before anything is launched.
 
-use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB};
+use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB, WTM};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::{Ffn, KernelError, Pick, RopeParams, Segment};
@@ -191,34 +191,53 @@ pub(crate) fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let (name, cols) = w.kernel_for("linear", be.dev.one_row(rows));
-    let f = be.func(Src::Dense, &name)?;
-    let (wp, sp, bp) = w.ptrs()?;
     let bias = match bias {
         Some(b) => b.ptr()?,
         None => 0,
     };
-    let (xp, op) = (x.ptr()?, out.ptr()?);
+    linear_launch(be, x.ptr()?, rows, w, bias, out.ptr()?)
+}
+
+/// [`linear`]'s launches over checked shapes: `x` `[rows, w.cols]`, `bias` `[w.rows]` or 0, `out` `[rows, w.rows]`
+/// (device addresses). Wide calls take one launch of the wide tiles.
+fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
+    let (n, k) = (w.rows, w.cols);
+    let (wp, sp, bp) = w.ptrs()?;
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
+    let mut args = vec![
+        Arg::P(xp),
+        Arg::I(ri),
+        Arg::I(ki),
+        Arg::I(ni),
+        Arg::P(wp),
+        Arg::P(sp),
+        Arg::P(bp),
+        Arg::I(gi),
+        Arg::P(bias),
+        Arg::P(op),
+    ];
+    if let Some((name, cols)) = wide_kernel(be, w, "linear", rows, n) {
+        let f = be.func(Src::Dense, &name)?;
+        let grid = (int(rows.div_ceil(WTM), "row tiles")? as u32, n.div_ceil(cols) as u32, 1);
+        return be.dev.launch(&f, grid, BLOCK, 0, &args);
+    }
+    let (name, cols) = w.kernel_for("linear", be.dev.one_row(rows));
+    let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
+    args.push(Arg::I(0));
     for row0 in (0..rows).step_by(RT * GRID_YZ) {
         let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
-        let args = [
-            Arg::P(xp),
-            Arg::I(ri),
-            Arg::I(ki),
-            Arg::I(ni),
-            Arg::P(wp),
-            Arg::P(sp),
-            Arg::P(bp),
-            Arg::I(gi),
-            Arg::P(bias),
-            Arg::P(op),
-            Arg::I(row0 as i32),
-        ];
+        args[10] = Arg::I(row0 as i32);
         be.dev.launch(&f, (gx, tiles, 1), BLOCK, 0, &args)?;
     }
     Ok(())
+}
+
+/// The wide-tile entry point of `kind` for `w` and the columns a block covers, when a call of `rows` rows takes it
+/// ([`super::device::Dev::wide`], an 8-element chunk matrix, `n` outputs within the grid's y limit).
+pub(crate) fn wide_kernel(be: &CudaBackend, w: &CudaMat, kind: &str, rows: usize, n: usize) -> Option<(String, usize)> {
+    let (name, cols) = w.kernel_wide(kind)?;
+    (be.dev.wide(rows) && n.div_ceil(cols) <= GRID_YZ).then_some((name, cols))
 }
 
 /// Up to 3 linears of one input `x` `[rows, k]` in one launch per row span (`linear3_*`): `outs[i] = mats[i] x`, no
@@ -246,6 +265,13 @@ pub(crate) fn linears(
     let k = m0.cols;
     expect(x.len() == mul(rows, k)?, || format!("linears: x has {} values, expected [{rows}, {k}]", x.len()))?;
     if rows == 0 {
+        return Ok(());
+    }
+    if mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {
+        // Wide calls are bound by arithmetic, not launches: a linear each (the same bits, gate `multi`).
+        for (m, o) in mats.iter().zip(outs) {
+            linear_launch(be, x.ptr()?, rows, m, 0, o.ptr()?)?;
+        }
         return Ok(());
     }
     let (name, cols) = m0.kernel_for("linear", be.dev.one_row(rows));
@@ -290,30 +316,25 @@ pub(crate) fn swiglu(
     expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
     let act = be.buf(mul(rows, inter)?)?;
     if rows > 0 && inter > 0 {
-        let (name, cols) = f.w1.kernel_for("gateup", be.dev.one_row(rows));
-        let func = be.func(Src::Dense, &name)?;
         let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
-        let (xp, ap) = (x.ptr()?, act.ptr()?);
         let (ri, hi, ii, gi) = (int(rows, "rows")?, int(h, "hidden")?, int(inter, "width")?, int(f.w1.group, "group")?);
-        let gx = int(inter.div_ceil(cols), "blocks")? as u32;
-        for row0 in (0..rows).step_by(RT * GRID_YZ) {
-            let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
-            let args = [
-                Arg::P(xp),
-                Arg::I(ri),
-                Arg::I(hi),
-                Arg::I(ii),
-                Arg::P(g),
-                Arg::P(gs),
-                Arg::P(gb),
-                Arg::P(u),
-                Arg::P(us),
-                Arg::P(ub),
-                Arg::I(gi),
-                Arg::P(ap),
-                Arg::I(row0 as i32),
-            ];
-            be.dev.launch(&func, (gx, tiles, 1), BLOCK, 0, &args)?;
+        let mut args = vec![Arg::P(x.ptr()?), Arg::I(ri), Arg::I(hi), Arg::I(ii)];
+        args.extend([g, gs, gb, u, us, ub].map(Arg::P));
+        args.extend([Arg::I(gi), Arg::P(act.ptr()?)]);
+        if let Some((name, cols)) = wide_kernel(be, &f.w1, "gateup", rows, inter) {
+            let func = be.func(Src::Dense, &name)?;
+            let grid = (int(rows.div_ceil(WTM), "row tiles")? as u32, inter.div_ceil(cols) as u32, 1);
+            be.dev.launch(&func, grid, BLOCK, 0, &args)?;
+        } else {
+            let (name, cols) = f.w1.kernel_for("gateup", be.dev.one_row(rows));
+            let func = be.func(Src::Dense, &name)?;
+            let gx = int(inter.div_ceil(cols), "blocks")? as u32;
+            args.push(Arg::I(0));
+            for row0 in (0..rows).step_by(RT * GRID_YZ) {
+                let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
+                args[12] = Arg::I(row0 as i32);
+                be.dev.launch(&func, (gx, tiles, 1), BLOCK, 0, &args)?;
+            }
         }
     }
     linear(be, &act, rows, &f.w2, None, out)

@@ -2,7 +2,7 @@
 //! KV caches that grow by reallocation, and conv states with the kept rollback window.
 
 use super::CudaError;
-use super::device::{CT, Dev, Mem, WPB};
+use super::device::{CT, Dev, Mem, WPB, WTN};
 use crate::bytes::Dtype;
 use crate::cpu::conv::KEEP_ROWS;
 use std::sync::Arc;
@@ -95,6 +95,15 @@ impl CudaMat {
         let name = self.kernel(kind);
         let cols = if kind.ends_with("gateup") { CT.div_ceil(2) } else { CT };
         if one_row { (name + "_r1", WPB) } else { (name, WPB * cols) }
+    }
+
+    /// The wide-tile entry point of `kind` (dense.cu's `linear_wide_bf16_v8`, ...) and the output columns a block
+    /// covers ([`WTN`], half that for the gate-up forms), for the 8-element chunk matrices; `None` for the others,
+    /// which keep the warp kernels at every width. Bit-equal to [`Self::kernel_for`]'s forms.
+    pub(crate) fn kernel_wide(&self, kind: &str) -> Option<(String, usize)> {
+        let name = self.kernel(kind);
+        let cols = if kind.ends_with("gateup") { WTN / 2 } else { WTN };
+        self.v8().then(|| (name.replacen(kind, &format!("{kind}_wide"), 1), cols))
     }
 
     /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`).

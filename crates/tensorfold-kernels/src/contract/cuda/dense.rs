@@ -1,8 +1,9 @@
 //! CUDA contract entries of the dense kernels: the linear (every dtype and chunk form, and several in one launch) and the fused SwiGLU FFN.
 
 use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, dense_names, device_gate, limits, poisoned, rd, up, warp_dot_bound, with_fault};
+use super::super::{Claim, Fault, Gate, Kernel, Scale};
+use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
+use super::{warp_dot_bound, wide_names, with_fault};
 use crate::backend::{Backend, Ffn};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
@@ -50,12 +51,13 @@ pub(super) const LINEAR_PLANTS: &[Planted] = &[
     ("batch-dependent-order", Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
     ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
     ("multi-skips-block", Src::Dense, "FAULT_LINEAR_MULTI_OFFSET"),
+    ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
 ];
 
 impl Linear {
     /// Three matrices of one input in one launch (`linears`, the q/k/v form) and two (the drafter's context k/v)
-    /// against a `linear` each: bit-equal outputs at 1, 3 and 33 rows (the one-row and tile forms), for each chunk
-    /// form and dtype.
+    /// against a `linear` each: bit-equal outputs at 1, 3, 33 and 70 rows (the one-row, tile and wide forms), for
+    /// each chunk form and dtype.
     fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         let mut diffs = 0;
         let sets: [(usize, &str, &[usize]); 4] = [
@@ -66,7 +68,7 @@ impl Linear {
         ];
         for (k, kind, ns) in sets {
             let ws: Vec<CudaMat> = ns.iter().map(|&n| be.upload_mat(&make(rng, n, k, kind)).expect("upload")).collect();
-            for rows in [1, 3, 33] {
+            for rows in [1, 3, 33, MAX_WIDTH] {
                 let x = up(be, &uniform(rng, rows * k));
                 let mut outs: Vec<CudaBuf> = ws.iter().map(|w| poisoned(be, rows * w.rows)).collect();
                 be.linears(&x, rows, &ws.iter().collect::<Vec<_>>(), &mut outs.iter_mut().collect::<Vec<_>>());
@@ -112,24 +114,24 @@ impl Linear {
         ]
     }
 
-    /// Gate 3 over the first (at most 4096) outputs: 33 one-row calls against calls of every width.
+    /// Gate 3 over the first (at most 4096) outputs: one-row calls against calls of every width.
     fn invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
         let k = w.cols;
         let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
         let wm = be.upload_mat(&wn).expect("upload the matrix");
         let n = wn.rows;
-        let xs = uniform(rng, 33 * k);
+        let xs = cyclic(&uniform(rng, DISTINCT * k), k);
         let call = |x: &[f32], rows: usize| {
             let mut o = poisoned(be, rows * n);
             be.linear(&up(be, x), rows, &wm, None, &mut o);
             rd(be, &o)
         };
-        let one: Vec<Vec<f32>> = (0..33).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
-        let diffs: usize = WIDTHS
+        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
+        let diffs: usize = CUDA_WIDTHS
             .iter()
             .map(|&wd| {
                 let o = call(&xs[..wd * k], wd);
-                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r])).sum::<usize>()
+                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r % DISTINCT])).sum::<usize>()
             })
             .sum();
         invariance_gate(shape, diffs)
@@ -161,6 +163,10 @@ impl Kernel for Linear {
                 what: "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
             },
             Fault { name: "multi-skips-block", what: "the one-launch form skips the last matrix's first block" },
+            Fault {
+                name: "wide-tree",
+                what: "the wide tiles fold the lane classes in lane order, not the butterfly's",
+            },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -177,7 +183,8 @@ impl Kernel for Linear {
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let names: Vec<String> = dense_names("linear").into_iter().chain(dense_names("linear3")).collect();
+        let names: Vec<String> =
+            dense_names("linear").into_iter().chain(dense_names("linear3")).chain(wide_names("linear")).collect();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }
 }
@@ -193,7 +200,8 @@ fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
 
 struct Swiglu(CudaBackend);
 
-pub(super) const SWIGLU_PLANTS: &[Planted] = &[("up-gate-swapped", Src::Dense, "FAULT_SWIGLU_SWAPPED")];
+pub(super) const SWIGLU_PLANTS: &[Planted] =
+    &[("up-gate-swapped", Src::Dense, "FAULT_SWIGLU_SWAPPED"), ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE")];
 
 /// An FFN of `kind`; q8 quantizes each matrix in the first of groups 64, 32, 16 or the whole row that divides it
 /// (as `--drafter-bits 8` does).
@@ -237,7 +245,10 @@ impl Kernel for Swiglu {
         swiglu_shapes(scale).iter().map(|(h, i, d)| format!("hidden {h}, width {i}, {d}")).collect()
     }
     fn faults(&self) -> &'static [Fault] {
-        &[Fault { name: "up-gate-swapped", what: "silu is applied to the up projection instead of the gate" }]
+        &[
+            Fault { name: "up-gate-swapped", what: "silu is applied to the up projection instead of the gate" },
+            Fault { name: "wide-tree", what: "the wide gate-up tiles fold the lane classes in lane order" },
+        ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, SWIGLU_PLANTS, fault);
@@ -251,7 +262,7 @@ impl Kernel for Swiglu {
                 be.swiglu(&up(&be, x), rows, &fm, &mut o);
                 rd(&be, &o)
             };
-            let x = uniform(rng, 33 * h);
+            let x = cyclic(&uniform(rng, DISTINCT * h), h);
             let out = call(&x[..2 * h], 2);
             let mut err = 0f64;
             for r in 0..2 {
@@ -260,12 +271,12 @@ impl Kernel for Swiglu {
             }
             let shape = format!("hidden {h}, width {inter}, {kind}");
             gates.push(reference_gate(&shape, err, 1e-5));
-            let one: Vec<Vec<f32>> = (0..33).map(|r| call(&x[r * h..(r + 1) * h], 1)).collect();
-            let inv: usize = WIDTHS
+            let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&x[r * h..(r + 1) * h], 1)).collect();
+            let inv: usize = CUDA_WIDTHS
                 .iter()
                 .map(|&w| {
                     let o = call(&x[..w * h], w);
-                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
+                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
                 })
                 .sum();
             gates.push(invariance_gate(&shape, inv));
@@ -274,7 +285,7 @@ impl Kernel for Swiglu {
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let names = dense_names("gateup");
+        let names: Vec<String> = dense_names("gateup").into_iter().chain(wide_names("gateup")).collect();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }
 }

@@ -81,6 +81,27 @@ pub(super) fn dense_names(kind: &str) -> Vec<String> {
     forms.iter().flat_map(|s| [format!("{kind}_{s}"), format!("{kind}_{s}_r1")]).collect()
 }
 
+/// The dense.cu wide-tile entry points of `kind` (8-element chunk forms only).
+pub(super) fn wide_names(kind: &str) -> Vec<String> {
+    ["f32_v8", "bf16_v8", "q8_v8"].iter().map(|s| format!("{kind}_wide_{s}")).collect()
+}
+
+/// Call widths of the CUDA invariance gates of the linears and experts: the CPU contract's [`super::WIDTHS`] and 70
+/// rows, which take the wide tiles (at least `WIDE_ROWS` rows by default: two full tiles of 32 and 6 rows).
+pub(super) const CUDA_WIDTHS: [usize; 7] = [1, 2, 3, 8, 16, 33, 70];
+/// The widest of [`CUDA_WIDTHS`]: the gates make this many input rows.
+pub(super) const MAX_WIDTH: usize = 70;
+/// Distinct input rows of those gates: row r is row r % DISTINCT, so one-row calls are made for these only and the
+/// wide call holds the same rows at other tile positions (which must not change a bit).
+pub(super) const DISTINCT: usize = 33;
+
+/// [`MAX_WIDTH`] rows of `k` values cycling over the [`DISTINCT`] rows of `x`.
+pub(super) fn cyclic(x: &[f32], k: usize) -> Vec<f32> {
+    (0..MAX_WIDTH).flat_map(|r| x[(r % DISTINCT) * k..(r % DISTINCT + 1) * k].iter().copied()).collect()
+}
+// The widest call must take the wide tiles by default and end in a partial tile.
+const _: () = assert!(MAX_WIDTH >= crate::cuda::WIDE_ROWS && !MAX_WIDTH.is_multiple_of(32));
+
 /// Splits `rows` rows over `streams` streams as contiguous segments at positions `starts` (stream i gets a share;
 /// some may get none), as the CPU contract's multi-stream tables.
 pub(super) fn split(rows: usize, streams: usize, starts: &[usize]) -> Vec<crate::backend::Segment> {

@@ -1,8 +1,9 @@
 //! CUDA contract entry of the MoE block: device routing, expert tiles grouped by expert, the rank-order combine.
 
 use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, dense_names, device_gate, limits, poisoned, rd, up, with_fault};
+use super::super::{Claim, Fault, Gate, Kernel, Scale};
+use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
+use super::{wide_names, with_fault};
 use crate::backend::{Backend, Ffn, MoeParams};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaMat, Src};
@@ -37,6 +38,7 @@ pub(super) const MOE_PLANTS: &[Planted] = &[
     ("plan-unowned", Src::Moe, "FAULT_MOE_PLAN_ALL"),
     ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
     ("fused-combine-reversed", Src::Rows, "FAULT_COMBINE_FUSED_REVERSE"),
+    ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
 ];
 
 /// One shape's device weights and host references.
@@ -107,6 +109,7 @@ impl Kernel for Moe {
                 name: "fused-combine-reversed",
                 what: "the combine fused with the residual add and norm sums the ranks from the last",
             },
+            Fault { name: "wide-tree", what: "the wide expert tiles fold the lane classes in lane order" },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -120,23 +123,29 @@ impl Kernel for Moe {
             let upm = |m: &MatView| be.upload_mat(m).expect("upload");
             let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
             let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
-            let x = uniform(rng, 33 * h);
+            let x = cyclic(&uniform(rng, DISTINCT * h), h);
             let out = case.call(&be, &x[..2 * h], 2, p, true);
             let shape = format!("hidden {h}, {ne} experts, {dtype}");
             gates.push(reference_gate(&shape, case.err(&x, &out, 2, p, &case.bias), 1e-5));
-            let one: Vec<Vec<f32>> = (0..33).map(|r| case.call(&be, &x[r * h..(r + 1) * h], 1, p, true)).collect();
-            let inv: usize = WIDTHS
+            let one: Vec<Vec<f32>> =
+                (0..DISTINCT).map(|r| case.call(&be, &x[r * h..(r + 1) * h], 1, p, true)).collect();
+            let inv: usize = CUDA_WIDTHS
                 .iter()
                 .map(|&w| {
                     let o = case.call(&be, &x[..w * h], w, p, true);
-                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r])).sum::<usize>()
+                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
                 })
                 .sum();
             gates.push(invariance_gate(&shape, inv));
-            let want = case.call(&be, &x[..5 * h], 5, p, true);
             let b = up(&be, &case.bias);
-            let r = shard_diffs(&be, (&x[..5 * h], 5, h), &case.dgate, Some(&b), &case.dex, p, &want, false);
-            gates.push(shard_gate(&shape, r));
+            // 5 rows take the warp kernels, MAX_WIDTH the wide tiles (each rank plans its own experts' tiles; the
+            // shapes of few experts, which fill the tiles).
+            let widths: &[usize] = if ne <= 8 { &[5, MAX_WIDTH] } else { &[5] };
+            for &rows in widths {
+                let want = case.call(&be, &x[..rows * h], rows, p, true);
+                let r = shard_diffs(&be, (&x[..rows * h], rows, h), &case.dgate, Some(&b), &case.dex, p, &want, false);
+                gates.push(shard_gate(&format!("{shape}, {rows} rows"), r));
+            }
             if ne <= 8 {
                 gates.push(Self::edges(&be, &case, &x, ne));
             }
@@ -153,6 +162,8 @@ impl Kernel for Moe {
         names = dense_names("moe_gateup")
             .into_iter()
             .chain(dense_names("moe_down"))
+            .chain(wide_names("moe_gateup"))
+            .chain(wide_names("moe_down"))
             .filter(|n| !n.contains("q8"))
             .collect();
         l.extend(limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>()));
