@@ -13,6 +13,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Threads of every block the launchers use, except the combine, plan and greedy kernels (which say their own).
@@ -31,9 +32,12 @@ pub const R1_ROWS: usize = 4;
 pub const WTM: usize = 32;
 /// Output columns a wide tile covers (dense.cu's `WTN`; half that for the gate-up forms).
 pub const WTN: usize = 128;
-/// Calls of at least this many rows (dense, or a MoE layer's) run the wide tiles by default (prefill chunks; and
-/// verify rounds of 64 rows or more).
-pub const WIDE_ROWS: usize = 64;
+/// Dense calls of at least this many rows run the wide tiles by default (prefill chunks, wide verify rounds). On
+/// the H200 (docs/receipts/2026-12-01-cuda-wide-tiles.md) they were 1.35x faster at 512 rows and slower at 128.
+pub const WIDE_ROWS: usize = 256;
+/// MoE calls run the wide expert tiles by default when they also hold at least this many assignments an expert on
+/// average (a wide tile is [`WTM`] slots: fewer leave it part empty; 1.4x faster at 32, 2x slower at 8).
+pub const WIDE_SLOTS: usize = 32;
 /// Output columns a warp of a tile kernel covers (common.cuh's `CT`; the `_r1` kernels cover 1).
 pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
@@ -181,9 +185,10 @@ pub struct Dev {
     /// `TENSORFOLD_CUDA_R1_ROWS=N` (a measuring aid for A/B runs in one binary; the bits are the same either way):
     /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
-    /// `TENSORFOLD_CUDA_WIDE_ROWS=N` (a measuring aid, the bits are the same either way): calls of at least N rows
-    /// run the wide tiles (0: never). Unset: [`WIDE_ROWS`].
-    pub wide_rows: Option<usize>,
+    /// `TENSORFOLD_CUDA_WIDE_ROWS=N` (a measuring aid, the bits are the same either way), or the contract's
+    /// [`Dev::set_wide_rows`]: calls of at least N rows, dense or MoE, run the wide tiles (0: never). [`UNSET`]:
+    /// [`WIDE_ROWS`] and [`WIDE_SLOTS`].
+    wide_rows: AtomicUsize,
     /// Kernels launch with programmatic dependent launch (sm_90 and later, unless `TENSORFOLD_CUDA_PDL=0`): a
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
     /// gap between the two. Off under a profile (each kernel is timed alone).
@@ -236,7 +241,7 @@ impl Dev {
             return Err(CudaError::NoDevice { ordinal, count });
         }
         let r1_rows = rows_setting("TENSORFOLD_CUDA_R1_ROWS")?;
-        let wide_rows = rows_setting("TENSORFOLD_CUDA_WIDE_ROWS")?;
+        let wide_rows = AtomicUsize::new(rows_setting("TENSORFOLD_CUDA_WIDE_ROWS")?.unwrap_or(UNSET));
         let graphs = graphs_setting(std::env::var("TENSORFOLD_CUDA_GRAPHS").ok())?;
         let part = part_setting(std::env::var("TENSORFOLD_CUDA_GRAPH_OPS").ok())?;
         let pdl = pdl_setting(std::env::var("TENSORFOLD_CUDA_PDL").ok())?;
@@ -358,10 +363,27 @@ impl Dev {
         one_row(self.r1_rows, rows)
     }
 
-    /// Whether a call of `rows` rows (dense, or a MoE layer's) runs the wide tiles: at least [`WIDE_ROWS`], or
-    /// `TENSORFOLD_CUDA_WIDE_ROWS` (0: never).
+    /// Whether a dense call of `rows` rows runs the wide tiles: at least [`WIDE_ROWS`], or the override (0: never).
     pub fn wide(&self, rows: usize) -> bool {
-        wide(self.wide_rows, rows)
+        wide(self.wide_override(), rows, None)
+    }
+
+    /// Whether a MoE call of `rows` rows and `assignments` over `experts` experts runs the wide expert tiles: at
+    /// least [`WIDE_ROWS`] rows and [`WIDE_SLOTS`] assignments an expert, or at least the override's rows.
+    pub fn wide_moe(&self, rows: usize, assignments: usize, experts: usize) -> bool {
+        wide(self.wide_override(), rows, Some((assignments, experts)))
+    }
+
+    /// Sets the wide-tile override (`None`: the defaults) and returns the one before: the contract checks the wide
+    /// tiles at widths under the defaults.
+    pub fn set_wide_rows(&self, rows: Option<usize>) -> Option<usize> {
+        let was = self.wide_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
+        (was != UNSET).then_some(was)
+    }
+
+    fn wide_override(&self) -> Option<usize> {
+        let v = self.wide_rows.load(Ordering::Relaxed);
+        (v != UNSET).then_some(v)
     }
 
     /// Module `src` (no planted fault) compiled and loaded now.
@@ -563,10 +585,15 @@ pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize) -> bool {
     rows <= r1_rows.unwrap_or(R1_ROWS)
 }
 
-/// [`Dev::wide`] with the override `wide_rows` given.
-pub(crate) fn wide(wide_rows: Option<usize>, rows: usize) -> bool {
-    let at = wide_rows.unwrap_or(WIDE_ROWS);
-    at > 0 && rows >= at
+/// The wide-tile override's "not set".
+const UNSET: usize = usize::MAX;
+
+/// [`Dev::wide`] (`moe` None) and [`Dev::wide_moe`] (`moe` = (assignments, experts)) under the override `over`.
+pub(crate) fn wide(over: Option<usize>, rows: usize, moe: Option<(usize, usize)>) -> bool {
+    match over {
+        Some(n) => n > 0 && rows >= n,
+        None => rows >= WIDE_ROWS && moe.is_none_or(|(a, e)| a >= WIDE_SLOTS.saturating_mul(e)),
+    }
 }
 
 /// A row-count setting from the environment: unset is `None`, a whole number `Some`, anything else refused by name.

@@ -23,7 +23,7 @@ mod types;
 pub use nccl::NcclCollective;
 pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
 
-pub(crate) use device::{Plant, Src, WIDE_ROWS};
+pub(crate) use device::{Plant, Src};
 pub use graphs::GraphFault;
 
 use crate::backend::KernelError;
@@ -292,11 +292,14 @@ mod tests {
     }
 
     #[test]
-    fn the_wide_tiles_take_calls_of_at_least_64_rows_unless_overridden() {
+    fn the_wide_tiles_take_calls_of_at_least_256_rows_and_32_slots_an_expert_unless_overridden() {
         use device::wide;
-        assert!(!wide(None, 63) && wide(None, 64) && wide(None, 2048));
-        assert!(!wide(Some(0), 1) && !wide(Some(0), 100_000), "0 never takes them");
-        assert!(wide(Some(1), 1) && !wide(Some(33), 32) && wide(Some(33), 33));
+        assert!(!wide(None, 255, None) && wide(None, 256, None) && wide(None, 2048, None));
+        // 64 experts, top-4: 512 rows fill a tile an expert on average, 256 rows half.
+        assert!(wide(None, 512, Some((2048, 64))) && !wide(None, 256, Some((1024, 64))));
+        assert!(!wide(None, 100, Some((10_000, 8))), "the rows count too");
+        assert!(!wide(Some(0), 1, None) && !wide(Some(0), 100_000, Some((1, 1))), "0 never takes them");
+        assert!(wide(Some(1), 1, None) && !wide(Some(33), 32, None) && wide(Some(33), 33, Some((33, 64))));
     }
 
     #[test]

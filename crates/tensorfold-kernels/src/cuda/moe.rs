@@ -3,7 +3,7 @@
 //! once a call), and the rank-order combine.
 
 use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, WPB, WTM};
-use super::ops::{blocks, expect, int, linear, mul, same_kind, wide_kernel};
+use super::ops::{blocks, expect, int, linear, mul, same_kind, wide_form};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::{Ffn, MoeParams};
@@ -127,7 +127,7 @@ pub(crate) fn experts(
     if first > 0 || ne < total {
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
-    let wide = wide_experts(be, owned, rows, inter, h);
+    let wide = be.dev.wide_moe(rows, nassign, total) && wide_experts(owned, inter, h);
     let (scratch, plan) = plan_scratch(be, nassign, ne, if wide { WTM } else { RT })?;
     let f = be.func(Src::Moe, "moe_plan")?;
     let args = [
@@ -144,12 +144,11 @@ pub(crate) fn experts(
     Ok(())
 }
 
-/// Whether a MoE call of `rows` rows runs both expert kernels as wide tiles (and plans tiles of [`WTM`] slots).
-fn wide_experts(be: &CudaBackend, owned: &[Ffn<CudaMat>], rows: usize, inter: usize, h: usize) -> bool {
-    owned.first().is_some_and(|f| {
-        wide_kernel(be, &f.w1, "moe_gateup", rows, inter).is_some()
-            && wide_kernel(be, &f.w2, "moe_down", rows, h).is_some()
-    })
+/// Whether both expert kernels have wide forms for these experts (a wide call then plans tiles of [`WTM`] slots).
+fn wide_experts(owned: &[Ffn<CudaMat>], inter: usize, h: usize) -> bool {
+    owned
+        .first()
+        .is_some_and(|f| wide_form(&f.w1, "moe_gateup", inter).is_some() && wide_form(&f.w2, "moe_down", h).is_some())
 }
 
 /// The plan's int scratch (list | tiles, 3 a tile | ntiles) for `nassign` assignments over `ne` experts in tiles of

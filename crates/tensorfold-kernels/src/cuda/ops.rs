@@ -233,11 +233,16 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
     Ok(())
 }
 
-/// The wide-tile entry point of `kind` for `w` and the columns a block covers, when a call of `rows` rows takes it
-/// ([`super::device::Dev::wide`], an 8-element chunk matrix, `n` outputs within the grid's y limit).
+/// The wide-tile entry point of `kind` for `w` and the columns a block covers, when a dense call of `rows` rows
+/// takes it ([`super::device::Dev::wide`]) and [`wide_form`] has one.
 pub(crate) fn wide_kernel(be: &CudaBackend, w: &CudaMat, kind: &str, rows: usize, n: usize) -> Option<(String, usize)> {
-    let (name, cols) = w.kernel_wide(kind)?;
-    (be.dev.wide(rows) && n.div_ceil(cols) <= GRID_YZ).then_some((name, cols))
+    if be.dev.wide(rows) { wide_form(w, kind, n) } else { None }
+}
+
+/// The wide-tile entry point of `kind` for `w` and its columns a block: 8-element chunk matrices with `n` outputs
+/// within the grid's y limit.
+pub(crate) fn wide_form(w: &CudaMat, kind: &str, n: usize) -> Option<(String, usize)> {
+    w.kernel_wide(kind).filter(|(_, cols)| n.div_ceil(*cols) <= GRID_YZ)
 }
 
 /// Up to 3 linears of one input `x` `[rows, k]` in one launch per row span (`linear3_*`): `outs[i] = mats[i] x`, no

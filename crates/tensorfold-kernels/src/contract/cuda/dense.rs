@@ -3,7 +3,7 @@
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale};
 use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
-use super::{warp_dot_bound, wide_names, with_fault};
+use super::{WideAt, warp_dot_bound, wide_names, with_fault};
 use crate::backend::{Backend, Ffn};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
@@ -171,6 +171,7 @@ impl Kernel for Linear {
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, LINEAR_PLANTS, fault);
+        let _wide = WideAt::new(&be);
         let mut gates = Vec::new();
         for (n, k, kind) in linear_shapes(scale) {
             let w = make(rng, n, k, kind);
@@ -252,6 +253,7 @@ impl Kernel for Swiglu {
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, SWIGLU_PLANTS, fault);
+        let _wide = WideAt::new(&be);
         let mut gates = Vec::new();
         for (h, inter, kind) in swiglu_shapes(scale) {
             let f = ffn(rng, h, inter, kind);

@@ -87,8 +87,28 @@ pub(super) fn wide_names(kind: &str) -> Vec<String> {
 }
 
 /// Call widths of the CUDA invariance gates of the linears and experts: the CPU contract's [`super::WIDTHS`] and 70
-/// rows, which take the wide tiles (at least `WIDE_ROWS` rows by default: two full tiles of 32 and 6 rows).
+/// rows, which take the wide tiles under [`WideAt`] (two full tiles of 32 and 6 rows).
 pub(super) const CUDA_WIDTHS: [usize; 7] = [1, 2, 3, 8, 16, 33, 70];
+/// The wide-tile threshold the linear, SwiGLU and MoE entries run under: the defaults (256 rows, and 32 assignments
+/// an expert) would need far wider calls than a contract can afford on the emulator.
+pub(super) const WIDE_AT: usize = 64;
+
+/// Sets the device's wide-tile threshold to [`WIDE_AT`] for an entry's gates (whatever `TENSORFOLD_CUDA_WIDE_ROWS`
+/// says), and puts the one before back when dropped.
+pub(super) struct WideAt<'a>(&'a CudaBackend, Option<usize>);
+
+impl<'a> WideAt<'a> {
+    pub(super) fn new(be: &'a CudaBackend) -> Self {
+        let was = be.dev.set_wide_rows(Some(WIDE_AT));
+        WideAt(be, was)
+    }
+}
+
+impl Drop for WideAt<'_> {
+    fn drop(&mut self) {
+        self.0.dev.set_wide_rows(self.1);
+    }
+}
 /// The widest of [`CUDA_WIDTHS`]: the gates make this many input rows.
 pub(super) const MAX_WIDTH: usize = 70;
 /// Distinct input rows of those gates: row r is row r % DISTINCT, so one-row calls are made for these only and the
@@ -99,8 +119,8 @@ pub(super) const DISTINCT: usize = 33;
 pub(super) fn cyclic(x: &[f32], k: usize) -> Vec<f32> {
     (0..MAX_WIDTH).flat_map(|r| x[(r % DISTINCT) * k..(r % DISTINCT + 1) * k].iter().copied()).collect()
 }
-// The widest call must take the wide tiles by default and end in a partial tile.
-const _: () = assert!(MAX_WIDTH >= crate::cuda::WIDE_ROWS && !MAX_WIDTH.is_multiple_of(32));
+// The widest call must take the wide tiles and end in a partial tile; the one-row calls' widths must not.
+const _: () = assert!(MAX_WIDTH >= WIDE_AT && DISTINCT < WIDE_AT && !MAX_WIDTH.is_multiple_of(32));
 
 /// Splits `rows` rows over `streams` streams as contiguous segments at positions `starts` (stream i gets a share;
 /// some may get none), as the CPU contract's multi-stream tables.

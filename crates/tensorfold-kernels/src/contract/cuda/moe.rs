@@ -3,7 +3,7 @@
 use super::super::cases::*;
 use super::super::{Claim, Fault, Gate, Kernel, Scale};
 use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
-use super::{wide_names, with_fault};
+use super::{WideAt, wide_names, with_fault};
 use crate::backend::{Backend, Ffn, MoeParams};
 use crate::bytes::MatView;
 use crate::cuda::{CudaBackend, CudaMat, Src};
@@ -114,6 +114,7 @@ impl Kernel for Moe {
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, MOE_PLANTS, fault);
+        let _wide = WideAt::new(&be);
         let mut gates = Vec::new();
         for (h, ne, inter, k, dtype) in moe_shapes(scale) {
             let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
