@@ -5,7 +5,8 @@
 # must agree: the two forms give the same bits), then per-kernel prefill profiles by device events at chunks of
 # CHUNKS rows for A and B. Runs carry/bin/tensorfold.xz; logs go to $OUT. STEP=2 runs the second part instead: the
 # quick contract, `bench forward` A B B A with 128 decoded tokens (the token hash of the earlier receipts), prefill
-# of 32,768 tokens A and B, and profiles at chunks of 256 rows with A and with every call of 256 rows wide.
+# of 32,768 tokens A and B, and profiles at chunks of 256 rows with A and with every call of 256 rows wide. STEP=3:
+# the quick contract, the A B B A forward, 32,768 tokens B, and B's profiles at chunks of 256 and 512 (all wide).
 #
 #   tools/cuda/wide.sh            (STEP=1, the default)     STEP=2 tools/cuda/wide.sh
 set -uo pipefail
@@ -33,6 +34,18 @@ if [ "${STEP:-1}" = 1 ]; then
             echo "-- profile chunk $c $side rc=$?"
             grep -A14 "^prefill of the" "$OUT/prof-$c-$side.log" | head -15
         done
+    done
+elif [ "$STEP" = 3 ]; then
+    "$BIN" contract --backend cuda --quick --seed 20261203 >"$OUT/contract-quick.log" 2>&1
+    echo "contract quick rc=$?"; grep -E "^SUMMARY|^FAIL|missed" "$OUT/contract-quick.log"
+    ab_runs f24 "$A" bench forward --device cuda --model $M --prompt-lens 2048 --decode 128
+    "$BIN" bench forward --device cuda --model $M --prompt-lens 32768 --decode 2 >"$OUT/p32k-B.log" 2>&1
+    echo "-- 32k B rc=$?"; grep -E "exactness|prefill|peak" "$OUT/p32k-B.log"
+    for c in 256 512; do
+        env TENSORFOLD_CUDA_PROFILE=events TENSORFOLD_CUDA_WIDE_ROWS=$c "$BIN" bench forward --device cuda --model $M \
+            --prompt-lens 16 --decode 2 --chunk $c >"$OUT/prof-$c-B.log" 2>&1
+        echo "-- profile chunk $c B rc=$?"
+        grep -A6 "^prefill of the" "$OUT/prof-$c-B.log" | head -7
     done
 else
     "$BIN" contract --backend cuda --quick --seed 20261202 >"$OUT/contract-quick.log" 2>&1
