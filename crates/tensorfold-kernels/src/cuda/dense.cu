@@ -402,8 +402,8 @@ TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8, 1)
 TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8, 1)
 
 // Wide tiles, for calls of many rows (prefill; the host's Dev::wide): a block of 256 threads computes WTM rows by
-// WTN columns, thread (ty, tx) (wide_thread) the rows 4ty .. 4ty+3 and columns 4tx .. 4tx+3, from stages of shared
-// memory, so each staged value feeds 4 rows or 4 columns of fmaf. The bits are the warp kernels' above:
+// WTN columns, thread (ty, tx) = (t / 32, t % 32) the rows 4ty .. 4ty+3 and columns 4tx .. 4tx+3, from stages of
+// shared memory, so each staged value feeds 4 rows or 4 columns of fmaf. The bits are the warp kernels' above:
 // an output is warp_sum's butterfly tree over the 32 lane classes (class l: the chunks l, l+32, ... that lane l
 // walks), each class an fmaf chain from +0 in increasing order. The block walks the classes one at a time in the
 // tree's leaf order, bit-reversed l (0, 16, 8, 24, ...: the butterfly adds l and l^16 first), and folds each
@@ -417,16 +417,6 @@ struct WideSmem {
   float x[WJG * 8][WTM];  // [element of the stage][row]
   float w[WJG * 8][WTN];  // [element of the stage][column]
 };
-
-// Thread t's row group ty (0..7) and column group tx (0..31): a warp covers 4 row groups by 8 column groups, so a
-// step's shared reads are 64 bytes of rows and 128 of columns a warp (one wavefront each; ncu read a 1 x 32 warp's
-// 16 + 512 bytes at 73% of the L1/shared throughput). Warps 0..3 take rows 0..15, warps 4..7 rows 16..31.
-__device__ __forceinline__ void wide_thread(int t, int* ty, int* tx) {
-  int w = t >> 5;
-  int lane = t & 31;
-  *ty = 4 * (w >> 2) + (lane >> 3);
-  *tx = 8 * (w & 3) + (lane & 7);
-}
 
 // Leaf p of the butterfly's tree is lane class bitrev5(p).
 __device__ __forceinline__ int wide_class(int p) {
@@ -503,8 +493,8 @@ template <int DT, int NW, class In>
 __device__ __forceinline__ void wide_tile(WideSmem& sm, const Mat& m0, const Mat& m1, int j0, int n, int k, int nt,
                                           const float* x, In in_row, float fin[4][4]) {
   int t = threadIdx.x;
-  int ty, tx;
-  wide_thread(t, &ty, &tx);
+  int ty = t >> 5;
+  int tx = t & 31;
   int vc = t % WTN;
   bool n_ok = (NW == 2 ? j0 + (vc & 63) : j0 + vc) < n;
   int groups = (class_steps(0, k) + WJG - 1) / WJG;
@@ -579,13 +569,11 @@ template <class Put>
 __device__ __forceinline__ void wide_gateup_out(WideSmem& sm, const float fin[4][4], int j0, int n, int nt, Put put) {
   float* o = &sm.w[0][0];  // [WTM][WTN]
   int t = threadIdx.x;
-  int ty, tx;
-  wide_thread(t, &ty, &tx);
   __syncthreads();  // the last stage is multiplied
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
-    for (int c = 0; c < 4; c++) o[(4 * ty + r) * WTN + 4 * tx + c] = fin[r][c];
+    for (int c = 0; c < 4; c++) o[(4 * (t >> 5) + r) * WTN + 4 * (t & 31) + c] = fin[r][c];
   __syncthreads();
   int j = t & 63;
   for (int i = t >> 6; i < nt; i += 4)
@@ -595,14 +583,13 @@ __device__ __forceinline__ void wide_gateup_out(WideSmem& sm, const float fin[4]
 // Plain tile outputs: put(i, j, v) for this thread's rows i < nt and columns j < n.
 template <class Put>
 __device__ __forceinline__ void wide_out(const float fin[4][4], int j0, int n, int nt, Put put) {
-  int ty, tx;
-  wide_thread(threadIdx.x, &ty, &tx);
+  int t = threadIdx.x;
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      int i = 4 * ty + r;
-      int j = j0 + 4 * tx + c;
+      int i = 4 * (t >> 5) + r;
+      int j = j0 + 4 * (t & 31) + c;
       if (i < nt && j < n) put(i, j, fin[r][c]);
     }
 }

@@ -333,7 +333,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 25, "every entry point was checked");
+        assert_eq!(entries, 29, "every entry point was checked");
     }
 
     #[test]
