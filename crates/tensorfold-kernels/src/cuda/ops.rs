@@ -204,7 +204,7 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
     let (n, k) = (w.rows, w.cols);
     let (wp, sp, bp) = w.ptrs()?;
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
-    let mut args = vec![
+    let args = vec![
         Arg::P(xp),
         Arg::I(ri),
         Arg::I(ki),
@@ -216,18 +216,32 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
         Arg::P(bias),
         Arg::P(op),
     ];
-    if let Some((name, cols)) = wide_kernel(be, w, "linear", rows, n) {
+    dense_launch(be, w, "linear", (rows, n), args)
+}
+
+/// A dense kernel of family `kind` (`linear`, `gateup`) for `w` over `rows` rows and `n` outputs, with the entry's
+/// arguments but its last (`row0`): one launch of the wide tiles, or the one-row or tile form over row spans of at
+/// most [`GRID_YZ`] tiles (which changes no row's arithmetic).
+fn dense_launch(
+    be: &CudaBackend,
+    w: &CudaMat,
+    kind: &str,
+    (rows, n): (usize, usize),
+    mut args: Vec<Arg>,
+) -> Result<(), CudaError> {
+    if let Some((name, cols)) = wide_kernel(be, w, kind, rows, n) {
         let f = be.func(Src::Dense, &name)?;
         let grid = (int(rows.div_ceil(WTM), "row tiles")? as u32, n.div_ceil(cols) as u32, 1);
         return be.dev.launch(&f, grid, BLOCK, 0, &args);
     }
-    let (name, cols) = w.kernel_for("linear", be.dev.one_row(rows));
+    let (name, cols) = w.kernel_for(kind, be.dev.one_row(rows));
     let f = be.func(Src::Dense, &name)?;
     let gx = int(n.div_ceil(cols), "blocks")? as u32;
     args.push(Arg::I(0));
+    let last = args.len() - 1;
     for row0 in (0..rows).step_by(RT * GRID_YZ) {
         let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
-        args[10] = Arg::I(row0 as i32);
+        args[last] = Arg::I(row0 as i32);
         be.dev.launch(&f, (gx, tiles, 1), BLOCK, 0, &args)?;
     }
     Ok(())
@@ -326,21 +340,7 @@ pub(crate) fn swiglu(
         let mut args = vec![Arg::P(x.ptr()?), Arg::I(ri), Arg::I(hi), Arg::I(ii)];
         args.extend([g, gs, gb, u, us, ub].map(Arg::P));
         args.extend([Arg::I(gi), Arg::P(act.ptr()?)]);
-        if let Some((name, cols)) = wide_kernel(be, &f.w1, "gateup", rows, inter) {
-            let func = be.func(Src::Dense, &name)?;
-            let grid = (int(rows.div_ceil(WTM), "row tiles")? as u32, inter.div_ceil(cols) as u32, 1);
-            be.dev.launch(&func, grid, BLOCK, 0, &args)?;
-        } else {
-            let (name, cols) = f.w1.kernel_for("gateup", be.dev.one_row(rows));
-            let func = be.func(Src::Dense, &name)?;
-            let gx = int(inter.div_ceil(cols), "blocks")? as u32;
-            args.push(Arg::I(0));
-            for row0 in (0..rows).step_by(RT * GRID_YZ) {
-                let tiles = (rows - row0).div_ceil(RT).min(GRID_YZ) as u32;
-                args[12] = Arg::I(row0 as i32);
-                be.dev.launch(&func, (gx, tiles, 1), BLOCK, 0, &args)?;
-            }
-        }
+        dense_launch(be, &f.w1, "gateup", (rows, inter), args)?;
     }
     linear(be, &act, rows, &f.w2, None, out)
 }
