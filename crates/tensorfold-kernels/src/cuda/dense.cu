@@ -413,7 +413,7 @@ TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8, 1)
 #define WTN 128
 #define WJG 8
 
-struct WideSmem {
+struct alignas(16) WideSmem {  // read as float4
   float x[WJG * 8][WTM];  // [element of the stage][row]
   float w[WJG * 8][WTN];  // [element of the stage][column]
 };

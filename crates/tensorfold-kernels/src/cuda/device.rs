@@ -186,8 +186,9 @@ pub struct Dev {
     /// calls of at most N rows, dense or MoE, run the `_r1` forms (0: never). Unset: [`R1_ROWS`].
     pub r1_rows: Option<usize>,
     /// `TENSORFOLD_CUDA_WIDE_ROWS=N` (a measuring aid, the bits are the same either way), or the contract's
-    /// [`Dev::set_wide_rows`]: calls of at least N rows, dense or MoE, run the wide tiles (0: never). [`UNSET`]:
-    /// [`WIDE_ROWS`] and [`WIDE_SLOTS`].
+    /// [`Dev::set_wide_rows`]: calls of at least N rows, dense or MoE, run the wide tiles (0: never; MoE calls of
+    /// at most 16 rows keep the fused routing and plan, so the warp kernels). [`UNSET`]: [`WIDE_ROWS`] and
+    /// [`WIDE_SLOTS`].
     wide_rows: AtomicUsize,
     /// Kernels launch with programmatic dependent launch (sm_90 and later, unless `TENSORFOLD_CUDA_PDL=0`): a
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch

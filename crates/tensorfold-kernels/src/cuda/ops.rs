@@ -202,6 +202,9 @@ pub(crate) fn linear(
 /// (device addresses). Wide calls take one launch of the wide tiles.
 fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
     let (n, k) = (w.rows, w.cols);
+    if rows == 0 || n == 0 {
+        return Ok(()); // no block to launch (a grid dimension of 0 is refused)
+    }
     let (wp, sp, bp) = w.ptrs()?;
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
     let args = vec![

@@ -40,7 +40,9 @@ fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
             (6144, 2048, "q8"),
         ],
     };
-    v.extend([(40, 33, "bf16"), (40, 33, "f32"), (24, 36, "q8-12"), (64, 1024, "bf16")]);
+    // k = 2312 (9 x 256 + 8): lane class 0 has 10 chunks, the others 9, so the wide tiles run classes over two
+    // stages of unequal length.
+    v.extend([(40, 33, "bf16"), (40, 33, "f32"), (24, 36, "q8-12"), (64, 1024, "bf16"), (40, 2312, "bf16")]);
     v
 }
 
@@ -192,7 +194,8 @@ impl Kernel for Linear {
 
 /// SwiGLU shapes `(hidden, inter, kind)`.
 fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
-    let mut v = vec![(48, 24, "bf16"), (48, 24, "q8"), (33, 20, "f32")];
+    // Hidden 2312: the gate-up's wide tiles over stages of unequal length (as the linear's k = 2312).
+    let mut v = vec![(48, 24, "bf16"), (48, 24, "q8"), (33, 20, "f32"), (2312, 24, "bf16")];
     if scale == Scale::Served {
         v.extend([(2048, 1536, "bf16"), (2048, 6144, "bf16")]);
     }
