@@ -175,7 +175,8 @@ pub(crate) fn add_rmsnorm(
 }
 
 /// `out[r] = w x[r] (+ bias)`: one warp an output column, tiles of [`RT`] rows, the row tiles split over launches of
-/// at most [`GRID_YZ`] tiles (which changes no row's arithmetic).
+/// at most [`GRID_YZ`] tiles (which changes no row's arithmetic); calls of many rows take the wide tiles
+/// ([`super::device::Dev::wide`]), which give the same bits.
 pub(crate) fn linear(
     be: &CudaBackend,
     x: &CudaBuf,
@@ -262,8 +263,8 @@ pub(crate) fn wide_form(w: &CudaMat, kind: &str, n: usize) -> Option<(String, us
     w.kernel_wide(kind).filter(|(_, cols)| n.div_ceil(*cols) <= GRID_YZ)
 }
 
-/// Up to 3 linears of one input `x` `[rows, k]` in one launch per row span (`linear3_*`): `outs[i] = mats[i] x`, no
-/// bias. The matrices must share cols, dtype and group (so one chunk form serves all); each output's bits equal its
+/// Up to 3 linears of one input `x` `[rows, k]` in one launch per row span (`linear3_*`; calls that take the wide
+/// tiles run a [`linear`] each): `outs[i] = mats[i] x`, no bias. The matrices must share cols, dtype and group (so one chunk form serves all); each output's bits equal its
 /// own [`linear`]'s.
 pub(crate) fn linears(
     be: &CudaBackend,
