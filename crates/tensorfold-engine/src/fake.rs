@@ -59,6 +59,7 @@ fn mix(mut z: u64) -> u64 {
 
 impl Target for FakeTarget {
     type State = Vec<u32>;
+    type Held = ();
 
     fn vocab(&self) -> usize {
         self.vocab

@@ -5,7 +5,7 @@
 use crate::sampler::{DrawSpec, SampleError, draw};
 use rayon::prelude::*;
 use tensorfold_kernels::{Backend, Segment};
-use tensorfold_model::drafter::{DraftBlock, Picker};
+use tensorfold_model::drafter::{DraftBlock, HeldBlocks, HeldRows, Picker};
 use tensorfold_model::{ForwardError, LogitRows, Model, RowWant, StreamState};
 
 /// What one segment of a round wants back from [`Target::forward_drawn`].
@@ -44,6 +44,8 @@ pub struct SegOut {
 pub trait Target: Send + 'static {
     /// One stream's state (`Clone` is a snapshot at the same position).
     type State: Send + Clone;
+    /// A batch's drafted blocks left where the drafter ran (held drafts; `()` for targets without them).
+    type Held: Send;
     /// Logits a row.
     fn vocab(&self) -> usize;
     /// Context limit in positions.
@@ -120,6 +122,38 @@ pub trait Target: Send + 'static {
     ) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
         self.draft(states, anchors)
     }
+    /// [`Target::draft_keyed`] with the picks held where they were drawn, for [`Target::forward_held`]; `None` where
+    /// the target cannot hold them (the engine then drafts with `draft_keyed`). An error here is one the synchronous
+    /// pass would give too; a non-finite score surfaces only in [`Target::read_held`].
+    fn draft_held(
+        &self,
+        _states: &[&Self::State],
+        _anchors: &[u32],
+        _pickers: &[Option<Picker>],
+    ) -> Option<Result<Self::Held, ForwardError>> {
+        None
+    }
+    /// Drafts each stream of `held` holds (the drafter's block).
+    fn held_block(&self, _held: &Self::Held) -> usize {
+        0
+    }
+    /// [`Target::forward_drawn`] whose `runs` take their rows' ids from `held` (the entries of `tokens` there are
+    /// placeholders). Targets without held drafts refuse it.
+    fn forward_held(
+        &self,
+        _tokens: &[u32],
+        _held: (&Self::Held, &[HeldRows]),
+        _segs: &[Segment],
+        _states: &mut [&mut Self::State],
+        _wants: &[SegWant],
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        Err(ForwardError::Batch("this target holds no drafts".into()))
+    }
+    /// Every stream's held drafts, read after the verify that used them: stream `j`'s block, or the error the
+    /// synchronous pass would have given that stream alone.
+    fn read_held(&self, _held: &Self::Held) -> Vec<Result<Vec<u32>, ForwardError>> {
+        Vec::new()
+    }
 }
 
 /// A loaded LFM2 model with its end-of-sequence ids.
@@ -132,6 +166,7 @@ pub struct ModelTarget<B: Backend> {
 
 impl<B: Backend + 'static> Target for ModelTarget<B> {
     type State = StreamState<B>;
+    type Held = HeldBlocks<B>;
 
     fn vocab(&self) -> usize {
         self.model.cfg.vocab
@@ -200,26 +235,36 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         states: &mut [&mut StreamState<B>],
         wants: &[SegWant],
     ) -> Result<Vec<SegOut>, ForwardError> {
-        check_wants(segs, wants)?;
-        let v = self.model.cfg.vocab;
-        let mut rows = Vec::new();
-        for (seg, w) in segs.iter().zip(wants) {
-            for (k, row) in w.rows(seg).enumerate() {
-                rows.push(RowWant { row, draw: w.draws.get(k).copied(), logits: w.logits });
-            }
-        }
-        let out = self.model.forward(tokens, segs, states, LogitRows::Want(rows))?;
-        let (mut draws, mut logits) = (out.draws.into_iter(), out.logits.chunks_exact(v.max(1)));
-        Ok(segs
-            .iter()
-            .zip(wants)
-            .map(|(seg, w)| {
-                let n = w.rows(seg).len();
-                let d: Vec<_> = draws.by_ref().take(n).flatten().collect();
-                let l = if w.logits { logits.by_ref().take(n).flatten().copied().collect() } else { Vec::new() };
-                SegOut { draws: d, logits: l }
-            })
-            .collect())
+        self.drawn(tokens, None, segs, states, wants)
+    }
+
+    fn draft_held(
+        &self,
+        states: &[&StreamState<B>],
+        anchors: &[u32],
+        pickers: &[Option<Picker>],
+    ) -> Option<Result<HeldBlocks<B>, ForwardError>> {
+        self.model.drafter.as_ref()?;
+        Some(self.model.draft_held(states, anchors, pickers))
+    }
+
+    fn held_block(&self, held: &HeldBlocks<B>) -> usize {
+        held.block()
+    }
+
+    fn forward_held(
+        &self,
+        tokens: &[u32],
+        held: (&HeldBlocks<B>, &[HeldRows]),
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+        wants: &[SegWant],
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        self.drawn(tokens, Some(held), segs, states, wants)
+    }
+
+    fn read_held(&self, held: &HeldBlocks<B>) -> Vec<Result<Vec<u32>, ForwardError>> {
+        held.read(&self.model.backend)
     }
 
     fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
@@ -247,6 +292,39 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
 
     fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
         self.model.snapshot(s)
+    }
+}
+
+impl<B: Backend + 'static> ModelTarget<B> {
+    /// [`Target::forward_drawn`], with held rows when given: the draws where the logits live.
+    fn drawn(
+        &self,
+        tokens: &[u32],
+        held: Option<(&HeldBlocks<B>, &[HeldRows])>,
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+        wants: &[SegWant],
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        check_wants(segs, wants)?;
+        let v = self.model.cfg.vocab;
+        let mut rows = Vec::new();
+        for (seg, w) in segs.iter().zip(wants) {
+            for (k, row) in w.rows(seg).enumerate() {
+                rows.push(RowWant { row, draw: w.draws.get(k).copied(), logits: w.logits });
+            }
+        }
+        let out = self.model.forward_held(tokens, held, segs, states, LogitRows::Want(rows))?;
+        let (mut draws, mut logits) = (out.draws.into_iter(), out.logits.chunks_exact(v.max(1)));
+        Ok(segs
+            .iter()
+            .zip(wants)
+            .map(|(seg, w)| {
+                let n = w.rows(seg).len();
+                let d: Vec<_> = draws.by_ref().take(n).flatten().collect();
+                let l = if w.logits { logits.by_ref().take(n).flatten().copied().collect() } else { Vec::new() };
+                SegOut { draws: d, logits: l }
+            })
+            .collect())
     }
 }
 

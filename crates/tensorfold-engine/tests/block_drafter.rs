@@ -281,37 +281,11 @@ fn a_resumed_prompt_keeps_the_drafters_context_and_equals_a_fresh_plain_reply() 
     assert_eq!(resumed_drafts, (stats[0].drafted, stats[0].accepted));
 }
 
-/// The `dspark-tiny` drafter with its final norm set to NaN, in a temporary directory.
-fn nan_drafter() -> tempfile::TempDir {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dspark-tiny");
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(root.join("config.json"), dir.path().join("config.json")).expect("config");
-    let bytes = std::fs::read(root.join("model.safetensors")).expect("weights");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-    let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| {
-            let mut data = t.data().to_vec();
-            if n == "norm.weight" {
-                data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
-            }
-            (n, t.dtype(), t.shape().to_vec(), data)
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
-    dir
-}
-
 #[test]
 fn a_non_finite_drafter_score_turns_drafting_off_for_its_stream_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let mut l = tensorfold_model::open(&Source::Dir(root.join("lfm2-moe-f32")), CpuBackend).expect("target");
-    let nan = nan_drafter();
+    let nan = common::nan_drafter();
     let d =
         open_drafter_with(&Source::Dir(nan.path().to_path_buf()), &l.model.cfg, &l.model.backend, DrafterBits::Stored)
             .expect("a NaN weight loads; it fails when it drafts");

@@ -381,20 +381,44 @@ pub trait Backend: Send + Sync {
             return Err(KernelError::Shape { kernel: "embed_words", what: "words", got: w.len(), want: 3 * rows });
         }
         let ids: Vec<u32> = (0..rows).map(|r| w[3 * r].to_bits()).collect();
-        match self.embed(table, &ids, out) {
-            Err(KernelError::TokenOutOfRange { vocab, .. }) => {
-                let ok: Vec<u32> = ids.iter().map(|&i| if (i as usize) < vocab { i } else { 0 }).collect();
-                self.embed(table, &ok, out)?;
-                let mut o = self.read(out);
-                let h = o.len() / rows.max(1);
-                for (r, _) in ids.iter().enumerate().filter(|(_, i)| **i as usize >= vocab) {
-                    o[r * h..(r + 1) * h].fill(f32::NAN);
-                }
-                *out = self.upload(&o);
-                Ok(())
-            }
-            r => r,
+        embed_or_nan(self, table, &ids, out)
+    }
+
+    /// [`Backend::embed`] with some rows' ids taken from words a [`Backend::draw_into`] left on the device (held
+    /// drafts: a verify window embeds the drafter's picks without a host read). `ids` `[rows]` (a held row's entry
+    /// is a placeholder, checked as any id); `held` `[picks * 3]` words; `from[j] = (row, pick)`: row `row` of
+    /// `out` (`[rows, width]`) takes `table[held[3 * pick]]`, a NaN row when that id is past the table (as
+    /// [`Backend::embed_words`]; the verify's reader refuses it by the pick's status). Errors: an id of `ids` past
+    /// the table ([`KernelError::TokenOutOfRange`]), a row or pick out of range ([`KernelError::Shape`]). The
+    /// default reads `held` to the host.
+    fn embed_held(
+        &self,
+        table: &Self::Mat,
+        ids: &[u32],
+        held: &Self::Buf,
+        from: &[(usize, usize)],
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.mat_rows(table)) {
+            return Err(KernelError::TokenOutOfRange { id, vocab: self.mat_rows(table) });
         }
+        let w = self.read(held);
+        check_held(ids.len(), w.len(), from)?;
+        let mut all = ids.to_vec();
+        for &(row, pick) in from {
+            all[row] = w[3 * pick].to_bits();
+        }
+        embed_or_nan(self, table, &all, out)
+    }
+
+    /// Rows of a matrix (of an embedding table: the vocabulary `embed` checks ids against).
+    fn mat_rows(&self, m: &Self::Mat) -> usize;
+
+    /// `parts` one after another (`[sum of their lengths]`): a chain's per-row words as one buffer, read with one
+    /// copy. The default copies through the host.
+    fn concat(&self, parts: &[&Self::Buf]) -> Self::Buf {
+        let host: Vec<f32> = parts.iter().flat_map(|p| self.read(p)).collect();
+        self.upload(&host)
     }
 
     /// Measured copy bandwidth of the memory this backend's weights live in, in bytes moved (read plus write) per
@@ -441,6 +465,41 @@ pub fn drawn_words(row: &[f32], s: &DrawSpec) -> [u32; 3] {
             Err(_) => [0, DRAWN_NONFINITE, 0],
         },
     }
+}
+
+/// [`Backend::embed`] where an id past the table gives a NaN row instead of an error (ids a device drew).
+fn embed_or_nan<B: Backend + ?Sized>(b: &B, table: &B::Mat, ids: &[u32], out: &mut B::Buf) -> Result<(), KernelError> {
+    match b.embed(table, ids, out) {
+        Err(KernelError::TokenOutOfRange { vocab, .. }) => {
+            let ok: Vec<u32> = ids.iter().map(|&i| if (i as usize) < vocab { i } else { 0 }).collect();
+            b.embed(table, &ok, out)?;
+            let mut o = b.read(out);
+            let h = o.len() / ids.len().max(1);
+            for (r, _) in ids.iter().enumerate().filter(|(_, i)| **i as usize >= vocab) {
+                o[r * h..(r + 1) * h].fill(f32::NAN);
+            }
+            *out = b.upload(&o);
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// [`Backend::embed_held`]'s shape check: every `(row, pick)` names a row of `rows` and a pick of `words / 3`.
+pub fn check_held(rows: usize, words: usize, from: &[(usize, usize)]) -> Result<(), KernelError> {
+    let shape = |what, got, want| Err(KernelError::Shape { kernel: "embed_held", what, got, want });
+    if words % 3 != 0 {
+        return shape("held words", words, words / 3 * 3);
+    }
+    for &(row, pick) in from {
+        if row >= rows {
+            return shape("held row", row, rows);
+        }
+        if pick >= words / 3 {
+            return shape("held pick", pick, words / 3);
+        }
+    }
+    Ok(())
 }
 
 /// Best of 5 host copies of 512 MiB, in bytes moved (read + write) per second.

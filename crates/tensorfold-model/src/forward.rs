@@ -2,7 +2,7 @@
 //! stream's state (KV rows per attention layer, conv state per conv layer).
 
 use crate::config::{Mixer, ModelConfig};
-use crate::drafter::{DraftBlock, DraftState, Drafter};
+use crate::drafter::{DraftBlock, DraftState, Drafter, HeldBlocks, HeldRows, Picker};
 use crate::expert_parallel::MoeCall;
 use crate::weights::{FfnWeights, MixerWeights, Weights};
 use tensorfold_kernels::sample::{DrawSpec, SampleError};
@@ -250,13 +250,32 @@ impl<B: Backend> Model<B> {
         states: &mut [&mut StreamState<B>],
         which: LogitRows,
     ) -> Result<ForwardOut, ForwardError> {
+        self.forward_held(tokens, None, segs, states, which)
+    }
+
+    /// [`Model::forward`] where some rows' ids are held drafts ([`Model::draft_held`]): each [`HeldRows`] names rows
+    /// of `tokens` (whose entries there are placeholders) that take a stream's picks on the device, so a verify
+    /// window runs without reading the drafts first. Errors as `forward`, and [`ForwardError::Batch`] for held rows
+    /// outside the call or the blocks.
+    pub fn forward_held(
+        &self,
+        tokens: &[u32],
+        held: Option<(&HeldBlocks<B>, &[HeldRows])>,
+        segs: &[Segment],
+        states: &mut [&mut StreamState<B>],
+        which: LogitRows,
+    ) -> Result<ForwardOut, ForwardError> {
         self.check(tokens, segs, states, &which)?;
+        let from = held.map(|(blocks, runs)| held_picks(blocks, runs, tokens.len())).transpose()?;
         let c = &self.cfg;
         let (b, w) = (&self.backend, &self.weights);
         let rows = tokens.len();
         let h = c.hidden;
         let mut x = b.scratch(rows * h);
-        b.embed(&w.embed, tokens, &mut x)?;
+        match (held, &from) {
+            (Some((blocks, _)), Some(from)) => b.embed_held(&w.embed, tokens, blocks.words(), from, &mut x)?,
+            _ => b.embed(&w.embed, tokens, &mut x)?,
+        }
         let mut normed = b.scratch(rows * h);
         let mut mixed = b.scratch(rows * h);
         let all: Vec<usize> = (0..rows).collect();
@@ -351,8 +370,33 @@ impl<B: Backend> Model<B> {
         states: &[&StreamState<B>],
         anchors: &[u32],
         want_scores: bool,
-        pickers: &[Option<crate::drafter::Picker>],
+        pickers: &[Option<Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
+        let (d, at, ds) = self.draft_inputs(states, anchors)?;
+        let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
+        d.block(&self.backend, (&self.weights.embed, head), &at, &ds, want_scores, pickers)
+    }
+
+    /// [`Model::draft_with`] with the picks held on the device for [`Model::forward_held`] (no confidences, no
+    /// scores); the same errors, except that a non-finite score is found by [`HeldBlocks::read`].
+    pub fn draft_held(
+        &self,
+        states: &[&StreamState<B>],
+        anchors: &[u32],
+        pickers: &[Option<Picker>],
+    ) -> Result<HeldBlocks<B>, ForwardError> {
+        let (d, at, ds) = self.draft_inputs(states, anchors)?;
+        let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
+        d.block_held(&self.backend, (&self.weights.embed, head), &at, &ds, pickers)
+    }
+
+    /// A block pass's checked inputs: the drafter, `(anchor, position)` a stream, and the drafter states.
+    #[allow(clippy::type_complexity)]
+    fn draft_inputs<'a>(
+        &'a self,
+        states: &[&'a StreamState<B>],
+        anchors: &[u32],
+    ) -> Result<(&'a Drafter<B>, Vec<(u32, usize)>, Vec<&'a DraftState<B>>), ForwardError> {
         let d = self.drafter.as_ref().ok_or(ForwardError::NoDrafter)?;
         if let Some(&id) = anchors.iter().find(|&&t| t as usize >= self.cfg.vocab) {
             return Err(ForwardError::TokenOutOfRange { id, vocab: self.cfg.vocab });
@@ -363,8 +407,7 @@ impl<B: Backend> Model<B> {
         let ds: Vec<&DraftState<B>> =
             states.iter().map(|s| s.draft.as_ref().ok_or(ForwardError::NoDrafter)).collect::<Result<_, _>>()?;
         let at: Vec<(u32, usize)> = anchors.iter().zip(states).map(|(&t, s)| (t, s.pos)).collect();
-        let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
-        d.block(&self.backend, (&self.weights.embed, head), &at, &ds, want_scores, pickers)
+        Ok((d, at, ds))
     }
 
     fn attention(
@@ -490,6 +533,29 @@ impl<B: Backend> Model<B> {
         }
         Ok(())
     }
+}
+
+/// [`Backend::embed_held`]'s `(row, pick)` pairs of `runs`, each checked against the call's `rows` and the blocks.
+fn held_picks<B: Backend>(
+    blocks: &HeldBlocks<B>,
+    runs: &[HeldRows],
+    rows: usize,
+) -> Result<Vec<(usize, usize)>, ForwardError> {
+    let mut from = Vec::new();
+    for r in runs {
+        if r.stream >= blocks.streams() || r.count > blocks.block() || r.row + r.count > rows {
+            return Err(ForwardError::Batch(format!(
+                "held rows {}..{} of stream {} outside a call of {rows} rows or blocks of {} streams x {}",
+                r.row,
+                r.row + r.count,
+                r.stream,
+                blocks.streams(),
+                blocks.block()
+            )));
+        }
+        from.extend((0..r.count).map(|k| (r.row + k, blocks.pick(r.stream, k))));
+    }
+    Ok(from)
 }
 
 fn conv_of<B: Backend>(l: &mut LayerState<B>) -> &mut B::Conv {

@@ -334,6 +334,7 @@ pub async fn metrics_route(State(s): State<AppState>) -> Response {
         metrics::counter!("tensorfold_drafted_tokens_total").absolute(m.drafted_tokens);
         metrics::counter!("tensorfold_accepted_tokens_total").absolute(m.accepted_tokens);
         metrics::counter!("tensorfold_draft_windows_total").absolute(m.draft_windows);
+        metrics::counter!("tensorfold_held_draft_windows_total").absolute(m.held_windows);
         for (k, n) in m.accepted_at.iter().enumerate() {
             metrics::counter!("tensorfold_accepted_by_position_total", "position" => k.to_string()).absolute(*n);
         }

@@ -14,6 +14,7 @@ struct Lost(FakeTarget);
 
 impl Target for Lost {
     type State = Vec<u32>;
+    type Held = ();
     fn vocab(&self) -> usize {
         self.0.vocab()
     }

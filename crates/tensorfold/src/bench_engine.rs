@@ -47,6 +47,9 @@ pub struct Args {
     /// Turn off the guards (every round drafts): for measuring acceptance.
     #[arg(long)]
     no_round_guard: bool,
+    /// Read each drafter block before its verify (the A/B baseline of held drafts).
+    #[arg(long)]
+    no_held_drafts: bool,
     /// Context copies: shortest recurring suffix (0: copies off, only the drafter drafts).
     #[arg(long, default_value_t = 8)]
     copy_min: usize,
@@ -125,6 +128,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         verify: a.verify.into(),
         round_guard: !a.no_round_guard,
         stream_guard: !a.no_round_guard,
+        held_drafts: !a.no_held_drafts,
         planted: None,
         ..EngineConfig::default()
     };

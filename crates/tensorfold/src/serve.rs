@@ -69,6 +69,10 @@ pub struct Args {
     /// windows): every round drafts. For measuring acceptance.
     #[arg(long, env = "TENSORFOLD_NO_ROUND_GUARD")]
     no_round_guard: bool,
+    /// Read each drafter block before its verify instead of holding the picks on the device (the same tokens; an
+    /// A/B baseline).
+    #[arg(long, env = "TENSORFOLD_NO_HELD_DRAFTS")]
+    no_held_drafts: bool,
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
     #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
     no_drafts: bool,
@@ -152,6 +156,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         verify: a.verify.into(),
         round_guard: !a.no_round_guard,
         stream_guard: !a.no_round_guard,
+        held_drafts: !a.no_held_drafts,
         planted: None,
     };
     let plan = LoadPlan {

@@ -2,7 +2,7 @@
 //! depth rule, confidence-scheduled verify), the drafter's block pass, and verifying windows with the
 //! keyed accept rule.
 
-use super::{Core, Plan, Stream};
+use super::{Core, Plan};
 use crate::drafts::context_copy;
 use crate::request::{FinishReason, RequestId};
 use crate::sampler::{SamplingParams, draw};
@@ -10,7 +10,7 @@ use crate::schedule::{Mode, VerifyMode};
 use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
-use tensorfold_model::drafter::{DraftBlock, Picker};
+use tensorfold_model::drafter::DraftBlock;
 
 /// Verify faults the drafting tests plant to prove they turn red.
 #[doc(hidden)]
@@ -20,6 +20,9 @@ pub enum PlantedFault {
     BonusFromWrongRow,
     /// Each draft is compared with the draw keyed one position later.
     DrawAtWrongPosition,
+    /// Held drafts are written into their window one row late (the host's rows no longer match what the device
+    /// verified).
+    HeldPicksShifted,
 }
 
 impl<T: Target> Core<T> {
@@ -71,6 +74,7 @@ impl<T: Target> Core<T> {
                 drafts = std::mem::take(&mut s.block);
                 let k = drafting.iter().position(|l| l == lane).and_then(|k| scheduled.get(k).copied());
                 drafts.truncate(k.map_or(max, |k| k.min(max)));
+                s.held_rows = if s.held.is_some() { drafts.len() } else { 0 };
             }
             *budget -= drafts.len();
             rows.extend(drafts);
@@ -107,22 +111,16 @@ impl<T: Target> Core<T> {
         if want.is_empty() {
             return;
         }
-        let run = |lanes: &[Stream<T::State>], ids: &[usize]| {
-            let states: Vec<&T::State> = ids.iter().map(|&i| &lanes[i].state).collect();
-            let anchors: Vec<u32> = ids.iter().map(|&i| lanes[i].pending.expect("drafting lanes decode")).collect();
-            // Sampled requests draft with their own keyed draw at each draft's position (the pending token sits
-            // at `pos`; draft k is checked against the draw at `pos + 1 + k`).
-            let pickers: Vec<Option<Picker>> = ids
-                .iter()
-                .map(|&i| {
-                    let params = lanes[i].req.params;
-                    let first = (self.target.pos(&lanes[i].state) + 1) as u64;
-                    (!params.is_greedy()).then_some(Picker { params, first })
-                })
-                .collect();
-            self.target.draft_keyed(&states, &anchors, &pickers)
+        // Held drafts need no confidences first, so scheduled verify reads its blocks.
+        if self.cfg.held_drafts && self.cfg.verify != VerifyMode::Scheduled && self.hold_blocks(&want) {
+            return;
+        }
+        let run = |core: &Self, ids: &[usize]| {
+            let states: Vec<&T::State> = ids.iter().map(|&i| &core.lanes[i].state).collect();
+            let (anchors, pickers) = core.draft_inputs(ids);
+            core.target.draft_keyed(&states, &anchors, &pickers)
         };
-        let (results, shared): (Vec<Result<DraftBlock, ForwardError>>, _) = match run(&self.lanes, &want) {
+        let (results, shared): (Vec<Result<DraftBlock, ForwardError>>, _) = match run(self, &want) {
             None => return,
             Some(Ok(blocks)) => (blocks.into_iter().map(Ok).collect(), None),
             // A lost device: no retries (the step then ends every stream).
@@ -130,7 +128,7 @@ impl<T: Target> Core<T> {
             Some(Err(shared)) => {
                 let alone = want
                     .iter()
-                    .map(|&i| match run(&self.lanes, &[i]) {
+                    .map(|&i| match run(self, &[i]) {
                         Some(Ok(mut b)) => Ok(b.remove(0)),
                         Some(Err(e)) => Err(e),
                         None => Ok(DraftBlock { tokens: Vec::new(), confidence: Vec::new(), scores: Vec::new() }),

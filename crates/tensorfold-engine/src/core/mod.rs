@@ -5,6 +5,7 @@
 
 mod drafting;
 mod failure;
+mod held;
 
 use crate::schedule::{CostModel, Mode, RoundGuard, VerifyMode};
 pub use drafting::PlantedFault;
@@ -18,6 +19,7 @@ use crate::target::{SegOut, SegWant, Target};
 use std::collections::VecDeque;
 use std::time::Instant;
 use tensorfold_kernels::Segment;
+use tensorfold_model::drafter::HeldRows;
 
 /// Most drafts a window may carry: windows must stay within what a backend can roll back (the CPU conv
 /// kernel keeps the rows of calls of at most `KEEP_ROWS`).
@@ -55,6 +57,9 @@ pub struct EngineConfig {
     pub round_guard: bool,
     /// Each stream's guard: a pause (4 to 64 rounds, doubling) after two windows with nothing accepted.
     pub stream_guard: bool,
+    /// Held drafts: the drafter's picks stay on the device and feed the verify without a host read (read after it);
+    /// off, or under scheduled verify (it needs the confidences first), each block is read before its verify.
+    pub held_drafts: bool,
     /// A verify fault planted on purpose, so tests can show their checks catch it (always `None` in use).
     #[doc(hidden)]
     pub planted: Option<PlantedFault>,
@@ -75,6 +80,7 @@ impl Default for EngineConfig {
             verify: VerifyMode::Depth,
             round_guard: true,
             stream_guard: true,
+            held_drafts: true,
             planted: None,
         }
     }
@@ -123,6 +129,8 @@ pub struct Metrics {
     pub accepted_tokens: u64,
     /// Verify windows that carried drafts.
     pub draft_windows: u64,
+    /// Of those, windows whose drafts were held on the device until after the verify.
+    pub held_windows: u64,
     /// `accepted_at[k]`: windows whose draft k (0-based) was accepted (acceptance per position).
     pub accepted_at: Vec<u64>,
     /// Prompt-cache counters.
@@ -164,6 +172,10 @@ struct Stream<S> {
     block: Vec<u32>,
     /// The drafter's confidence in each draft of `block` (empty without a confidence head).
     conf: Vec<f32>,
+    /// This round's block is held: the stream's index in [`Core::held`] (`block` then holds placeholders).
+    held: Option<usize>,
+    /// Rows of this round's window that take held drafts (after the pending token).
+    held_rows: usize,
     /// This round, the stream may draft (set by `open_lanes`).
     open: bool,
     generated: usize,
@@ -193,6 +205,8 @@ pub struct Core<T: Target> {
     round_committed: u64,
     /// The device failure that stopped the engine (`failure.rs`).
     failure: Option<String>,
+    /// This round's held drafter blocks (`Stream::held` indexes its streams).
+    held: Option<T::Held>,
 }
 
 impl<T: Target> Core<T> {
@@ -221,6 +235,7 @@ impl<T: Target> Core<T> {
             round_guard: RoundGuard::default(),
             round_committed: 0,
             failure: None,
+            held: None,
         }
     }
 
@@ -337,6 +352,8 @@ impl<T: Target> Core<T> {
                 guard: Guard::default(),
                 block: Vec::new(),
                 conf: Vec::new(),
+                held: None,
+                held_rows: 0,
                 open: false,
                 generated: 0,
                 bytes: w.bytes,
@@ -384,6 +401,7 @@ impl<T: Target> Core<T> {
             return false;
         }
         self.admit();
+        self.clear_held();
         let t0 = self.clock.now();
         let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
         let mode = self.round_mode(decoding);
@@ -409,11 +427,17 @@ impl<T: Target> Core<T> {
             self.fail_all();
             return true;
         }
-        let (plan, outs) = self.drop_failed(plan, results);
+        let (mut plan, outs) = self.drop_failed(plan, results);
+        let refused = self.apply_held(&mut plan);
         let ids: Vec<RequestId> = plan.iter().map(|(i, _)| self.lanes[*i].id).collect();
         let v = self.target.vocab();
-        for ((id, (_, rows)), out) in ids.into_iter().zip(&plan).zip(outs) {
+        for (((id, (_, rows)), mut out), bad) in ids.into_iter().zip(&mut plan).zip(outs).zip(refused) {
             let Some(i) = self.lanes.iter().position(|s| s.id == id) else { continue };
+            if let Some(e) = bad
+                && !self.refuse_held(i, rows, &mut out, e)
+            {
+                continue;
+            }
             if self.lanes[i].pending.is_some() {
                 let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
                 let draws = window_draws(&self.lanes[i].req.params, p0, rows, &out, v, self.cfg.planted);
@@ -458,8 +482,13 @@ impl<T: Target> Core<T> {
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
         let mut wants = Vec::new();
+        let mut runs = Vec::new();
         for (k, (lane, rows)) in plan.iter().enumerate() {
-            let start_pos = self.target.pos(&self.lanes[*lane].state);
+            let s = &self.lanes[*lane];
+            let start_pos = self.target.pos(&s.state);
+            if let Some(stream) = s.held.filter(|_| s.held_rows > 0) {
+                runs.push(HeldRows { row: tokens.len() + 1, stream, count: s.held_rows });
+            }
             segs.push(Segment { first_row: tokens.len(), rows: rows.len(), start_pos, cache: k });
             wants.push(self.want(*lane, start_pos, rows.len()));
             tokens.extend_from_slice(rows);
@@ -467,7 +496,10 @@ impl<T: Target> Core<T> {
         let mut picked: Vec<Option<&mut Stream<T::State>>> = self.lanes.iter_mut().map(Some).collect();
         let mut states: Vec<&mut T::State> =
             plan.iter().map(|(lane, _)| &mut picked[*lane].take().expect("one segment a lane").state).collect();
-        let out = self.target.forward_drawn(&tokens, &segs, &mut states, &wants);
+        let out = match (&self.held, runs.is_empty()) {
+            (Some(h), false) => self.target.forward_held(&tokens, (h, &runs), &segs, &mut states, &wants),
+            _ => self.target.forward_drawn(&tokens, &segs, &mut states, &wants),
+        };
         out.map_err(|e| {
             self.note_device(&e);
             e.to_string()

@@ -17,6 +17,7 @@ use tensorfold_model::ForwardError;
 macro_rules! delegate_target {
     ($inner:ty) => {
         type State = <$inner as Target>::State;
+        type Held = ();
         fn vocab(&self) -> usize {
             self.inner.vocab()
         }
@@ -353,4 +354,31 @@ impl Target for Poisoned {
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
     }
+}
+
+/// The `dspark-tiny` drafter with its final norm set to NaN (every block's scores are non-finite), in a temporary
+/// directory.
+pub fn nan_drafter() -> tempfile::TempDir {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dspark-tiny");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(root.join("config.json"), dir.path().join("config.json")).expect("config");
+    let bytes = std::fs::read(root.join("model.safetensors")).expect("weights");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let mut data = t.data().to_vec();
+            if n == "norm.weight" {
+                data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+            }
+            (n, t.dtype(), t.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+    dir
 }

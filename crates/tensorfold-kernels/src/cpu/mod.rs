@@ -91,6 +91,10 @@ impl Backend for CpuBackend {
         ops::embed(table, ids, out)
     }
 
+    fn mat_rows(&self, m: &MatView) -> usize {
+        m.rows
+    }
+
     fn rmsnorm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, width: usize, out: &mut Vec<f32>) {
         ops::rmsnorm(x, weight, eps, width, out)
     }

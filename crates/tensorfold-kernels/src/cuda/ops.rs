@@ -73,7 +73,42 @@ pub(crate) fn embed_unchecked(
         return Ok(());
     }
     let idm = be.dev.stage(ids)?;
-    embed_launch(be, table, (idm.as_ref().map_or(0, |m| m.ptr), 1), rows, out)
+    embed_launch(be, table, (idm.as_ref().map_or(0, |m| m.ptr), 1), (0, 0), rows, out)
+}
+
+/// `out[r] = table[ids[r]]`, except rows named by `from` (`(row, pick)`), which take `table[held[3 * pick]]` (a NaN
+/// row past the table): held drafts embedded without a host read. Ids of `ids` are checked on the host.
+pub(crate) fn embed_held(
+    be: &CudaBackend,
+    table: &CudaMat,
+    ids: &[u32],
+    held: &CudaBuf,
+    from: &[(usize, usize)],
+    out: &mut CudaBuf,
+) -> Result<(), KernelError> {
+    check_len("embed_held", "out", out.len(), ids.len() * table.cols)?;
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
+        return Err(KernelError::TokenOutOfRange { id, vocab: table.rows });
+    }
+    crate::backend::check_held(ids.len(), held.len(), from)?;
+    if ids.len() * table.cols == 0 {
+        return Ok(());
+    }
+    let mut pick = vec![-1i32; ids.len()];
+    for &(row, p) in from {
+        pick[row] = i32::try_from(p).map_err(|_| KernelError::Shape {
+            kernel: "embed_held",
+            what: "held pick",
+            got: p,
+            want: i32::MAX as usize,
+        })?;
+    }
+    let mut launch = || -> Result<(), CudaError> {
+        let (idm, pm) = (be.dev.stage(ids)?, be.dev.stage(&pick)?);
+        let ptr = |m: &Option<crate::cuda::device::Mem>| m.as_ref().map_or(0, |m| m.ptr);
+        embed_launch(be, table, (ptr(&idm), 1), (held.ptr()?, ptr(&pm)), ids.len(), out)
+    };
+    launch().map_err(|e| e.kernel("embed_held"))
 }
 
 /// `out[r] = table[words[3r]]` for `rows` ids a draw left on the device (`draw_into`'s words); an id past the table
@@ -92,14 +127,16 @@ pub(crate) fn embed_words(
     if rows * h == 0 || table.rows == 0 {
         return Ok(());
     }
-    embed_launch(be, table, (words.ptr()?, 3), rows, out)
+    embed_launch(be, table, (words.ptr()?, 3), (0, 0), rows, out)
 }
 
-/// The `embed` kernel over `rows` ids read at `ids.0` every `ids.1` words.
+/// The `embed` kernel over `rows` ids read at `ids.0` every `ids.1` words; `held` = (draw words, per-row pick index
+/// or -1), both 0 when no row is held.
 fn embed_launch(
     be: &CudaBackend,
     table: &CudaMat,
     ids: (u64, i32),
+    held: (u64, u64),
     rows: usize,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
@@ -115,6 +152,8 @@ fn embed_launch(
         Arg::I(int(table.rows, "vocab")?),
         Arg::P(ids.0),
         Arg::I(ids.1),
+        Arg::P(held.0),
+        Arg::P(held.1),
         Arg::I(int(rows, "rows")?),
         Arg::I(int(h, "width")?),
         Arg::P(out.ptr()?),

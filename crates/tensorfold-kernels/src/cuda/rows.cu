@@ -5,7 +5,8 @@
 // kernel wrote on the device (a draw's [token, status, index] words, stride 3) cannot be, so an id past the table
 // gives a NaN row, which the next pick flags.
 extern "C" __global__ void embed(const void* table, const float* scales, const float* biases, int group, int dtype,
-                                 int vocab, const u32* ids, int stride, int rows, int h, float* out) {
+                                 int vocab, const u32* ids, int stride, const u32* held, const int* pick,
+                                 int rows, int h, float* out) {
   PDL_ENTRY();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (u64)rows * (u64)h) return;
@@ -15,6 +16,14 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
 #ifdef FAULT_EMBED_STRIDE_IGNORED
   id = ids[r];
 #endif
+  // Held drafts: row r takes the id of draw word pick[r] (a [token, status, index] triple) when pick[r] >= 0.
+  if (pick != 0 && pick[r] >= 0) {
+    int p = pick[r];
+#ifdef FAULT_EMBED_HELD_PREV
+    p = p > 0 ? p - 1 : p;
+#endif
+    id = held[3 * (u64)p];
+  }
 #ifdef FAULT_EMBED_OFF_BY_ONE
   id = min_u64(id + 1, (u64)(vocab - 1));
 #endif

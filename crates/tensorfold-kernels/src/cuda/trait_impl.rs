@@ -135,6 +135,42 @@ impl Backend for CudaBackend {
         ops::embed(self, table, ids, out)
     }
 
+    fn embed_held(
+        &self,
+        table: &CudaMat,
+        ids: &[u32],
+        held: &CudaBuf,
+        from: &[(usize, usize)],
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("embed_held")?;
+        ops::embed_held(self, table, ids, held, from, out)
+    }
+
+    fn mat_rows(&self, m: &CudaMat) -> usize {
+        m.rows
+    }
+
+    fn concat(&self, parts: &[&CudaBuf]) -> CudaBuf {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let r = self.buf(len).and_then(|out| {
+            let mut at = out.ptr()?;
+            for p in parts.iter().filter(|p| p.len() > 0) {
+                let bytes = f32_bytes(p.len())?;
+                self.dev.dtod(at, p.ptr()?, bytes)?;
+                at += bytes as u64;
+            }
+            Ok(out)
+        });
+        match r {
+            Ok(b) => b,
+            Err(e) => {
+                self.dev.note("concat", Err(e));
+                CudaBuf { mem: None, len }
+            }
+        }
+    }
+
     fn rmsnorm(&self, x: &CudaBuf, weight: &CudaBuf, eps: f32, width: usize, out: &mut CudaBuf) {
         let r = ops::rmsnorm(self, x, weight, eps, width, out);
         self.settle("rmsnorm", r, out);

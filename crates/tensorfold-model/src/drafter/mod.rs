@@ -70,6 +70,73 @@ struct ChainBufs<B: Backend> {
     scores: Vec<B::Buf>,
 }
 
+/// A batch's drafted blocks left on the device (held drafts, docs/drafter.md): block row `k`'s `[token, status,
+/// index]` words of every stream, `[block, streams, 3]` u32 bits in f32 slots, the layout [`Backend::draw_into`]
+/// writes a row.
+pub struct HeldBlocks<B: Backend> {
+    words: B::Buf,
+    streams: usize,
+    block: usize,
+    vocab: usize,
+}
+
+impl<B: Backend> HeldBlocks<B> {
+    /// Streams of the batch.
+    pub fn streams(&self) -> usize {
+        self.streams
+    }
+
+    /// Drafts a stream holds (the drafter's block size).
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The words on the device (`[block, streams, 3]`).
+    pub fn words(&self) -> &B::Buf {
+        &self.words
+    }
+
+    /// The word triple of stream `stream`'s draft `k` (an index for [`Backend::embed_held`]).
+    pub fn pick(&self, stream: usize, k: usize) -> usize {
+        k * self.streams + stream
+    }
+
+    /// Every stream's drafts after the verify (one copy to the host), each refused as the synchronous read refuses
+    /// it: a row whose status is not drawn, or whose id is past the vocabulary, makes that stream's block
+    /// [`ForwardError::DraftNonfinite`] with `stream: 0` (the stream's own pass, as the engine's retry reports it).
+    pub fn read(&self, b: &B) -> Vec<Result<Vec<u32>, ForwardError>> {
+        let w = b.read(&self.words);
+        (0..self.streams)
+            .map(|i| {
+                (0..self.block)
+                    .map(|k| {
+                        let at = 3 * self.pick(i, k);
+                        let (t, status) = (w.get(at).map(|x| x.to_bits()), w.get(at + 1).map(|x| x.to_bits()));
+                        match (t, status) {
+                            (Some(t), Some(st)) if (st == DRAWN || st == DRAWN_GREEDY) && (t as usize) < self.vocab => {
+                                Ok(t)
+                            }
+                            _ => Err(ForwardError::DraftNonfinite { stream: 0, row: k }),
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// Rows of a forward whose ids are one stream's held drafts: rows `row .. row + count` of the call take drafts
+/// `0 .. count` of stream `stream` of a [`HeldBlocks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRows {
+    /// First row of the call.
+    pub row: usize,
+    /// The stream's index in the blocks' batch.
+    pub stream: usize,
+    /// Drafts taken (at most the block).
+    pub count: usize,
+}
+
 /// One stream's drafted block: `tokens[k]` proposes position `anchor_pos + k + 1`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DraftBlock {
@@ -178,12 +245,43 @@ impl<B: Backend> Drafter<B> {
     pub fn block(
         &self,
         b: &B,
-        (embed, head): (&B::Mat, &B::Mat),
+        tables: (&B::Mat, &B::Mat),
         anchors: &[(u32, usize)],
         states: &[&DraftState<B>],
         want_scores: bool,
         pickers: &[Option<Picker>],
     ) -> Result<Vec<DraftBlock>, ForwardError> {
+        let kept = self.chain(b, tables, anchors, states, (want_scores, true), pickers)?;
+        self.read_blocks(b, anchors.len(), &kept)
+    }
+
+    /// [`Drafter::block`] with the picks left on the device (held drafts, no confidences): a verify embeds them
+    /// ([`Backend::embed_held`]) and reads them after ([`HeldBlocks::read`]). Errors before any pick exists (a
+    /// bad anchor, a context mismatch) are returned here; a non-finite score only by the read.
+    pub fn block_held(
+        &self,
+        b: &B,
+        tables: (&B::Mat, &B::Mat),
+        anchors: &[(u32, usize)],
+        states: &[&DraftState<B>],
+        pickers: &[Option<Picker>],
+    ) -> Result<HeldBlocks<B>, ForwardError> {
+        let kept = self.chain(b, tables, anchors, states, (false, false), pickers)?;
+        let words = b.concat(&kept.words.iter().collect::<Vec<_>>());
+        Ok(HeldBlocks { words, streams: anchors.len(), block: kept.words.len(), vocab: self.cfg.vocab })
+    }
+
+    /// The block's layers, head and Markov chain, leaving every row's picks on the device; `keep` = (scores,
+    /// confidences) to keep too.
+    fn chain(
+        &self,
+        b: &B,
+        (embed, head): (&B::Mat, &B::Mat),
+        anchors: &[(u32, usize)],
+        states: &[&DraftState<B>],
+        keep: (bool, bool),
+        pickers: &[Option<Picker>],
+    ) -> Result<ChainBufs<B>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v) = (anchors.len(), c.block, c.hidden, c.vocab);
         let rows = n * bs;
@@ -206,7 +304,7 @@ impl<B: Backend> Drafter<B> {
         b.rmsnorm(&h, &w.norm, c.eps, d, &mut y);
         let mut logits = b.zeros(rows * v);
         b.linear(&y, rows, head, None, &mut logits);
-        self.markov(b, &logits, &y, anchors, want_scores, pickers)
+        self.markov(b, (&logits, &y), anchors, keep, pickers)
     }
 
     fn layer(
@@ -254,12 +352,11 @@ impl<B: Backend> Drafter<B> {
     fn markov(
         &self,
         b: &B,
-        logits: &B::Buf,
-        y: &B::Buf,
+        (logits, y): (&B::Buf, &B::Buf),
         anchors: &[(u32, usize)],
-        want_scores: bool,
+        (want_scores, want_conf): (bool, bool),
         pickers: &[Option<Picker>],
-    ) -> Result<Vec<DraftBlock>, ForwardError> {
+    ) -> Result<ChainBufs<B>, ForwardError> {
         let (c, w) = (&self.cfg, &self.weights);
         let (n, bs, d, v, r) = (anchors.len(), c.block, c.hidden, c.vocab, c.markov_rank);
         let anchor_ids: Vec<u32> = anchors.iter().map(|a| a.0).collect();
@@ -278,7 +375,7 @@ impl<B: Backend> Drafter<B> {
             let mut picked = b.zeros(3 * n);
             b.draw_into(&s, v, &Self::specs(pickers, n, k), &mut picked);
             kept.words.push(picked);
-            if let Some((wy, wm, _)) = &w.confidence {
+            if let Some((wy, wm, _)) = w.confidence.as_ref().filter(|_| want_conf) {
                 let yk = b.gather_rows(y, d, &rows_k);
                 let (mut cy, mut cm) = (b.zeros(n), b.zeros(n));
                 b.linear(&yk, n, wy, None, &mut cy);
@@ -290,7 +387,7 @@ impl<B: Backend> Drafter<B> {
                 kept.scores.push(s);
             }
         }
-        self.read_blocks(b, n, &kept)
+        Ok(kept)
     }
 
     /// The blocks of `n` streams from the chain's per-row device buffers: each row's draw words (a status other than
