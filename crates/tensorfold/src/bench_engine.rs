@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long)]
     no_round_guard: bool,
     /// Read each drafter block before its verify (the A/B baseline of held drafts).
-    #[arg(long)]
+    #[arg(long, env = "TENSORFOLD_NO_HELD_DRAFTS")]
     no_held_drafts: bool,
     /// Context copies: shortest recurring suffix (0: copies off, only the drafter drafts).
     #[arg(long, default_value_t = 8)]
@@ -224,6 +224,8 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             }
         }
     }
+    let m = h.metrics();
+    println!("held drafts: {} of {} verify windows held their drafts on the device", m.held_windows, m.draft_windows);
     // GiB from 1 GiB up, MiB below (a small model's share would print as 0.00 GiB).
     let size = |b: usize| match b as f64 / (1u64 << 30) as f64 {
         g if g >= 1.0 => format!("{g:.2} GiB"),

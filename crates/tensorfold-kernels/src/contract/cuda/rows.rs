@@ -23,6 +23,7 @@ pub(super) const EMBED_PLANTS: &[Planted] = &[
     ("off-by-one-row", Src::Rows, "FAULT_EMBED_OFF_BY_ONE"),
     ("clamps-out-of-range", Src::Rows, "FAULT_EMBED_CLAMP"),
     ("drawn-stride-ignored", Src::Rows, "FAULT_EMBED_STRIDE_IGNORED"),
+    ("held-pick-before", Src::Rows, "FAULT_EMBED_HELD_PREV"),
 ];
 
 impl Kernel for Embed {
@@ -34,7 +35,7 @@ impl Kernel for Embed {
     }
     fn claim(&self) -> Claim {
         Claim::BitEqual(
-            "the table row widened exactly (bf16 bits << 16, Q8 fmaf(code, scale, bias)); ids past the table refused on the host",
+            "the table row widened exactly (bf16 bits << 16, Q8 fmaf(code, scale, bias)); ids past the table refused on the host; a held row takes its own pick's id",
         )
     }
     fn reference(&self) -> &'static str {
@@ -55,6 +56,7 @@ impl Kernel for Embed {
                 name: "drawn-stride-ignored",
                 what: "ids a draw left on the device are read one word apart, not three",
             },
+            Fault { name: "held-pick-before", what: "a held row embeds the pick before its own" },
         ]
     }
     fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
@@ -116,6 +118,7 @@ impl Kernel for Embed {
             invariance_gate("33 ids", inv),
             Gate::new("edges", refused, format!("id {v} past a table of {v}: refused = {refused}")),
             drawn_ids(&be, &tm, &ids, &want, v, h),
+            held_ids(&be, &tm, &ids, &want, v, h),
             device_gate(&be),
         ]
     }
@@ -138,6 +141,36 @@ fn drawn_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize
     let nan = got[ids.len() * h..].iter().all(|x| x.is_nan());
     let detail = format!("{} ids: {diffs} values differ; id {v} past the table gives a NaN row: {nan}", ids.len());
     Gate::new("drawn ids", ok && diffs == 0 && nan, detail)
+}
+
+/// Gate `held ids`: `embed_held` gives `embed`'s rows for a round whose rows 1, 2, 5 and 30 to 32 take held picks
+/// (words in [`crate::backend::Backend::draw_into`]'s layout, picks out of order), the other rows their host ids; a
+/// held id past the table gives a NaN row, a pick past the words is refused by name.
+fn held_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize, h: usize) -> Gate {
+    let rows = [1usize, 2, 5, 30, 31, 32];
+    // Pick j holds the id of row rows[5 - j]; pick 6 an id past the table.
+    let mut ws: Vec<u32> = rows.iter().rev().flat_map(|&r| [ids[r], 0, 7]).collect();
+    ws.extend([v as u32, 0, 7]);
+    let words = up(be, &ws.into_iter().map(f32::from_bits).collect::<Vec<_>>());
+    let mut host = ids.to_vec();
+    rows.iter().for_each(|&r| host[r] = 0);
+    let from: Vec<(usize, usize)> = rows.iter().enumerate().map(|(j, &r)| (r, 5 - j)).collect();
+    let mut out = up(be, &vec![0.0; ids.len() * h]);
+    let ok = be.embed_held(tm, &host, &words, &from, &mut out).is_ok();
+    let diffs = bit_diffs(&rd(be, &out), want);
+    let mut one = up(be, &vec![0.0; 2 * h]);
+    let nan_ok = be.embed_held(tm, &[ids[0], 0], &words, &[(1, 6)], &mut one).is_ok();
+    let one = rd(be, &one);
+    let nan = nan_ok && bit_diffs(&one[..h], &want[..h]) == 0 && one[h..].iter().all(|x| x.is_nan());
+    let past = be.embed_held(tm, &[0], &words, &[(0, 7)], &mut up(be, &vec![0.0; h]));
+    let refused = matches!(past, Err(KernelError::Shape { what: "held pick", .. }));
+    let detail = format!(
+        "{} rows, {} held: {diffs} values differ; a held id past the table gives a NaN row: {nan}; pick 7 of 7 \
+         refused: {refused}",
+        ids.len(),
+        rows.len()
+    );
+    Gate::new("held ids", ok && diffs == 0 && nan && refused, detail)
 }
 
 struct RmsNorm(CudaBackend);
@@ -247,7 +280,7 @@ impl Kernel for Rows {
     }
     fn claim(&self) -> Claim {
         Claim::BitEqual(
-            "add: the f32 sum of each pair; gather_rows: the named rows' values; indices past the buffer refused",
+            "add: the f32 sum of each pair; gather_rows: the named rows' values, indices past the buffer refused; concat: the parts in order",
         )
     }
     fn reference(&self) -> &'static str {
@@ -283,11 +316,15 @@ impl Kernel for Rows {
             .sum();
         let bad = rd(&be, &be.gather_rows(&xb, w, &[n]));
         let refused = bad.iter().all(|v| v.is_nan()) && be.dev.take("gather_rows").is_err();
+        // concat (held drafts' words): the parts' values in order, an empty part included.
+        let parts = [up(&be, &x[..3 * w]), up(&be, &[]), up(&be, &y[..5])];
+        let joined = rd(&be, &be.concat(&parts.iter().collect::<Vec<_>>()));
+        let cd = bit_diffs(&joined, &[&x[..3 * w], &y[..5]].concat());
         vec![
             Gate::new(
                 "reference",
-                add_diff == 0 && gd == 0,
-                format!("add: {add_diff} values differ; gather: {gd} differ"),
+                add_diff == 0 && gd == 0 && cd == 0,
+                format!("add: {add_diff} values differ; gather: {gd} differ; concat: {cd} differ"),
             ),
             invariance_gate("gathers of widths 1..33 vs one row", inv),
             Gate::new(
