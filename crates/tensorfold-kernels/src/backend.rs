@@ -488,7 +488,7 @@ fn embed_or_nan<B: Backend + ?Sized>(b: &B, table: &B::Mat, ids: &[u32], out: &m
 /// [`Backend::embed_held`]'s shape check: every `(row, pick)` names a row of `rows` and a pick of `words / 3`.
 pub fn check_held(rows: usize, words: usize, from: &[(usize, usize)]) -> Result<(), KernelError> {
     let shape = |what, got, want| Err(KernelError::Shape { kernel: "embed_held", what, got, want });
-    if words % 3 != 0 {
+    if !words.is_multiple_of(3) {
         return shape("held words", words, words / 3 * 3);
     }
     for &(row, pick) in from {

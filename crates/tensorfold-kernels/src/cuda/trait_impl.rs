@@ -155,7 +155,7 @@ impl Backend for CudaBackend {
         let len = parts.iter().map(|p| p.len()).sum();
         let r = self.buf(len).and_then(|out| {
             let mut at = out.ptr()?;
-            for p in parts.iter().filter(|p| p.len() > 0) {
+            for p in parts.iter().filter(|p| !p.is_empty()) {
                 let bytes = f32_bytes(p.len())?;
                 self.dev.dtod(at, p.ptr()?, bytes)?;
                 at += bytes as u64;
