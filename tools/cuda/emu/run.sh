@@ -4,9 +4,10 @@
 # through a fake driver and NVRTC (fake.cpp: host memory as device memory, stream capture into replayable graphs).
 # Runs `tensorfold contract --backend cuda --quick` (every CUDA kernel against its host reference, row invariance,
 # edges, every planted control red; graphs and programmatic launch on, as on the H200) and `tensorfold exact
-# --device cuda` on every fixture. It checks the kernels' arithmetic and the host's launch, staging and graph logic;
-# not speed, not the real device's scheduling or memory model (that is tools/cuda/check.sh on the GPU). Needs g++ and
-# cpp; builds the binary with `--features cuda` unless TENSORFOLD_BIN names one.
+# --device cuda` on every fixture, then a drafted `generate --device cuda` against its `--no-drafts` reply. It checks
+# the kernels' arithmetic and the host's launch, staging and graph logic; not speed, not the real device's
+# scheduling or memory model (that is tools/cuda/check.sh on the GPU). Needs g++ and cpp; builds the binary
+# with `--features cuda` unless TENSORFOLD_BIN names one.
 #
 #   tools/cuda/emu/run.sh            (CI runs it)
 set -euo pipefail
@@ -43,4 +44,21 @@ for fx in tests/fixtures/*/; do
     fi
 done
 [ "$fixtures" -gt 0 ] || { echo "FAIL: no fixture with a reference found"; status=1; }
+# Held drafts on the device path (the verify embeds the drafter's picks on the device): the default pair's drafted
+# reply must equal its --no-drafts reply, with drafts verified.
+gen() { "$TENSORFOLD_BIN" generate --device cuda --prompt 'def fibonacci(n):' --max-tokens 16 --ignore-eos "$@"; }
+if gen --no-round-guard >"$DIR/drafted.log" 2>&1 && gen --no-drafts >"$DIR/plain.log" 2>&1; then
+    d=$(grep -o 'token_sha256: [0-9a-f]*' "$DIR/drafted.log" || true)
+    p=$(grep -o 'token_sha256: [0-9a-f]*' "$DIR/plain.log" || true)
+    n=$(sed -n 's/^drafted: \([0-9]*\).*/\1/p' "$DIR/drafted.log")
+    if [ -n "$d" ] && [ "$d" = "$p" ] && [ "${n:-0}" -gt 0 ]; then
+        echo "ok: generate --device cuda drafted ($n drafts) equals --no-drafts: $d"
+    else
+        echo "FAIL: generate --device cuda drafted '$d' ($n drafts) vs --no-drafts '$p'"
+        status=1
+    fi
+else
+    echo "FAIL: generate --device cuda"; tail -5 "$DIR/drafted.log" "$DIR/plain.log"
+    status=1
+fi
 exit $status
