@@ -1,6 +1,8 @@
 //! Held drafts in the lane core, on the fixture model with the DSpark drafter: holding the picks on the device until
-//! after the verify changes nothing a user sees (tokens, drafted and accepted counts) against reading each block
-//! first; a non-finite drafter is refused exactly as on the read-first path; a planted late write turns it red.
+//! after the verify gives the read-first path's tokens, and while no block fails its drafted and accepted counts too
+//! (a failing block's placeholders take rows of the round's budget that the read-first path gives to other streams);
+//! a non-finite drafter is refused by the same named error, in a shared round or not, with or without room for drafts;
+//! a planted late write turns it red.
 
 mod common;
 
@@ -131,4 +133,49 @@ fn a_non_finite_held_block_is_refused_as_the_read_first_path_refuses_it() {
         assert!(h.draft_error.as_deref().is_some_and(|e| e.contains("DraftNonfinite")), "request {i}");
         assert_eq!(h.draft_error, r.draft_error, "request {i}: the same named refusal");
     }
+}
+
+#[test]
+fn held_drafts_match_read_first_when_each_stream_runs_its_own_forward() {
+    let reqs = requests();
+    let solo = |held| EngineConfig { shared_rounds: false, ..cfg(held) };
+    let (read, rs, _) = run(target(&tiny()), solo(false), &reqs);
+    let (held, hs, hh) = run(target(&tiny()), solo(true), &reqs);
+    assert_eq!(held, read);
+    assert_eq!(counts(&hs), counts(&rs), "the same drafts verified and accepted");
+    assert_eq!(hh, hs.iter().map(|s| s.windows as u64).sum::<u64>(), "every window held its drafts");
+}
+
+#[test]
+fn failing_and_healthy_blocks_in_one_batch_are_refused_as_the_read_first_path_refuses_them() {
+    // Streams whose previous pick is a multiple of 29 fail their block; the rest draft on. A request with no room for
+    // drafts (2 tokens) is in the mix. Under a tight round budget (10, 6 rows) only the tokens must agree: a failing
+    // block's placeholders take rows the read-first path gives to other streams' drafts, so streams draft at other
+    // anchors and may meet a failing pick elsewhere.
+    let bad = common::nan_drafter_rows("markov_head.markov_w1.weight", 29);
+    let mut reqs = requests();
+    reqs.push(Request { max_tokens: 2, ..reqs[0].clone() });
+    let plain: Vec<Request> = reqs.iter().map(|r| Request { draft: false, ..r.clone() }).collect();
+    let (undrafted, _, _) = run(target(&tiny()), cfg(true), &plain);
+    for rows in [24, 10, 6] {
+        let c = |held| EngineConfig { round_rows: rows, ..cfg(held) };
+        let (read, rs, _) = run(target(bad.path()), c(false), &reqs);
+        let (held, hs, _) = run(target(bad.path()), c(true), &reqs);
+        assert_eq!((&held, &read), (&undrafted, &undrafted), "round_rows {rows}: no token changed");
+        if rows < 24 {
+            continue;
+        }
+        let errs = |s: &[Stats]| s.iter().map(|s| s.draft_error.clone()).collect::<Vec<_>>();
+        assert_eq!(errs(&hs), errs(&rs), "the same streams refused, by the same error");
+        assert_eq!(counts(&hs), counts(&rs), "the same drafts verified and accepted");
+        let failed = hs.iter().filter(|s| s.draft_error.is_some()).count();
+        assert!(failed > 0 && failed < hs.len(), "{failed} of {} streams failed", hs.len());
+    }
+    // The room-0 request alone, its drafter failing at once: refused although its window held no draft.
+    let nan = common::nan_drafter();
+    let one = [Request { max_tokens: 2, ..reqs[0].clone() }];
+    let (_, rs, _) = run(target(nan.path()), cfg(false), &one);
+    let (_, hs, _) = run(target(nan.path()), cfg(true), &one);
+    assert!(rs[0].draft_error.is_some());
+    assert_eq!(hs[0].draft_error, rs[0].draft_error);
 }

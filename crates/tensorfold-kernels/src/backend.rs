@@ -5,7 +5,7 @@ use crate::sample::{DrawSpec, SampleError, draw, greedy_pick};
 
 /// A failed kernel call. These are engine faults or bad shapes caught before any arithmetic, never a
 /// silent wrong result.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum KernelError {
     /// A buffer's length disagrees with the shape the call was given.
     #[error("kernel {kernel}: {what} has {got} elements, expected {want}")]
@@ -388,9 +388,9 @@ pub trait Backend: Send + Sync {
     /// drafts: a verify window embeds the drafter's picks without a host read). `ids` `[rows]` (a held row's entry
     /// is a placeholder, checked as any id); `held` `[picks * 3]` words; `from[j] = (row, pick)`: row `row` of
     /// `out` (`[rows, width]`) takes `table[held[3 * pick]]`, a NaN row when that id is past the table (as
-    /// [`Backend::embed_words`]; the verify's reader refuses it by the pick's status). Errors: an id of `ids` past
-    /// the table ([`KernelError::TokenOutOfRange`]), a row or pick out of range ([`KernelError::Shape`]). The
-    /// default reads `held` to the host.
+    /// [`Backend::embed_words`]; the verify's reader refuses the pick by its id). Errors: an id of `ids` past the
+    /// table ([`KernelError::TokenOutOfRange`]); a row or pick out of range ([`KernelError::Shape`], `what` = "held
+    /// row" / "held pick" / "held words"). The default reads `held` to the host.
     fn embed_held(
         &self,
         table: &Self::Mat,
@@ -415,7 +415,8 @@ pub trait Backend: Send + Sync {
     fn mat_rows(&self, m: &Self::Mat) -> usize;
 
     /// `parts` one after another (`[sum of their lengths]`): a chain's per-row words as one buffer, read with one
-    /// copy. The default copies through the host.
+    /// copy. The default copies through the host. Infallible as `add`: a device failure is recorded (the buffer is
+    /// then unallocated) and reported by the next fallible call or [`Backend::check`].
     fn concat(&self, parts: &[&Self::Buf]) -> Self::Buf {
         let host: Vec<f32> = parts.iter().flat_map(|p| self.read(p)).collect();
         self.upload(&host)
@@ -426,6 +427,13 @@ pub trait Backend: Send + Sync {
     /// The default times a host `memcpy`.
     fn copy_bandwidth(&self) -> f64 {
         host_copy_bandwidth()
+    }
+
+    /// The first device failure recorded since the last report, taken (an infallible call's failure, as the next
+    /// fallible call would report it), without waiting for the device; `Ok` on backends that record none. Lets a
+    /// caller that will not read a result yet (held drafts) learn that it is poisoned.
+    fn check(&self) -> Result<(), KernelError> {
+        Ok(())
     }
 
     /// Device memory high-water marks in bytes of the device's default pool, over the whole process (never reset):

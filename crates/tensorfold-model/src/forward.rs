@@ -378,7 +378,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::draft_with`] with the picks held on the device for [`Model::forward_held`] (no confidences, no
-    /// scores); the same errors, except that a non-finite score is found by [`HeldBlocks::read`].
+    /// scores); the same errors, and a device failure recorded during the pass ([`Backend::check`]), except that a
+    /// non-finite score is found by [`HeldBlocks::read`].
     pub fn draft_held(
         &self,
         states: &[&StreamState<B>],
@@ -387,7 +388,10 @@ impl<B: Backend> Model<B> {
     ) -> Result<HeldBlocks<B>, ForwardError> {
         let (d, at, ds) = self.draft_inputs(states, anchors)?;
         let head = self.weights.head.as_ref().unwrap_or(&self.weights.embed);
-        d.block_held(&self.backend, (&self.weights.embed, head), &at, &ds, pickers)
+        let held = d.block_held(&self.backend, (&self.weights.embed, head), &at, &ds, pickers)?;
+        // A failure recorded on the way (out of memory) is the pass's error now, not the verify's later.
+        self.backend.check()?;
+        Ok(held)
     }
 
     /// A block pass's checked inputs: the drafter, `(anchor, position)` a stream, and the drafter states.

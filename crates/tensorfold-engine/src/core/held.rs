@@ -60,20 +60,21 @@ impl<T: Target> Core<T> {
 
     /// After the verify forward: reads the held blocks once and writes each window's drafts over its placeholders.
     /// Returns, per plan entry, the error of a block the synchronous pass would have refused ([`Core::refuse_held`]).
+    /// A failed block whose window carried none of its drafts (the budget or the request's room cut it to zero) is
+    /// refused here, as the synchronous pass refuses it before any window is sized.
     pub(super) fn apply_held(&mut self, plan: &mut Plan) -> Vec<Option<String>> {
         let mut refused = vec![None; plan.len()];
         let Some(h) = self.held.take() else { return refused };
-        if plan.iter().all(|(lane, _)| self.lanes[*lane].held_rows == 0) {
-            return refused;
-        }
         let picks = self.target.read_held(&h);
+        if let Some(e) = picks.iter().find_map(|p| p.as_ref().err()) {
+            self.note_device(e);
+        }
         for ((lane, rows), bad) in plan.iter_mut().zip(&mut refused) {
-            let s = &self.lanes[*lane];
+            let s = &mut self.lanes[*lane];
             let (Some(j), n) = (s.held, s.held_rows) else { continue };
-            if n == 0 {
-                continue;
-            }
             match picks.get(j) {
+                Some(Err(e)) if n == 0 => (s.stats.draft_error, s.open) = (Some(e.to_string()), false),
+                _ if n == 0 => {}
                 Some(Ok(p)) if p.len() >= n && rows.len() == n + 1 => {
                     rows[1..].copy_from_slice(&p[..n]);
                     if self.cfg.planted == Some(super::PlantedFault::HeldPicksShifted) {

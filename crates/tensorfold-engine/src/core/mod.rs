@@ -396,12 +396,12 @@ impl<T: Target> Core<T> {
 
     /// Runs one round. Returns false when there was nothing to run.
     pub fn step(&mut self) -> bool {
+        self.clear_held();
         if self.failure.is_some() {
             self.fail_all();
             return false;
         }
         self.admit();
-        self.clear_held();
         let t0 = self.clock.now();
         let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
         let mode = self.round_mode(decoding);

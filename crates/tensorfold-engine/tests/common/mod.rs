@@ -359,6 +359,12 @@ impl Target for Poisoned {
 /// The `dspark-tiny` drafter with its final norm set to NaN (every block's scores are non-finite), in a temporary
 /// directory.
 pub fn nan_drafter() -> tempfile::TempDir {
+    nan_drafter_rows("norm.weight", 1)
+}
+
+/// The `dspark-tiny` drafter with rows `r % every == 0` of `tensor` set to NaN (a row: the trailing dimensions; for
+/// `markov_head.markov_w1.weight`, the streams whose previous pick is such a token fail), in a temporary directory.
+pub fn nan_drafter_rows(tensor: &str, every: usize) -> tempfile::TempDir {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dspark-tiny");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(root.join("config.json"), dir.path().join("config.json")).expect("config");
@@ -369,8 +375,12 @@ pub fn nan_drafter() -> tempfile::TempDir {
         .into_iter()
         .map(|(n, t)| {
             let mut data = t.data().to_vec();
-            if n == "norm.weight" {
-                data.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+            if n == tensor {
+                assert_eq!(t.dtype(), safetensors::Dtype::F32, "{n} is f32 in the fixture");
+                let width: usize = t.shape()[1..].iter().product();
+                for (_, row) in data.chunks_exact_mut(4 * width).enumerate().filter(|(r, _)| r % every == 0) {
+                    row.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&f32::NAN.to_le_bytes()));
+                }
             }
             (n, t.dtype(), t.shape().to_vec(), data)
         })

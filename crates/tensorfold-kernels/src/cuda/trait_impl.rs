@@ -147,6 +147,10 @@ impl Backend for CudaBackend {
         ops::embed_held(self, table, ids, held, from, out)
     }
 
+    fn check(&self) -> Result<(), KernelError> {
+        self.dev.take("check")
+    }
+
     fn mat_rows(&self, m: &CudaMat) -> usize {
         m.rows
     }

@@ -103,8 +103,12 @@ impl<B: Backend> HeldBlocks<B> {
 
     /// Every stream's drafts after the verify (one copy to the host), each refused as the synchronous read refuses
     /// it: a row whose status is not drawn, or whose id is past the vocabulary, makes that stream's block
-    /// [`ForwardError::DraftNonfinite`] with `stream: 0` (the stream's own pass, as the engine's retry reports it).
+    /// [`ForwardError::DraftNonfinite`] with `stream: 0` (the stream's own pass, as the engine's retry reports it). A
+    /// device failure recorded before the read ([`Backend::check`]) is every stream's error instead.
     pub fn read(&self, b: &B) -> Vec<Result<Vec<u32>, ForwardError>> {
+        if let Err(e) = b.check() {
+            return (0..self.streams).map(|_| Err(ForwardError::Kernel(e.clone()))).collect();
+        }
         let w = b.read(&self.words);
         (0..self.streams)
             .map(|i| {
