@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::time::Instant;
-use tensorfold_engine::core::{Core, EngineConfig, FixedClock, PlantedFault};
+use tensorfold_engine::core::{EngineConfig, PlantedFault};
 use tensorfold_engine::sampler::SamplingParams;
 use tensorfold_engine::schedule::VerifyMode;
-use tensorfold_engine::{Event, ModelTarget, Request, Stats};
+use tensorfold_engine::{ModelTarget, Request, Stats};
 use tensorfold_kernels::CpuBackend;
 use tensorfold_model::Source;
 use tensorfold_model::drafter::open_drafter;
@@ -55,35 +54,10 @@ fn cfg(held: bool) -> EngineConfig {
     }
 }
 
-/// Tokens, stats and the finish error of every request, and the core's held windows.
+/// Tokens and stats of every request, and the core's held windows.
 fn run(t: ModelTarget<CpuBackend>, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>, u64) {
-    let mut core = Core::new(t, cfg, Box::new(FixedClock(Instant::now())));
-    let rx: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            core.submit(r.clone(), tx).expect("admitted");
-            rx
-        })
-        .collect();
-    while core.step() {}
-    let held = core.metrics().held_windows;
-    let (toks, stats) = rx
-        .into_iter()
-        .map(|rx| {
-            let ev: Vec<Event> = rx.try_iter().collect();
-            let toks = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
-            let stats = ev
-                .iter()
-                .find_map(|e| match e {
-                    Event::Finished { stats, error: None, .. } => Some(stats.clone()),
-                    _ => None,
-                })
-                .expect("finished without an error");
-            (toks, stats)
-        })
-        .unzip();
-    (toks, stats, held)
+    let (toks, stats, m) = common::run_metrics(t, cfg, reqs);
+    (toks, stats, m.held_windows)
 }
 
 fn counts(stats: &[Stats]) -> Vec<(usize, usize, usize)> {

@@ -1,11 +1,12 @@
 //! The DSpark drafter against its PyTorch reference (`tools/drafter/dspark.py`, fixture `dspark-tiny` on
 //! the `lfm2-moe-f32` target): picks token for token, scores and confidences within bounds; batched,
-//! chunked and rolled-back contexts bit-equal to fresh ones; config refusals by name.
+//! chunked and rolled-back contexts bit-equal to fresh ones; config refusals by name; held drafts (a verify window
+//! whose rows take the picks on the device) bit-equal to the window with the picks read first, bad held rows refused.
 
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use tensorfold_kernels::{CpuBackend, KernelError, Segment};
-use tensorfold_model::drafter::{DraftBlock, DrafterError, open_drafter};
+use tensorfold_model::drafter::{DraftBlock, DrafterError, HeldRows, open_drafter};
 use tensorfold_model::{ForwardError, LogitRows, Model, Source, StreamState, open};
 
 fn root() -> PathBuf {
@@ -229,4 +230,64 @@ fn a_keyed_picker_draws_each_draft_from_its_row_and_feeds_the_markov_chain() {
     let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(hot)]).expect("batch");
     assert_eq!(two[0].tokens, greedy.tokens);
     assert_eq!(two[1].tokens, picked.tokens);
+}
+
+#[test]
+fn a_held_verify_window_equals_the_window_with_its_drafts_read_first() {
+    let m = model();
+    let (p0, p1) = ([3u32, 17, 40, 99, 7, 250], [11u32, 12, 13]);
+    let (s0, s1) = (consumed(&m, &p0, 64), consumed(&m, &p1, 64));
+    let anchors = [5u32, 300];
+    let read = m.draft(&[&s0, &s1], &anchors, false).expect("synchronous pass");
+    let held = m.draft_held(&[&s0, &s1], &anchors, &[]).expect("held pass");
+    let picks: Vec<Vec<u32>> = held.read(&m.backend).into_iter().map(|r| r.expect("finite picks")).collect();
+    assert_eq!(picks, read.iter().map(|b| b.tokens.clone()).collect::<Vec<_>>(), "held picks = read picks");
+    // Stream 0 verifies 3 drafts, stream 1 all of its block; rows: [a0, d0..d2, a1, d'0..].
+    let n1 = held.block();
+    let host: Vec<u32> = [anchors[0]]
+        .into_iter()
+        .chain(picks[0][..3].iter().copied())
+        .chain([anchors[1]])
+        .chain(picks[1].iter().copied())
+        .collect();
+    let mut placeholders = host.clone();
+    placeholders[1..4].fill(0);
+    placeholders[5..].fill(0);
+    let segs = [
+        Segment { first_row: 0, rows: 4, start_pos: s0.pos, cache: 0 },
+        Segment { first_row: 4, rows: 1 + n1, start_pos: s1.pos, cache: 1 },
+    ];
+    let runs = [HeldRows { row: 1, stream: 0, count: 3 }, HeldRows { row: 5, stream: 1, count: n1 }];
+    let (mut a0, mut a1, mut b0, mut b1) = (s0.clone(), s1.clone(), s0.clone(), s1.clone());
+    let want = m.forward(&host, &segs, &mut [&mut a0, &mut a1], LogitRows::All).expect("read-first window");
+    let got = m
+        .forward_held(&placeholders, Some((&held, &runs)), &segs, &mut [&mut b0, &mut b1], LogitRows::All)
+        .expect("held window");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got.logits), bits(&want.logits), "held rows embed the picks exactly");
+    // The placeholders alone give other logits: the check can fail.
+    let mut c0 = s0.clone();
+    let plain = m.forward(&placeholders[..4], &segs[..1], &mut [&mut c0], LogitRows::All).expect("placeholders");
+    assert_ne!(bits(&plain.logits), bits(&want.logits[..plain.logits.len()]));
+    // The drafter contexts the windows absorbed agree too: the next blocks are equal.
+    let (na, nb) = (m.draft(&[&a0], &[1], false).unwrap(), m.draft(&[&b0], &[1], false).unwrap());
+    assert_eq!(na, nb);
+}
+
+#[test]
+fn held_rows_outside_the_call_or_the_blocks_are_refused_before_any_state_moves() {
+    let m = model();
+    let s0 = consumed(&m, &[3, 17, 40], 64);
+    let held = m.draft_held(&[&s0], &[5], &[]).expect("held pass");
+    let seg = [Segment { first_row: 0, rows: 3, start_pos: s0.pos, cache: 0 }];
+    for (runs, why) in [
+        (HeldRows { row: 1, stream: 1, count: 2 }, "a stream past the batch"),
+        (HeldRows { row: 2, stream: 0, count: 2 }, "rows past the call"),
+        (HeldRows { row: 1, stream: 0, count: held.block() + 1 }, "more drafts than the block"),
+    ] {
+        let mut s = s0.clone();
+        let r = m.forward_held(&[5, 0, 0], Some((&held, &[runs])), &seg, &mut [&mut s], LogitRows::Last);
+        assert!(matches!(r, Err(ForwardError::Batch(_))), "{why}: {r:?}");
+        assert_eq!(s.pos, s0.pos, "{why}: the state did not move");
+    }
 }

@@ -50,6 +50,16 @@ macro_rules! delegate_target {
 
 /// Runs `reqs` through a core over `target` with a fixed clock until idle: each reply's tokens and stats.
 pub fn run_all<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Stats>) {
+    let (toks, stats, _) = run_metrics(target, cfg, reqs);
+    (toks, stats)
+}
+
+/// [`run_all`], with the core's metrics at the end.
+pub fn run_metrics<T: Target>(
+    target: T,
+    cfg: EngineConfig,
+    reqs: &[Request],
+) -> (Vec<Vec<u32>>, Vec<Stats>, tensorfold_engine::core::Metrics) {
     let mut core = Core::new(target, cfg, Box::new(FixedClock(std::time::Instant::now())));
     let rx: Vec<_> = reqs
         .iter()
@@ -60,7 +70,8 @@ pub fn run_all<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Ve
         })
         .collect();
     while core.step() {}
-    rx.into_iter()
+    let (toks, stats) = rx
+        .into_iter()
         .map(|rx| {
             let ev: Vec<Event> = rx.try_iter().collect();
             let toks = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
@@ -70,7 +81,8 @@ pub fn run_all<T: Target>(target: T, cfg: EngineConfig, reqs: &[Request]) -> (Ve
                 .expect("finished");
             (toks, stats)
         })
-        .unzip()
+        .unzip();
+    (toks, stats, core.metrics())
 }
 
 /// splitmix64: the tests' seeded source of prompts and parameters.
