@@ -1,11 +1,14 @@
 //! `tensorfold bench`: `forward` here (prefill and decode speed, peak memory, the decode floor; exactness
 //! first: the decoded tokens must equal the greedy picks of one whole prefill before any speed is printed),
-//! `engine` and `serve` in their own files.
+//! `engine` and `serve` in their own files. Each writes, with `--json FILE`, a JSON summary of what it printed
+//! (its command line, model, device and every figure with its token hashes) beside the unchanged text.
 
 use crate::bench_engine;
 use crate::bench_serve;
 use crate::default_model;
-use anyhow::bail;
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 use tensorfold_engine::sampler::token_sha256;
@@ -50,8 +53,30 @@ pub struct ForwardArgs {
     /// Prefill chunk (rows per call).
     #[arg(long, default_value_t = 2048)]
     chunk: usize,
+    /// Also write a JSON summary of every printed figure to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
     #[command(flatten)]
     dev: crate::devices::DeviceArgs,
+}
+
+/// The head of every bench's JSON summary: which bench and the command line it ran with.
+pub fn summary_head(bench: &str) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("bench".into(), json!(bench));
+    m.insert("args".into(), json!(std::env::args().collect::<Vec<_>>()));
+    m
+}
+
+/// An f32 option (a temperature, top-p) as the JSON number it was written as (0.95, not 0.949999988...).
+pub fn f32_json(x: f32) -> Value {
+    json!(x.to_string().parse::<f64>().unwrap_or(f64::from(x)))
+}
+
+/// Writes a bench's JSON summary (pretty-printed); the error names the file.
+pub fn write_summary(path: &Path, summary: &Value) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(summary)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Benchmarks.
@@ -86,6 +111,7 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
     let t = Instant::now();
     let loaded = dev.open(&src)?;
     let m = &loaded.model;
+    let load_s = t.elapsed().as_secs_f64();
     println!(
         "model: {}  backend: {} x{}  threads: {}  simd: {:?}  loaded in {:.1} s",
         src.describe(),
@@ -93,8 +119,15 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         m.world(),
         rayon_threads(),
         tensorfold_kernels::simd::level(),
-        t.elapsed().as_secs_f64()
+        load_s
     );
+    let mut out = summary_head("forward");
+    out.insert("model".into(), json!(src.describe()));
+    out.insert("backend".into(), json!(m.backend.name()));
+    out.insert("world".into(), json!(m.world()));
+    out.insert("threads".into(), json!(rayon_threads()));
+    out.insert("simd".into(), json!(format!("{:?}", tensorfold_kernels::simd::level())));
+    out.insert("load_s".into(), json!(load_s));
     let vocab = m.cfg.vocab as u32;
     let ids = |n: usize| -> Vec<u32> {
         (0..n as u64).map(|i| (splitmix(i ^ 0x5eed) % (vocab as u64 - 10)) as u32 + 10).collect()
@@ -108,11 +141,15 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
             .collect::<Result<Vec<_>, _>>()?,
         None => ids(512),
     };
-    let (tokens, decode_secs) = greedy_decode(m, &prompt, a.decode.max(2), a.chunk)?;
+    let (tokens, decode_secs, prefill_profile) = greedy_decode(m, &prompt, a.decode.max(2), a.chunk)?;
+    if let Some(p) = prefill_profile {
+        out.insert("prompt_prefill_profile".into(), json!(p));
+    }
     // Taken before the checks and prefill runs below add to it: the prompt's prefill and the decode steps.
     let decode_graphs = m.backend.graph_report();
     if let Some(p) = m.backend.take_profile() {
         println!("{p}");
+        out.insert("decode_profile".into(), json!(p.to_string()));
     }
     let mut seq = prompt.clone();
     seq.extend_from_slice(&tokens[..tokens.len().saturating_sub(1)]);
@@ -130,13 +167,21 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         token_sha256(&tokens)
     );
     println!("prompt_sha256 {}", token_sha256(&prompt));
+    out.insert(
+        "exactness".into(),
+        json!({"decoded_tokens": tokens.len(), "equal_to_whole_prefill": true, "token_sha256": token_sha256(&tokens)}),
+    );
+    out.insert("prompt_sha256".into(), json!(token_sha256(&prompt)));
+    let mut prefills = Vec::new();
     for &n in &a.prompt_lens {
         let p = ids(n);
         let t = Instant::now();
         prefill(m, &p, a.chunk)?;
         let s = t.elapsed().as_secs_f64();
         println!("prefill {n:>5} tokens: {s:>8.3} s  {:>9.1} tok/s (chunks of {})", n as f64 / s, a.chunk);
+        prefills.push(json!({"tokens": n, "seconds": s, "tok_s": n as f64 / s, "chunk": a.chunk}));
     }
+    out.insert("prefill".into(), json!(prefills));
     let steps = tokens.len().saturating_sub(1);
     let step_s = decode_secs / steps.max(1) as f64;
     println!(
@@ -144,18 +189,46 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         1.0 / step_s,
         prompt.len()
     );
+    out.insert(
+        "decode".into(),
+        json!({"steps": steps, "seconds": decode_secs, "tok_s": 1.0 / step_s, "prompt_tokens": prompt.len()}),
+    );
     if let Some(g) = decode_graphs {
         println!("{g}");
+        out.insert("decode_graphs".into(), json!(g.to_string()));
     }
+    out.insert("memory".into(), print_memory(m));
+    out.insert("floor".into(), print_floor(m, step_s));
+    if let Some(path) = &a.json {
+        write_summary(path, &Value::Object(out))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the peak memory line (the device pool's high-water marks, else the process's peak RSS); returns its
+/// figures in bytes (KiB for the RSS).
+fn print_memory<B: Backend>(m: &Model<B>) -> Value {
     match m.backend.memory_high() {
-        Some((used, reserved)) => println!(
-            "peak device memory: {:.2} GiB allocated, {:.2} GiB reserved by the pool (weights {:.2} GiB)",
-            gib(used),
-            gib(reserved),
-            gib(m.weight_bytes())
-        ),
-        None => println!("peak RSS: {:.1} MiB (before the bandwidth probe's buffers)", peak_rss_kib() as f64 / 1024.0),
+        Some((used, reserved)) => {
+            println!(
+                "peak device memory: {:.2} GiB allocated, {:.2} GiB reserved by the pool (weights {:.2} GiB)",
+                gib(used),
+                gib(reserved),
+                gib(m.weight_bytes())
+            );
+            json!({"device_allocated_bytes": used, "device_reserved_bytes": reserved, "weight_bytes": m.weight_bytes()})
+        }
+        None => {
+            let rss = peak_rss_kib();
+            println!("peak RSS: {:.1} MiB (before the bandwidth probe's buffers)", rss as f64 / 1024.0);
+            json!({"peak_rss_kib": rss, "weight_bytes": m.weight_bytes()})
+        }
     }
+}
+
+/// Prints the decode floor line: the weight bytes a step reads over the measured copy bandwidth, against this
+/// run's `step_s` seconds a step; returns its figures.
+fn print_floor<B: Backend>(m: &Model<B>, step_s: f64) -> Value {
     let bytes = step_bytes(m);
     let bw = m.backend.copy_bandwidth();
     let floor_s = bytes as f64 / bw;
@@ -168,20 +241,28 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
         step_s * 1e3,
         100.0 * floor_s / step_s
     );
-    Ok(ExitCode::SUCCESS)
+    json!({
+        "step_bytes": bytes, "copy_bytes_per_s": bw, "floor_ms_per_step": floor_s * 1e3,
+        "floor_steps_per_s": 1.0 / floor_s, "run_ms_per_step": step_s * 1e3, "percent_of_floor": 100.0 * floor_s / step_s,
+    })
 }
 
 fn gib(b: usize) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-/// Greedy decode of `n` tokens after `prompt`; returns the tokens and the seconds of the steps after the first.
-fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usize) -> anyhow::Result<(Vec<u32>, f64)> {
+/// A greedy decode: its tokens, the seconds of the steps after the first, and the profile of the prompt's
+/// prefill (TENSORFOLD_CUDA_PROFILE) as printed.
+type Decoded = (Vec<u32>, f64, Option<String>);
+
+/// Greedy decode of `n` tokens after `prompt`.
+fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usize) -> anyhow::Result<Decoded> {
     let (mut state, logits) = prefill(m, prompt, chunk)?;
     // A profile (TENSORFOLD_CUDA_PROFILE) of the prompt's prefill is printed apart; the next covers the decode steps.
-    if let Some(p) = m.backend.take_profile() {
+    let prefill_profile = m.backend.take_profile().map(|p| {
         println!("prefill of the {}-token prompt in chunks of {chunk}: {p}", prompt.len());
-    }
+        p.to_string()
+    });
     let mut tok = tensorfold_engine::sampler::greedy_pick(&logits)?;
     let mut out = vec![tok];
     let t = Instant::now();
@@ -194,7 +275,7 @@ fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usiz
         tok = f.picks[0].token;
         out.push(tok);
     }
-    Ok((out, t.elapsed().as_secs_f64()))
+    Ok((out, t.elapsed().as_secs_f64(), prefill_profile))
 }
 
 /// Weight bytes one decode step reads: every dense matrix, the router and top-k experts of each MoE

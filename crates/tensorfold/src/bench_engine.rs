@@ -5,9 +5,11 @@
 //! any mismatch). With a drafter, each repetition runs plain (`"draft": false`) and drafted requests, in
 //! alternating order, and reports both with the drafted and accepted counts and the mean accepted length. `fwd %`
 //! is the share of the engine's round time spent inside the target's forward (the rest is host work).
+//! `--json FILE` writes the same figures, per-repetition values and reply hashes as a JSON summary.
 
 use crate::default_model;
 use anyhow::Context;
+use serde_json::{Value, json};
 use std::process::ExitCode;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
@@ -68,6 +70,9 @@ pub struct Args {
     /// Top-p of the sampled requests (1: off); a refused value fails every sampled reply by name.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Also write a JSON summary of every printed figure (with the per-repetition values) to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
 }
 
 /// One concurrent reply and how it arrived.
@@ -145,6 +150,18 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         a.grid.tokens,
         a.grid.reps
     );
+    let mut out = crate::bench::summary_head("engine");
+    if let Value::Object(run) = json!({
+        "model": src.describe(), "backend": dev.backend.name(), "world": dev.world(),
+        "threads": tensorfold_kernels::cpu::threads(), "simd": format!("{:?}", tensorfold_kernels::simd::level()),
+        "parallel": cfg.parallel, "shared_rounds": cfg.shared_rounds, "max_draft": cfg.max_draft,
+        "tokens": a.grid.tokens, "reps": a.grid.reps, "levels": a.grid.levels,
+        "temperatures": a.grid.temperatures.iter().map(|&t| crate::bench::f32_json(t)).collect::<Vec<_>>(),
+        "top_k": a.top_k, "top_p": crate::bench::f32_json(a.top_p),
+    }) {
+        out.extend(run);
+    }
+    let mut rows_json = Vec::new();
     let chunk = cfg.prefill_chunk;
     // Plain runs: the solo runs share the engine's weights (the engine is idle while they run), one copy on the
     // device. Drafted runs: the solo reference is a second copy without the drafter, independent of its code path.
@@ -211,8 +228,9 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                     }
                 }
             }
+            let mut figures = Vec::new();
             for (m, row) in rows.iter_mut().enumerate() {
-                row.print(level, temp, if modes[m] { "drafted" } else { "plain" });
+                figures.push(row.print(level, temp, if modes[m] { "drafted" } else { "plain" }));
             }
             // Compare runs (devices, commits) by these: every reply's tokens, in request order.
             for (m, row) in rows.iter().enumerate() {
@@ -221,27 +239,43 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                     "replies: level {level} temp {temp:.2} {mode}: token_sha256 {}",
                     token_sha256(&row.all_tokens)
                 );
+                let mut f = figures[m].take();
+                f["replies_token_sha256"] = json!(token_sha256(&row.all_tokens));
+                rows_json.push(f);
             }
         }
     }
+    out.insert("rows".into(), json!(rows_json));
     let m = h.metrics();
     println!("held drafts: {} of {} verify windows held their drafts on the device", m.held_windows, m.draft_windows);
+    out.insert("held_windows".into(), json!(m.held_windows));
+    out.insert("draft_windows".into(), json!(m.draft_windows));
     // GiB from 1 GiB up, MiB below (a small model's share would print as 0.00 GiB).
     let size = |b: usize| match b as f64 / (1u64 << 30) as f64 {
         g if g >= 1.0 => format!("{g:.2} GiB"),
         g => format!("{:.1} MiB", g * 1024.0),
     };
+    let mut devices = Vec::new();
     for (d, (w, high)) in
         solo_model.weight_bytes_by_rank().into_iter().zip(solo_model.memory_high_by_rank()).enumerate()
     {
+        devices.push(json!({"rank": d, "weight_bytes": w, "allocated_bytes": high.map(|h| h.0),
+            "reserved_bytes": high.map(|h| h.1)}));
         let high =
             high.map_or("host memory".into(), |(a, r)| format!("peak {} allocated, {} reserved", size(a), size(r)));
         println!("device {d}: weights {}, {high}", size(w));
     }
+    out.insert("devices".into(), json!(devices));
     if let Some(g) = solo_model.backend.graph_report() {
         println!("{g}");
+        out.insert("graphs".into(), json!(g.to_string()));
     }
     println!("equal: {equal_all} of {total_all} concurrent replies checked equal their solo runs");
+    out.insert("equal".into(), json!(equal_all));
+    out.insert("checked".into(), json!(total_all));
+    if let Some(path) = &a.json {
+        crate::bench::write_summary(path, &Value::Object(out))?;
+    }
     Ok(if equal_all == total_all { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
@@ -298,20 +332,23 @@ impl Row {
         }
     }
 
-    fn print(&mut self, level: usize, temp: f32, mode: &str) {
+    /// Prints the line; returns its figures (and the per-repetition values the medians come from) as JSON.
+    fn print(&mut self, level: usize, temp: f32, mode: &str) -> Value {
         let mean = tensorfold_engine::request::mean_accepted_length(self.accepted as u64, self.windows as u64);
+        let reps = self.aggregate.clone();
+        let (aggregate, per_stream, ttft) =
+            (median(&mut self.aggregate), median(&mut self.per_stream), median(&mut self.ttft));
+        let fwd = 100.0 * self.forward_s / self.round_s.max(f64::MIN_POSITIVE);
         println!(
             "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {:>5.1}  {} of {}",
-            median(&mut self.aggregate),
-            median(&mut self.per_stream),
-            median(&mut self.ttft),
-            self.drafted,
-            self.accepted,
-            mean,
-            100.0 * self.forward_s / self.round_s.max(f64::MIN_POSITIVE),
-            self.equal,
-            self.total
+            aggregate, per_stream, ttft, self.drafted, self.accepted, mean, fwd, self.equal, self.total
         );
+        json!({
+            "level": level, "temperature": crate::bench::f32_json(temp), "mode": mode, "aggregate_tok_s": aggregate,
+            "per_stream_tok_s": per_stream, "ttft_ms": ttft, "drafted": self.drafted, "accepted": self.accepted,
+            "windows": self.windows, "mean_accepted_length": mean, "forward_percent": fwd, "equal": self.equal,
+            "checked": self.total, "aggregate_tok_s_reps": reps,
+        })
     }
 }
 

@@ -5,6 +5,7 @@
 //! completion tokens over the level's wall time), per-stream decode tok/s, TTFT and ITL p50/p99. Where the server
 //! reports `tensorfold.token_sha256`, `--alone` checks each concurrent reply equal to the same request sent alone
 //! and `--serial` checks the default reply equal to `"draft": false`; any unequal hash exits non-zero.
+//! `--json FILE` writes every raw figure (each stream's reply, each cell's medians, the checks) as JSON.
 
 use anyhow::{Context, ensure};
 use serde_json::{Value, json};
@@ -36,7 +37,7 @@ pub struct Args {
     /// Send each request alone with `"draft": false` and check its token_sha256 equals the default reply's.
     #[arg(long)]
     serial: bool,
-    /// Write every raw figure to this JSON file.
+    /// Also write a JSON summary with every raw figure (each stream's reply and hash) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Send `Authorization: Bearer KEY`.
@@ -485,15 +486,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     println!("hash checks: {} equal, {} unequal, {} unavailable", checks.equal, checks.unequal, checks.unavailable);
     if let Some(path) = &a.json {
-        let report = json!({
+        let mut report = crate::bench::summary_head("serve");
+        if let Value::Object(r) = json!({
             "url": client.base, "model": client.model, "tokens": a.grid.tokens, "reps": a.grid.reps, "levels": a.grid.levels,
             "temperatures": a.grid.temperatures, "prompts": client.prompts, "cells": cells,
             "alone": alone.iter().map(|(j, o)| outcome_json(j, o)).collect::<Vec<_>>(),
             "serial": serial.iter().map(|(j, o)| outcome_json(j, o)).collect::<Vec<_>>(), "errors": errors, "short_replies": short,
             "checks": {"equal": checks.equal, "unequal": checks.unequal, "unavailable": checks.unavailable},
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        }) {
+            report.extend(r);
+        }
+        crate::bench::write_summary(path, &Value::Object(report))?;
     }
     Ok(if checks.unequal == 0 && errors == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
