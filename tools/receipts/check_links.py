@@ -7,9 +7,9 @@ With no files, it reads README.md and every tracked `*.md` under docs/ and tools
   * starts with a top-level entry of the repository (`docs/`, `tools/`, `crates/`, `models/`, `tests/`, `.ci/`,
     `README.md`, ...) and stands in backticks, a link target or a code block (prose such as "tests/examples" is
     not a citation), resolved from the repository root; or
-  * starts with `docs/receipts/`, or names a dated receipt file (`2026-11-30-…`, optionally behind a receipt
-    folder such as `2026-11-30-cuda-staged-pdl/`), anywhere in the text, resolved from the citing file's folder,
-    then from docs/receipts/.
+  * starts with `docs/receipts/`, or names a dated receipt file or folder (`2026-11-30-…`, optionally behind one
+    folder such as `2026-11-30-cuda-staged-pdl/` or `unindexed/`), anywhere in the text, resolved from the citing
+    file's folder, then from docs/receipts/.
 Patterns count as cited paths too: `{a,b}` is expanded, `*`, `<name>` and `…` match any run of characters within one path part; a
 pattern must match at least one file. Machine paths (`/tmp/…`, `$OUT/…`, `carry/…`) and paths relative to some
 other folder (`cuda/device.rs`) are not checked.
@@ -28,8 +28,9 @@ import sys
 
 # A word made of path characters, with `{a,b}` groups allowed inside it.
 WORD = re.compile(r"(?:[A-Za-z0-9_.\-/*<>…~+]|\{[^{}\s`]*\})+")
-DATED = re.compile(r"^(?:\d{4}-\d\d-\d\d-[A-Za-z0-9_.\-]+/)?\d{4}-\d\d-\d\d-\S*\.(?:md|log|txt|json)$")
-DATED_PATTERN = re.compile(r"^(?:\d{4}-\d\d-\d\d-[A-Za-z0-9_.\-]+/)?\d{4}-\d\d-\d\d-\S*[*<…{]")
+# A receipt file or folder, optionally behind one folder (a receipt's, or `unindexed/`).
+DATED = re.compile(r"^(?:[A-Za-z0-9_.\-]+/)?\d{4}-\d\d-\d\d-(?:\S*\.(?:md|log|txt|json)|[A-Za-z0-9_.\-]+/)$")
+DATED_PATTERN = re.compile(r"^(?:[A-Za-z0-9_.\-]+/)?\d{4}-\d\d-\d\d-\S*[*<…{]")
 TRAILING = ".,:;)"
 
 

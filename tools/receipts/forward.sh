@@ -18,7 +18,7 @@ for r in $(seq 1 "$rounds"); do
   for who in tensorfold hf-bf16 hf-f32; do
     case $who in
       tensorfold) $bin bench forward --model "$model" --prompt-ids "$out/prompt.txt" --decode 64 \
-                    | tee "$out/$who-$r.txt" ;;
+                    --json "$out/$who-$r.json" | tee "$out/$who-$r.txt" ;;
       hf-bf16) python3 tools/peers/hf_bench.py --model "$model" --threads "$(nproc)" --decode 64 --dtype bfloat16 \
                  --prompt-ids-in "$out/prompt.txt" 2>/dev/null | tee "$out/$who-$r.txt" | grep -v '^{' ;;
       hf-f32) python3 tools/peers/hf_bench.py --model "$model" --threads "$(nproc)" --decode 64 --dtype float32 \
