@@ -10,9 +10,9 @@ With no files, it reads README.md and every tracked `*.md` under docs/ and tools
   * starts with `docs/receipts/`, or names a dated receipt file or folder (`2026-11-30-…`, optionally behind one
     folder such as `2026-11-30-cuda-staged-pdl/` or `unindexed/`), anywhere in the text, resolved from the citing
     file's folder, then from docs/receipts/.
-Patterns count as cited paths too: `{a,b}` is expanded, `*`, `<name>` and `…` match any run of characters within one path part; a
-pattern must match at least one file. Machine paths (`/tmp/…`, `$OUT/…`, `carry/…`) and paths relative to some
-other folder (`cuda/device.rs`) are not checked.
+Patterns count as cited paths too: `{a,b}` is expanded, and `*`, `<name>` and `…` match any run of characters
+within one path part; a pattern must match at least one file. Machine paths (`/tmp/…`, `$OUT/…`, `carry/…`)
+and paths relative to some other folder (`cuda/device.rs`) are not checked.
 
 --verbose prints every path checked; --uncited also lists the raw files under docs/receipts/ that no checked file
 cites (by name or by a pattern), which the receipts index must account for.
