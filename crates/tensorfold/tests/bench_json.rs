@@ -1,23 +1,24 @@
-//! `bench forward --json FILE` run as a subprocess on the embedded default model: the summary parses, names the
-//! bench, its command line and model, and every figure it holds equals the text line that printed it (formatted
-//! the way the text formats it), token hashes included.
+//! `bench forward --json FILE` and `bench engine --json FILE` run as subprocesses on the embedded default model:
+//! each summary parses, names the bench, its command line and model, and every figure it holds equals the text
+//! line that printed it (formatted the way the text formats it), token hashes included.
 
 use serde_json::Value;
 use std::process::Command;
 use tempfile::TempDir;
 
-/// Runs `tensorfold bench forward` with a tiny prompt and decode on the embedded default; returns stdout and
-/// the parsed summary.
-fn forward_with_json() -> (String, Value) {
+/// Runs `tensorfold bench ARGS --json FILE`; returns stdout and the parsed summary.
+fn bench_with_json(args: &[&str]) -> (String, Value) {
     let dir = TempDir::new().expect("a temp dir");
-    let path = dir.path().join("forward.json");
-    let path_s = path.to_str().expect("a UTF-8 path");
-    let args = ["bench", "forward", "--prompt-lens", "16,32", "--decode", "4", "--chunk", "8", "--json", path_s];
+    let path = dir.path().join("summary.json");
     let o = Command::new(env!("CARGO_BIN_EXE_tensorfold"))
+        .arg("bench")
         .args(args)
+        .arg("--json")
+        .arg(&path)
         .env_remove("TENSORFOLD_MODEL")
         .env_remove("TENSORFOLD_DEVICE")
         .env_remove("TENSORFOLD_CUDA_PROFILE")
+        .env_remove("TENSORFOLD_NO_HELD_DRAFTS")
         .env_remove("RUST_LOG")
         .output()
         .expect("the binary runs");
@@ -26,6 +27,15 @@ fn forward_with_json() -> (String, Value) {
     assert!(o.status.success(), "exit {:?}\nstdout: {out}\nstderr: {err}", o.status);
     let text = std::fs::read_to_string(&path).expect("the JSON summary was written");
     (out, serde_json::from_str(&text).expect("the summary is JSON"))
+}
+
+/// The summary's command line after the binary, checked to end with `--json` and the file.
+fn given_args(j: &Value) -> Vec<&str> {
+    let args: Vec<&str> = j["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    let (last, given) = args[1..].split_last().expect("the command line");
+    assert!(last.ends_with("summary.json"), "{last}");
+    assert_eq!(given.last(), Some(&"--json"));
+    given[..given.len() - 1].to_vec()
 }
 
 /// The one stdout line that starts with `prefix`.
@@ -46,12 +56,10 @@ fn string<'a>(v: &'a Value, pointer: &str) -> &'a str {
 
 #[test]
 fn bench_forward_json_matches_its_text_lines() {
-    let (out, j) = forward_with_json();
+    let args = ["forward", "--prompt-lens", "16,32", "--decode", "4", "--chunk", "8"];
+    let (out, j) = bench_with_json(&args);
     assert_eq!(string(&j, "/bench"), "forward");
-    let args: Vec<&str> = j["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
-    let (last, given) = args[1..].split_last().expect("the command line");
-    assert_eq!(given, ["bench", "forward", "--prompt-lens", "16,32", "--decode", "4", "--chunk", "8", "--json"]);
-    assert!(last.ends_with("forward.json"), "{last}");
+    assert_eq!(given_args(&j), ["bench", "forward", "--prompt-lens", "16,32", "--decode", "4", "--chunk", "8"]);
 
     let head = line(&out, "model: ");
     let model = string(&j, "/model");
@@ -97,4 +105,46 @@ fn bench_forward_json_matches_its_text_lines() {
          {f_steps:.1} steps/s at most; this run: {run_ms:.3} ms a step, {pct:.1}% of the floor"
     );
     assert_eq!(floor, want);
+}
+
+#[test]
+fn bench_engine_json_matches_its_text_lines() {
+    let args =
+        ["engine", "--levels", "1,2", "--tokens", "6", "--reps", "2", "--temperatures", "0,1", "--max-draft", "4"];
+    let (out, j) = bench_with_json(&args);
+    assert_eq!(string(&j, "/bench"), "engine");
+    assert_eq!(given_args(&j)[1..], args);
+    let head = line(&out, "model: ");
+    assert!(head.starts_with(&format!("model: {}  backend: {} x", string(&j, "/model"), string(&j, "/backend"))));
+
+    let rows = j["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 2, "levels x temperatures x (plain, drafted): {j:#}");
+    for r in rows {
+        let (level, temp, mode) = (num(r, "/level"), num(r, "/temperature"), string(r, "/mode"));
+        let want = format!(
+            "{level:>5}  {temp:>4.2}  {mode:<7}  {:>15.1}  {:>16.1}  {:>7.2}  {:>7}  {:>8}  {:>12.2}  {:>5.1}  {} of {}",
+            num(r, "/aggregate_tok_s"),
+            num(r, "/per_stream_tok_s"),
+            num(r, "/ttft_ms"),
+            num(r, "/drafted"),
+            num(r, "/accepted"),
+            num(r, "/mean_accepted_length"),
+            num(r, "/forward_percent"),
+            num(r, "/equal"),
+            num(r, "/checked")
+        );
+        assert!(out.lines().any(|l| l == want), "no line {want:?}:\n{out}");
+        assert_eq!(r["aggregate_tok_s_reps"].as_array().map(Vec::len), Some(2), "one figure a repetition");
+        let hash = string(r, "/replies_token_sha256");
+        let want = format!("replies: level {level} temp {temp:.2} {mode}: token_sha256 {hash}");
+        assert!(out.lines().any(|l| l == want), "no line {want:?}:\n{out}");
+    }
+    let (held, windows) = (num(&j, "/held_windows"), num(&j, "/draft_windows"));
+    let want = format!("held drafts: {held} of {windows} verify windows held their drafts on the device");
+    assert_eq!(line(&out, "held drafts: "), want);
+    let (equal, checked) = (num(&j, "/equal"), num(&j, "/checked"));
+    assert_eq!(equal, checked, "{j:#}");
+    let want = format!("equal: {equal} of {checked} concurrent replies checked equal their solo runs");
+    assert_eq!(line(&out, "equal: "), want);
+    assert!(num(&j, "/devices/0/weight_bytes") > 0.0, "{j:#}");
 }
