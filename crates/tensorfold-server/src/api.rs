@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use serde_json::{Map, Value};
-use tensorfold_model::text::{ChatMessage, MessageContent};
+use tensorfold_text::{ChatMessage, MessageContent};
 
 /// Fields shared by `/v1/completions` and `/v1/chat/completions`.
 #[derive(Clone, Debug, PartialEq)]

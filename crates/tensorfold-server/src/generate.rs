@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use std::time::Instant;
 use tensorfold_engine::sampler::{SamplingParams, resolve_seed};
 use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
-use tensorfold_model::text::Detokenizer;
+use tensorfold_text::{Detokenizer, TextError};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// A token's logprobs in text form.
@@ -187,7 +187,7 @@ impl Running {
                     let piece = match detok.as_mut().map(|d| d.push(t)) {
                         Some(Ok(p)) => p,
                         // A vocabulary padded past the tokenizer: the id has no text (as vLLM renders it).
-                        Some(Err(tensorfold_model::text::TextError::UnknownToken(_))) => String::new(),
+                        Some(Err(TextError::UnknownToken(_))) => String::new(),
                         Some(Err(e)) => {
                             out.error = Some(format!("token {t} cannot be detokenized: {e}"));
                             return Some(out);

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use tensorfold_engine::sampler::token_sha256;
-use tensorfold_model::text::TextError;
+use tensorfold_text::TextError;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 fn ready(s: &AppState) -> Result<Ready, ApiError> {
