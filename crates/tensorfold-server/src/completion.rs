@@ -1,4 +1,4 @@
-//! One request through the engine: submit, then turn engine events into text pieces (UTF-8 safe
+//! One completion's life: submit it to the engine, then turn engine events into text pieces (UTF-8 safe
 //! detokenizing, stop strings, logprobs), with the engine stream cancelled when the client goes away.
 
 use crate::api::Params;
@@ -100,7 +100,7 @@ impl Drop for CancelGuard {
 }
 
 /// Checks the request against the context and submits it. Client mistakes come back as 4xx.
-pub async fn start(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
+pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has zero tokens"));
     }
