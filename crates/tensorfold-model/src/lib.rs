@@ -1,4 +1,5 @@
-//! TensorFold model side: checkpoints, config admission, text, and the LFM2 / LFM2-MoE forward.
+//! TensorFold model side: checkpoints, config admission, text files (read with `tensorfold-text`), and the LFM2 /
+//! LFM2-MoE forward.
 pub mod checkpoint;
 pub mod config;
 pub mod drafter;
@@ -7,7 +8,6 @@ pub mod expert_parallel;
 pub mod forward;
 pub mod load;
 pub mod synthetic;
-pub mod text;
 pub mod weights;
 
 pub use checkpoint::Source;

@@ -3,10 +3,10 @@
 use crate::checkpoint::{CheckpointError, Source, TensorTable};
 use crate::config::{ConfigError, Mixer, ModelConfig};
 use crate::forward::Model;
-use crate::text::{Text, TextError};
 use crate::weights::{WeightError, bind_owning};
 use std::collections::BTreeMap;
 use tensorfold_kernels::Backend;
+use tensorfold_text::{Text, TextError};
 
 /// Why a checkpoint could not be opened. Everything loaded so far is dropped (mapped files unmapped).
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,16 @@
-//! Request parsing and validation for the OpenAI routes: every field read by name with a named 400 on a
-//! wrong type or an out-of-range value. Unknown fields are ignored (as vLLM does), and listed in docs/api.md.
+//! Validation of the typed OpenAI requests (`crate::protocol::requests`) into what the server runs: every field
+//! checked in a fixed order, with a named 400 on a wrong JSON type or an out-of-range value. Unknown fields are
+//! ignored (as vLLM does), and listed in docs/api.md.
 
 use crate::error::ApiError;
-use serde_json::{Map, Value};
-use tensorfold_model::text::{ChatMessage, MessageContent};
+use crate::protocol::requests::{
+    ChatCompletionRequest, ChatMessageParam, CompletionRequest, Field, Messages, PromptInput, RequestOptions, StopInput,
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Number, Value};
+use tensorfold_text::{ChatMessage, MessageContent};
 
-/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Params {
     /// `model` (absent: the served model).
@@ -36,141 +41,164 @@ pub struct Params {
     pub draft: bool,
 }
 
-/// Parses a JSON body into an object, or a named 400.
-pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("invalid JSON: {e}"))),
+/// Parses a JSON body into a request: a named 400 for invalid JSON or a body that is not an object. Every field of
+/// a request type is a [`Field`], so an object always reads; the fields are checked afterwards.
+pub fn request<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let object = match serde_json::from_slice::<Value>(body) {
+        Ok(o @ Value::Object(_)) => o,
+        Ok(_) => return Err(ApiError::bad_request("the request body must be a JSON object")),
+        Err(e) => return Err(ApiError::bad_request(format!("invalid JSON: {e}"))),
+    };
+    serde_json::from_value(object).map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))
+}
+
+fn num(f: &Field<f64>, k: &str, default: f64, lo: f64, hi: f64) -> Result<f64, ApiError> {
+    match f {
+        Field::Absent => Ok(default),
+        Field::Given(x) if (lo..=hi).contains(x) => Ok(*x),
+        Field::Given(x) => Err(ApiError::invalid(k, format!("`{k}` = {x} is out of range [{lo}, {hi}]"))),
+        Field::Wrong(_) => Err(ApiError::invalid(k, format!("`{k}` must be a number"))),
     }
 }
 
-fn get<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
-    o.get(k).filter(|v| !v.is_null())
-}
-
-fn num(o: &Map<String, Value>, k: &str, default: f64, lo: f64, hi: f64) -> Result<f64, ApiError> {
-    match get(o, k) {
-        None => Ok(default),
-        Some(v) => match v.as_f64() {
-            Some(x) if (lo..=hi).contains(&x) => Ok(x),
-            Some(x) => Err(ApiError::invalid(k, format!("`{k}` = {x} is out of range [{lo}, {hi}]"))),
-            None => Err(ApiError::invalid(k, format!("`{k}` must be a number"))),
-        },
+fn int(f: &Field<i64>, k: &str) -> Result<Option<i64>, ApiError> {
+    match f {
+        Field::Absent => Ok(None),
+        Field::Given(x) => Ok(Some(*x)),
+        Field::Wrong(_) => Err(ApiError::invalid(k, format!("`{k}` must be an integer"))),
     }
 }
 
-fn int(o: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
-    match get(o, k) {
+fn boolean(f: &Field<bool>, k: &str, default: bool) -> Result<bool, ApiError> {
+    match f {
+        Field::Absent => Ok(default),
+        Field::Given(b) => Ok(*b),
+        Field::Wrong(_) => Err(ApiError::invalid(k, format!("`{k}` must be true or false"))),
+    }
+}
+
+/// Validates a completions request's shared fields (`logprobs` an integer in [0, 20]).
+pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
+    params(&r.options, || match int(&r.logprobs, "logprobs")? {
         None => Ok(None),
-        Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be an integer"))),
-    }
+        Some(n) if (0..=20).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::invalid("logprobs", format!("`logprobs` = {n} must be in [0, 20]"))),
+    })
 }
 
-fn boolean(o: &Map<String, Value>, k: &str, default: bool) -> Result<bool, ApiError> {
-    match get(o, k) {
-        None => Ok(default),
-        Some(v) => v.as_bool().ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be true or false"))),
-    }
+/// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it).
+pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
+    params(&r.options, || {
+        let top = int(&r.top_logprobs, "top_logprobs")?;
+        if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
+            return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` = {t} must be in [0, 20]")));
+        }
+        let on = boolean(&r.logprobs, "logprobs", false)?;
+        if top.is_some() && !on {
+            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+        }
+        Ok(on.then_some(top.unwrap_or(0) as usize))
+    })
 }
 
-/// Reads the shared fields. `chat` selects the chat form of `logprobs` (bool + `top_logprobs`).
-pub fn params(o: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
-    let model = match get(o, "model") {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
+/// Checks the shared fields in a fixed order (the first fault is the one answered); `logprobs` reads the route's
+/// form of logprobs, in its place in that order.
+fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, ApiError>) -> Result<Params, ApiError> {
+    let model = match &o.model {
+        Field::Absent => None,
+        Field::Given(s) => Some(s.clone()),
+        Field::Wrong(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
     };
-    let mt = match int(o, "max_completion_tokens")? {
+    let max_tokens = max_tokens(o)?;
+    refuse_unsupported(o)?;
+    let top_k = top_k(&o.top_k)?;
+    let seed = match &o.seed {
+        Field::Absent => None,
+        Field::Given(s) => Some(*s),
+        Field::Wrong(_) => return Err(ApiError::invalid("seed", "`seed` must be a non-negative integer")),
+    };
+    let logprobs = logprobs()?;
+    let include_usage = match &o.stream_options {
+        Field::Absent => false,
+        Field::Given(so) => boolean(&so.include_usage, "include_usage", false)
+            .map_err(|_| ApiError::invalid("stream_options", "`stream_options.include_usage` must be true or false"))?,
+        Field::Wrong(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
+    };
+    Ok(Params {
+        model,
+        max_tokens,
+        temperature: num(&o.temperature, "temperature", 1.0, 0.0, 2.0)? as f32,
+        top_p: top_p(&o.top_p)?,
+        top_k,
+        min_p: num(&o.min_p, "min_p", 0.0, 0.0, 1.0)? as f32,
+        seed,
+        stop: stops(&o.stop)?,
+        stream: boolean(&o.stream, "stream", false)?,
+        include_usage,
+        ignore_eos: boolean(&o.ignore_eos, "ignore_eos", false)?,
+        logprobs,
+        draft: boolean(&o.draft, "draft", true)?,
+    })
+}
+
+/// `max_completion_tokens`, else `max_tokens` (the other is not read), at least 1.
+fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
+    let mt = match int(&o.max_completion_tokens, "max_completion_tokens")? {
         Some(v) => Some(("max_completion_tokens", v)),
-        None => int(o, "max_tokens")?.map(|v| ("max_tokens", v)),
+        None => int(&o.max_tokens, "max_tokens")?.map(|v| ("max_tokens", v)),
     };
-    let max_tokens = match mt {
-        Some((k, v)) if v < 1 => return Err(ApiError::invalid(k, format!("`{k}` must be at least 1"))),
-        Some((_, v)) => Some(v as usize),
-        None => None,
-    };
-    if let Some(n) = int(o, "n")?.filter(|&n| n != 1) {
+    match mt {
+        Some((k, v)) if v < 1 => Err(ApiError::invalid(k, format!("`{k}` must be at least 1"))),
+        Some((_, v)) => Ok(Some(v as usize)),
+        None => Ok(None),
+    }
+}
+
+/// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
+/// or `logit_bias` is ignored, as before the schema was typed).
+fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
+    if let Some(n) = int(&o.n, "n")?.filter(|&n| n != 1) {
         return Err(ApiError::invalid("n", format!("`n` = {n} is not supported; only n = 1")));
     }
-    for k in ["presence_penalty", "frequency_penalty"] {
-        if num(o, k, 0.0, -2.0, 2.0)? != 0.0 {
+    for (k, f) in [("presence_penalty", &o.presence_penalty), ("frequency_penalty", &o.frequency_penalty)] {
+        if num(f, k, 0.0, -2.0, 2.0)? != 0.0 {
             return Err(ApiError::invalid(k, format!("`{k}` is not supported; send 0 or omit it")));
         }
     }
-    if num(o, "repetition_penalty", 1.0, 0.0, 10.0)? != 1.0 {
+    if num(&o.repetition_penalty, "repetition_penalty", 1.0, 0.0, 10.0)? != 1.0 {
         return Err(ApiError::invalid(
             "repetition_penalty",
             "`repetition_penalty` is not supported; send 1 or omit it",
         ));
     }
-    if get(o, "tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
+    if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
     }
-    if let Some(rf) = get(o, "response_format").filter(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
+    if let Some(rf) = o.response_format.as_ref().filter(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
         return Err(ApiError::invalid(
             "response_format",
             format!("`response_format` {rf} is not supported; only text"),
         ));
     }
-    if boolean(o, "echo", false)? {
+    if boolean(&o.echo, "echo", false)? {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
-    if int(o, "best_of")?.is_some_and(|b| b != 1) {
+    if int(&o.best_of, "best_of")?.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid("best_of", "`best_of` is not supported; only 1"));
     }
-    if get(o, "logit_bias").and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
+    if matches!(&o.logit_bias, Field::Given(m) if !m.is_empty()) {
         return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
     }
-    let top_k = top_k(o)?;
-    let seed = match get(o, "seed") {
-        None => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| ApiError::invalid("seed", "`seed` must be a non-negative integer"))?),
-    };
-    let logprobs = if chat {
-        let top = int(o, "top_logprobs")?;
-        if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
-            return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` = {t} must be in [0, 20]")));
-        }
-        let on = boolean(o, "logprobs", false)?;
-        if top.is_some() && !on {
-            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
-        }
-        on.then_some(top.unwrap_or(0) as usize)
-    } else {
-        match int(o, "logprobs")? {
-            None => None,
-            Some(n) if (0..=20).contains(&n) => Some(n as usize),
-            Some(n) => return Err(ApiError::invalid("logprobs", format!("`logprobs` = {n} must be in [0, 20]"))),
-        }
-    };
-    let include_usage = match get(o, "stream_options") {
-        None => false,
-        Some(Value::Object(so)) => boolean(so, "include_usage", false)
-            .map_err(|_| ApiError::invalid("stream_options", "`stream_options.include_usage` must be true or false"))?,
-        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
-    };
-    Ok(Params {
-        model,
-        max_tokens,
-        temperature: num(o, "temperature", 1.0, 0.0, 2.0)? as f32,
-        top_p: top_p(o)?,
-        top_k,
-        min_p: num(o, "min_p", 0.0, 0.0, 1.0)? as f32,
-        seed,
-        stop: stops(o)?,
-        stream: boolean(o, "stream", false)?,
-        include_usage,
-        ignore_eos: boolean(o, "ignore_eos", false)?,
-        logprobs,
-        draft: boolean(o, "draft", true)?,
-    })
+    Ok(())
 }
 
 /// `top_p` in (0, 1], as the f32 the sampler takes (a value that rounds to 0 there is refused, not made greedy).
-fn top_p(o: &Map<String, Value>) -> Result<f32, ApiError> {
-    let Some(v) = get(o, "top_p") else { return Ok(1.0) };
-    let x = v.as_f64().ok_or_else(|| ApiError::invalid("top_p", "`top_p` must be a number"))?;
+fn top_p(f: &Field<f64>) -> Result<f32, ApiError> {
+    let x = match f {
+        Field::Absent => return Ok(1.0),
+        Field::Given(x) => *x,
+        Field::Wrong(_) => return Err(ApiError::invalid("top_p", "`top_p` must be a number")),
+    };
     if !(x > 0.0 && x <= 1.0) {
         return Err(ApiError::invalid(
             "top_p",
@@ -186,9 +214,13 @@ fn top_p(o: &Map<String, Value>) -> Result<f32, ApiError> {
 }
 
 /// `top_k`: -1 or 0 is off, a positive integer keeps that many (at or past the vocabulary: off, as any size is).
-fn top_k(o: &Map<String, Value>) -> Result<usize, ApiError> {
-    let Some(v) = get(o, "top_k") else { return Ok(0) };
-    match (v.as_i64(), v.as_u64()) {
+fn top_k(f: &Field<Number>) -> Result<usize, ApiError> {
+    let n = match f {
+        Field::Absent => return Ok(0),
+        Field::Given(n) => n,
+        Field::Wrong(_) => return Err(ApiError::invalid("top_k", "`top_k` must be an integer")),
+    };
+    match (n.as_i64(), n.as_u64()) {
         (Some(-1 | 0), _) => Ok(0),
         (_, Some(k)) => Ok(usize::try_from(k).unwrap_or(usize::MAX)),
         (Some(k), None) => Err(ApiError::invalid("top_k", format!("`top_k` = {k} must be -1, 0 (off) or positive"))),
@@ -196,19 +228,12 @@ fn top_k(o: &Map<String, Value>) -> Result<usize, ApiError> {
     }
 }
 
-fn stops(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
-    let list = match get(o, "stop") {
-        None => return Ok(Vec::new()),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| ApiError::invalid("stop", "`stop` must be a string or a list of strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(ApiError::invalid("stop", "`stop` must be a string or a list of strings")),
+fn stops(f: &Field<StopInput>) -> Result<Vec<String>, ApiError> {
+    let list = match f {
+        Field::Absent => return Ok(Vec::new()),
+        Field::Given(StopInput::One(s)) => vec![s.clone()],
+        Field::Given(StopInput::Many(list)) => list.clone(),
+        Field::Wrong(_) => return Err(ApiError::invalid("stop", "`stop` must be a string or a list of strings")),
     };
     if list.len() > 16 {
         return Err(ApiError::invalid("stop", "at most 16 stop strings"));
@@ -232,66 +257,72 @@ pub enum Prompt {
 }
 
 /// `prompt`: a string, a list of token ids, or a one-element list of either.
-pub fn prompt(o: &Map<String, Value>) -> Result<Prompt, ApiError> {
+pub fn prompt(f: &Field<PromptInput>) -> Result<Prompt, ApiError> {
     let bad = || ApiError::invalid("prompt", "`prompt` must be a string or a list of token ids");
     let ids = |a: &Vec<Value>| {
         a.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect::<Result<Vec<_>, _>>()
     };
-    match get(o, "prompt") {
-        None => Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        Some(Value::Array(a)) => match a.first() {
+    match f {
+        Field::Absent => Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Field::Given(PromptInput::Text(s)) => Ok(Prompt::Text(s.clone())),
+        Field::Given(PromptInput::Ids(ids)) => Ok(Prompt::Ids(ids.clone())),
+        Field::Given(PromptInput::Batch(a)) => match a.first() {
             Some(Value::String(s)) if a.len() == 1 => Ok(Prompt::Text(s.clone())),
             Some(Value::Array(inner)) if a.len() == 1 => Ok(Prompt::Ids(ids(inner)?)),
             Some(Value::String(_)) | Some(Value::Array(_)) => {
                 Err(ApiError::invalid("prompt", "one prompt a request (batched prompts are not supported)"))
             }
-            _ => Ok(Prompt::Ids(ids(a)?)),
+            // Not a batch: a list of ids with one that is not a token id.
+            _ => Err(bad()),
         },
-        Some(_) => Err(bad()),
+        Field::Wrong(_) => Err(bad()),
     }
 }
 
-/// `messages`: a non-empty list of {role, content}; roles system, user, assistant, tool; content text or
-/// a list of text parts (an assistant's content may be null).
-pub fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match get(o, "messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
-        None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(_) => return Err(ApiError::invalid("messages", "`messages` must be a list")),
+/// `messages`: a non-empty list of {role, content}; roles system, user, assistant, tool (developer is read as
+/// system); content text or a list of text parts (an assistant's content may be null).
+pub fn messages(f: &Messages) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match f {
+        Field::Given(a) if !a.is_empty() => a,
+        Field::Given(_) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
+        Field::Absent => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Field::Wrong(_) => return Err(ApiError::invalid("messages", "`messages` must be a list")),
     };
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let m = m.as_object().ok_or_else(|| ApiError::invalid(&param, "each message must be an object"))?;
-            let role = match m.get("role").and_then(Value::as_str) {
-                Some(r @ ("system" | "user" | "assistant" | "tool" | "developer")) => {
-                    if r == "developer" { "system" } else { r }.to_string()
-                }
-                Some(r) => return Err(ApiError::invalid(&format!("{param}.role"), format!("unknown role {r:?}"))),
-                None => return Err(ApiError::invalid(&format!("{param}.role"), "`role` is required")),
-            };
-            let content = match m.get("content") {
-                None | Some(Value::Null) if role == "assistant" => MessageContent::Text(String::new()),
-                Some(Value::String(s)) => MessageContent::Text(s.clone()),
-                Some(v @ Value::Array(_)) => serde_json::from_value(v.clone()).map_err(|_| {
-                    ApiError::invalid(
-                        &format!("{param}.content"),
-                        "content parts must be {\"type\": \"text\", \"text\": ...}",
-                    )
-                })?,
-                _ => {
-                    return Err(ApiError::invalid(
-                        &format!("{param}.content"),
-                        "`content` must be a string or a list of text parts",
-                    ));
-                }
-            };
-            Ok(ChatMessage { role, content })
-        })
-        .collect()
+    list.iter().enumerate().map(|(i, m)| message(i, m)).collect()
+}
+
+/// `messages[i]`.
+fn message(i: usize, m: &Field<ChatMessageParam>) -> Result<ChatMessage, ApiError> {
+    let param = format!("messages[{i}]");
+    let Field::Given(m) = m else { return Err(ApiError::invalid(&param, "each message must be an object")) };
+    let role = match &m.role {
+        Field::Given(r) => match r.as_str() {
+            r @ ("system" | "user" | "assistant" | "tool" | "developer") => {
+                if r == "developer" { "system" } else { r }.to_string()
+            }
+            r => return Err(ApiError::invalid(&format!("{param}.role"), format!("unknown role {r:?}"))),
+        },
+        Field::Absent | Field::Wrong(_) => {
+            return Err(ApiError::invalid(&format!("{param}.role"), "`role` is required"));
+        }
+    };
+    let content = match &m.content {
+        Field::Absent if role == "assistant" => MessageContent::Text(String::new()),
+        Field::Given(c) => c.clone(),
+        Field::Wrong(Value::Array(_)) => {
+            return Err(ApiError::invalid(
+                &format!("{param}.content"),
+                "content parts must be {\"type\": \"text\", \"text\": ...}",
+            ));
+        }
+        Field::Absent | Field::Wrong(_) => {
+            return Err(ApiError::invalid(
+                &format!("{param}.content"),
+                "`content` must be a string or a list of text parts",
+            ));
+        }
+    };
+    Ok(ChatMessage { role, content })
 }
 
 #[cfg(test)]
@@ -300,7 +331,11 @@ mod tests {
     use serde_json::json;
 
     fn parsed(v: Value, chat: bool) -> Result<Params, ApiError> {
-        params(v.as_object().expect("an object"), chat)
+        let body = v.to_string().into_bytes();
+        match chat {
+            true => chat_params(&request(&body)?),
+            false => completion_params(&request(&body)?),
+        }
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the matching HTTP status.
 
+use crate::protocol::{ErrorInfo, ErrorResponse};
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 /// An error answered to a client. Client mistakes are 4xx; only engine faults are 5xx.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,9 +54,15 @@ impl ApiError {
         Self { status, message: message.into(), kind, param: None, code: None }
     }
 
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    /// The reply body.
+    pub fn body(&self) -> ErrorResponse {
+        let (message, kind, param, code) = (self.message.clone(), self.kind, self.param.clone(), self.code);
+        ErrorResponse { error: ErrorInfo { message, kind, param, code } }
+    }
+
+    /// The reply body as JSON text (the last event of a stream that failed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.body()).expect("an error object has string keys only, so it always serializes")
     }
 }
 

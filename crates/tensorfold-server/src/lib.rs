@@ -1,10 +1,12 @@
-//! `tensorfold serve`: an OpenAI-compatible HTTP server on the lane core (routes in `routes`, request
-//! fields in `api`, one request's life in `generate`). Loading happens after the socket is bound, so
-//! `/health` answers 503 until the model is ready.
+//! `tensorfold serve`: an OpenAI-compatible HTTP server on the lane core (routes in `routes`, the wire schema in
+//! `protocol`, its validation in `api`, replies built in `reply`, one completion's life in `completion`). Loading
+//! happens after the socket is bound, so `/health` answers 503 until the model is ready.
 
 pub mod api;
+pub mod completion;
 pub mod error;
-pub mod generate;
+pub mod protocol;
+pub mod reply;
 pub mod routes;
 pub mod state;
 pub mod stops;

@@ -1,8 +1,13 @@
 //! The OpenAI routes: completions and chat (JSON and SSE), models, tokenize/detokenize, health, metrics.
 
 use crate::api::{self, Params, Prompt};
+use crate::completion::{LogprobEntry, Piece, Running, submit};
 use crate::error::ApiError;
-use crate::generate::{LogprobEntry, Outcome, Piece, Running, start};
+use crate::protocol::{
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse, Field, HealthResponse, ModelCard,
+    ModelList, TokenizeRequest, TokenizeResponse,
+};
+use crate::reply::Shape;
 use crate::state::{AppState, Ready};
 use axum::Json;
 use axum::body::Bytes;
@@ -11,10 +16,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 use std::convert::Infallible;
-use tensorfold_engine::sampler::token_sha256;
-use tensorfold_model::text::TextError;
+use tensorfold_text::TextError;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 fn ready(s: &AppState) -> Result<Ready, ApiError> {
@@ -60,43 +63,48 @@ async fn blocking(f: impl FnOnce() -> Result<Vec<u32>, TextError> + Send + 'stat
 
 /// `POST /v1/completions`.
 pub async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Response {
-    respond(s, b, false).await.unwrap_or_else(IntoResponse::into_response)
+    complete(s, b).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Response {
-    respond(s, b, true).await.unwrap_or_else(IntoResponse::into_response)
+    complete_chat(s, b).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn respond(s: AppState, b: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
+async fn complete(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let r = ready(&s)?;
-    let o = api::object(&body(b)?)?;
-    let params = api::params(&o, chat)?;
+    let req: CompletionRequest = api::request(&body(b)?)?;
+    let params = api::completion_params(&req)?;
     check_model(&s, &params)?;
-    // Templating and tokenizing a long prompt take milliseconds: keep them off the async workers.
-    let text = r.text.clone();
-    let need_text = || text.clone().ok_or_else(|| text_err(TextError::NoTokenizer));
-    let ids = if chat {
-        let (msgs, text) = (api::messages(&o)?, need_text()?);
-        blocking(move || text.encode_chat(&msgs, true)).await?
-    } else {
-        match api::prompt(&o)? {
-            Prompt::Ids(ids) => ids,
-            Prompt::Text(t) => {
-                let text = need_text()?;
-                blocking(move || text.encode_prompt(&t)).await?
-            }
+    let ids = match api::prompt(&req.prompt)? {
+        Prompt::Ids(ids) => ids,
+        Prompt::Text(t) => {
+            let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
+            // Tokenizing a long prompt takes milliseconds: keep it off the async workers.
+            blocking(move || text.encode_prompt(&t)).await?
         }
     };
+    respond(s, r, ids, params, false).await
+}
+
+async fn complete_chat(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let r = ready(&s)?;
+    let req: ChatCompletionRequest = api::request(&body(b)?)?;
+    let params = api::chat_params(&req)?;
+    check_model(&s, &params)?;
+    let msgs = api::messages(&req.messages)?;
+    let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
+    // Templating and tokenizing a long chat take milliseconds: keep them off the async workers.
+    let ids = blocking(move || text.encode_chat(&msgs, true)).await?;
+    respond(s, r, ids, params, true).await
+}
+
+/// Submits the prompt and answers: an SSE stream, or the whole reply once it has finished.
+async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
     let prompt_tokens = ids.len() as u64;
-    let running = start(&r, ids, params.clone()).await?;
+    let running = submit(&r, ids, params.clone()).await?;
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
-    let shape = Shape {
-        chat,
-        model: s.model_name.clone(),
-        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, rand::random::<u64>()),
-        created: now(),
-    };
+    let shape = Shape::new(chat, s.model_name.clone());
     if params.stream {
         return Ok(stream(running, shape, params.include_usage).into_response());
     }
@@ -116,119 +124,26 @@ async fn respond(s: AppState, b: Result<Bytes, BytesRejection>, chat: bool) -> R
     metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
     let lps: Vec<LogprobEntry> = pieces.into_iter().flat_map(|p| p.logprobs).collect();
-    let logprobs = params.logprobs.map(|_| shape.logprobs(&lps, 0));
-    let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": out.finish_reason})
-    } else {
-        json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason})
-    };
-    let mut v = shape.head();
-    v["choices"] = json!([choice]);
-    v["usage"] = usage(&out);
-    v["tensorfold"] = engine_block(&out);
-    Ok(Json(v).into_response())
-}
-
-/// What identifies a reply in every chunk.
-struct Shape {
-    chat: bool,
-    model: String,
-    id: String,
-    created: u64,
-}
-
-impl Shape {
-    fn head(&self) -> Value {
-        let object = match self.chat {
-            true => "chat.completion",
-            false => "text_completion",
-        };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model})
-    }
-
-    fn chunk(&self, choice: Value) -> Value {
-        let mut v = self.head();
-        if self.chat {
-            v["object"] = json!("chat.completion.chunk");
-        }
-        v["choices"] = json!([choice]);
-        v
-    }
-
-    /// Logprobs in the route's shape; `offset` is the text offset of the first entry (completions).
-    fn logprobs(&self, lps: &[LogprobEntry], offset: usize) -> Value {
-        if self.chat {
-            let content: Vec<Value> = lps
-                .iter()
-                .map(|e| {
-                    let top: Vec<Value> =
-                        e.top.iter().map(|(t, b, p)| json!({"token": t, "logprob": p, "bytes": b})).collect();
-                    json!({"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": top})
-                })
-                .collect();
-            return json!({"content": content});
-        }
-        let mut at = offset;
-        let offsets: Vec<usize> = lps
-            .iter()
-            .map(|e| {
-                let o = at;
-                at += e.token.len();
-                o
-            })
-            .collect();
-        let top: Vec<Value> =
-            lps.iter().map(|e| Value::Object(e.top.iter().map(|(t, _, p)| (t.clone(), json!(p))).collect())).collect();
-        json!({
-            "tokens": lps.iter().map(|e| e.token.clone()).collect::<Vec<_>>(),
-            "token_logprobs": lps.iter().map(|e| e.logprob).collect::<Vec<_>>(),
-            "top_logprobs": top,
-            "text_offset": offsets,
-        })
-    }
-}
-
-fn usage(o: &Outcome) -> Value {
-    json!({
-        "prompt_tokens": o.prompt_tokens,
-        "completion_tokens": o.tokens.len(),
-        "total_tokens": o.prompt_tokens + o.tokens.len(),
-        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
-    })
-}
-
-fn engine_block(o: &Outcome) -> Value {
-    json!({
-        "token_sha256": token_sha256(&o.tokens),
-        "drafted": o.drafted,
-        "accepted": o.accepted,
-        "verify_windows": o.windows,
-        "accepted_by_position": o.accepted_at,
-        "mean_accepted_length": o.mean_accepted_length(),
-        "draft_error": o.draft_error,
-        "seed": o.seed
-    })
+    let logprobs = params.logprobs.map(|_| lps.as_slice());
+    Ok(Json(shape.reply(text, logprobs, &out)).into_response())
 }
 
 /// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
 fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
-        let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok();
-        if shape.chat && !send(shape.chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))) {
+        let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
+        if let Some(first) = shape.first_chunk()
+            && !send(first.to_json())
+        {
             return;
         }
         let want_lp = running.wants_logprobs();
         let mut offset = 0;
         let driving = running.drive(|p: Piece| {
-            let lp = want_lp.then(|| shape.logprobs(&p.logprobs, offset));
+            let chunk = shape.piece_chunk(p.text, want_lp.then_some((p.logprobs.as_slice(), offset)));
             offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-            let choice = if shape.chat {
-                json!({"index": 0, "delta": {"content": p.text}, "logprobs": lp, "finish_reason": null})
-            } else {
-                json!({"index": 0, "text": p.text, "logprobs": lp, "finish_reason": null})
-            };
-            send(shape.chunk(choice))
+            send(chunk.to_json())
         });
         // A client that leaves while nothing is being sent (a long prefill, text held back) is noticed at once:
         // dropping the reply cancels its engine stream.
@@ -239,22 +154,12 @@ fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoRespo
         let Some(out) = out else { return };
         if let Some(e) = &out.error {
             let err = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone());
-            send(err.body());
+            send(err.to_json());
         } else {
             metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
-            let choice = if shape.chat {
-                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": out.finish_reason})
-            } else {
-                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": out.finish_reason})
-            };
-            let mut last = shape.chunk(choice);
-            last["tensorfold"] = engine_block(&out);
-            send(last);
+            send(shape.finish_chunk(&out).to_json());
             if include_usage {
-                let mut u = shape.chunk(json!(null));
-                u["choices"] = json!([]);
-                u["usage"] = usage(&out);
-                send(u);
+                send(shape.usage_chunk(&out).to_json());
             }
         }
         let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
@@ -263,56 +168,62 @@ fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoRespo
 }
 
 /// `GET /v1/models`.
-pub async fn models(State(s): State<AppState>) -> Json<Value> {
-    let max = s.ready.get().map(|r| r.context);
-    Json(
-        json!({"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created, "owned_by": "tensorfold", "max_model_len": max}]}),
-    )
+pub async fn models(State(s): State<AppState>) -> Json<ModelList> {
+    let card = ModelCard {
+        id: s.model_name.clone(),
+        object: "model",
+        created: s.created,
+        owned_by: "tensorfold",
+        max_model_len: s.ready.get().map(|r| r.context),
+    };
+    Json(ModelList { object: "list", data: vec![card] })
 }
 
 /// `POST /tokenize`: `{"prompt": text}` or `{"messages": [...]}` (with `add_special_tokens`, default true for prompts).
-pub async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn tokenize(
+    State(s): State<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
     let r = ready(&s)?;
-    let o = api::object(&body(b)?)?;
+    let req: TokenizeRequest = api::request(&body(b)?)?;
     let text = r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?;
-    let ids = if o.contains_key("messages") {
-        text.encode_chat(&api::messages(&o)?, o.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true))
-            .map_err(text_err)?
-    } else {
-        let p = o
-            .get("prompt")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::invalid("prompt", "`prompt` must be a string"))?;
-        let special = o.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
-        text.encode(p, special).map_err(text_err)?
+    let ids = match &req.messages {
+        Some(messages) => {
+            text.encode_chat(&api::messages(messages)?, req.add_generation_prompt.given_or(true)).map_err(text_err)?
+        }
+        None => {
+            let Field::Given(p) = &req.prompt else {
+                return Err(ApiError::invalid("prompt", "`prompt` must be a string"));
+            };
+            text.encode(p, req.add_special_tokens.given_or(true)).map_err(text_err)?
+        }
     };
-    Ok(Json(json!({"tokens": ids, "count": ids.len(), "max_model_len": r.context})))
+    Ok(Json(TokenizeResponse { count: ids.len(), tokens: ids, max_model_len: r.context }))
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}`.
-pub async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn detokenize(
+    State(s): State<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
     let r = ready(&s)?;
-    let o = api::object(&body(b)?)?;
-    let ids = match api::prompt(&serde_json::Map::from_iter([(
-        "prompt".to_string(),
-        o.get("tokens").cloned().unwrap_or(Value::Null),
-    )])) {
-        Ok(Prompt::Ids(ids)) => ids,
-        _ => return Err(ApiError::invalid("tokens", "`tokens` must be a list of token ids")),
+    let req: DetokenizeRequest = api::request(&body(b)?)?;
+    let Ok(Prompt::Ids(ids)) = api::prompt(&req.tokens) else {
+        return Err(ApiError::invalid("tokens", "`tokens` must be a list of token ids"));
     };
     let text = r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?;
-    Ok(Json(json!({"prompt": text.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?})))
+    let prompt = text.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(Json(DetokenizeResponse { prompt }))
 }
 
 /// `GET /health`: 200 once the model is loaded, 503 before.
 pub async fn health(State(s): State<AppState>) -> Response {
-    match s.ready.get() {
-        Some(r) if !r.engine.is_alive() => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "engine stopped"}))).into_response()
-        }
-        Some(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
-    }
+    let (code, status) = match s.ready.get() {
+        Some(r) if !r.engine.is_alive() => (StatusCode::SERVICE_UNAVAILABLE, "engine stopped"),
+        Some(_) => (StatusCode::OK, "ok"),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
+    };
+    (code, Json(HealthResponse { status })).into_response()
 }
 
 /// `GET /metrics`: Prometheus text, every name prefixed `tensorfold_`.
@@ -363,8 +274,4 @@ pub async fn not_found() -> ApiError {
 /// A known route with the wrong method (e.g. `GET /v1/completions`).
 pub async fn method_not_allowed() -> ApiError {
     ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "this route does not take that method")
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

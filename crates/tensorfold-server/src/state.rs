@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 use tensorfold_engine::EngineHandle;
-use tensorfold_model::text::Text;
+use tensorfold_text::Text;
 
 /// What the routes need once the model is loaded.
 #[derive(Clone)]

@@ -379,10 +379,7 @@ fn requests(
 }
 
 /// Reads a JSON-lines prompt file (one JSON string a line) and tokenizes each line.
-fn read_prompts(
-    path: Option<&std::path::Path>,
-    text: Option<&tensorfold_model::text::Text>,
-) -> anyhow::Result<Vec<Vec<u32>>> {
+fn read_prompts(path: Option<&std::path::Path>, text: Option<&tensorfold_text::Text>) -> anyhow::Result<Vec<Vec<u32>>> {
     let Some(path) = path else { return Ok(Vec::new()) };
     let text = text.ok_or_else(|| anyhow::anyhow!("--prompts needs a model with tokenizer files"))?;
     let body = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -10,7 +10,7 @@ use tensorfold_engine::core::MAX_DRAFT;
 use tensorfold_engine::drafted::{self, DraftSettings};
 use tensorfold_engine::sampler::{SamplingParams, resolve_seed, token_sha256};
 use tensorfold_engine::solo::{SoloConfig, generate};
-use tensorfold_model::text::ChatMessage;
+use tensorfold_text::ChatMessage;
 
 /// Arguments of `tensorfold generate`.
 #[derive(clap::Args)]
@@ -107,7 +107,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         )?;
     }
     let text = loaded.text.as_ref();
-    let need_text = || text.ok_or(tensorfold_model::text::TextError::NoTokenizer);
+    let need_text = || text.ok_or(tensorfold_text::TextError::NoTokenizer);
     let prompt: Vec<u32> = if let Some(ids) = &a.prompt_ids {
         ids.clone()
     } else if let Some(c) = &a.chat {

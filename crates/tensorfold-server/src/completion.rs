@@ -1,4 +1,4 @@
-//! One request through the engine: submit, then turn engine events into text pieces (UTF-8 safe
+//! One completion's life: submit it to the engine, then turn engine events into text pieces (UTF-8 safe
 //! detokenizing, stop strings, logprobs), with the engine stream cancelled when the client goes away.
 
 use crate::api::Params;
@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use std::time::Instant;
 use tensorfold_engine::sampler::{SamplingParams, resolve_seed};
 use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
-use tensorfold_model::text::Detokenizer;
+use tensorfold_text::{Detokenizer, TextError};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// A token's logprobs in text form.
@@ -100,7 +100,7 @@ impl Drop for CancelGuard {
 }
 
 /// Checks the request against the context and submits it. Client mistakes come back as 4xx.
-pub async fn start(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
+pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has zero tokens"));
     }
@@ -187,7 +187,7 @@ impl Running {
                     let piece = match detok.as_mut().map(|d| d.push(t)) {
                         Some(Ok(p)) => p,
                         // A vocabulary padded past the tokenizer: the id has no text (as vLLM renders it).
-                        Some(Err(tensorfold_model::text::TextError::UnknownToken(_))) => String::new(),
+                        Some(Err(TextError::UnknownToken(_))) => String::new(),
                         Some(Err(e)) => {
                             out.error = Some(format!("token {t} cannot be detokenized: {e}"));
                             return Some(out);

@@ -1,6 +1,9 @@
 //! Tests of the text side: round trips, the UTF-8 safe detokenizer, chat templates, refusals.
-use super::*;
+use crate::chat_template::strftime_utc;
+use crate::*;
 use serde_json::json;
+use std::fs;
+use std::sync::Arc;
 
 const SPECIALS: &str =
     "<|pad|> <|startoftext|> <|endoftext|> <|fim_pre|> <|fim_mid|> <|fim_suf|> <|im_start|> <|im_end|>";

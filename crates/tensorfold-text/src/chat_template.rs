@@ -1,0 +1,199 @@
+//! The chat template: OpenAI-shaped chat messages and rendering them with the checkpoint's Jinja template the way
+//! transformers' `apply_chat_template` does (plus the UTC `strftime_now` templates may call).
+
+use std::sync::{Arc, OnceLock};
+
+use minijinja::value::{Serde, Value};
+use minijinja::{Environment, context};
+use serde::{Deserialize, Serialize};
+
+use crate::error::TextError;
+use crate::tokenizer::Text;
+
+/// One part of a list-shaped message content (OpenAI `{"type": "text", "text": ...}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// A text part.
+    Text {
+        /// The part's text.
+        text: String,
+    },
+}
+
+/// A message's content, the OpenAI way: `"hi"` or `[{"type": "text", "text": "hi"}]`.
+///
+/// Serializes back to the same JSON shape, which is what chat templates see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain string content.
+    Text(String),
+    /// A list of typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// All text of the content, parts concatenated in order.
+    pub fn as_text(&self) -> String {
+        match self {
+            Self::Text(t) => t.clone(),
+            Self::Parts(parts) => parts.iter().map(|ContentPart::Text { text }| text.as_str()).collect(),
+        }
+    }
+}
+
+impl From<&str> for MessageContent {
+    fn from(s: &str) -> Self {
+        Self::Text(s.to_owned())
+    }
+}
+
+impl From<String> for MessageContent {
+    fn from(s: String) -> Self {
+        Self::Text(s)
+    }
+}
+
+/// One chat message (`{"role": ..., "content": ...}`), as the OpenAI API sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ... (passed to the template verbatim).
+    pub role: String,
+    /// The message content.
+    pub content: MessageContent,
+}
+
+impl ChatMessage {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<MessageContent>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+impl Text {
+    /// Renders the checkpoint's chat template the way transformers' `apply_chat_template`
+    /// does: minijinja with `trim_blocks` and `lstrip_blocks`, Python string methods
+    /// (minijinja-contrib pycompat), `raise_exception(msg)`, `strftime_now(fmt)` (UTC), and
+    /// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
+    /// `pad_token` (undefined when the config has none) and `tools` (none).
+    ///
+    /// # Errors
+    /// [`TextError::NoChatTemplate`] without a template; [`TextError::Template`] for a
+    /// compile/render error or a `raise_exception` call (carrying its message).
+    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
+        let raised: Arc<OnceLock<String>> = Arc::default();
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| TextError::Template(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        let sink = Arc::clone(&raised);
+        env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
+            let _ = sink.set(msg.clone());
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| {
+            let secs =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+            strftime_utc(&fmt, secs)
+        });
+        let opt = |t: &Option<String>| t.as_deref().map_or(Value::UNDEFINED, Value::from);
+        let ctx = context! {
+            messages => Value::from(Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => opt(&self.bos_token),
+            eos_token => opt(&self.eos_token),
+            pad_token => opt(&self.pad_token),
+            tools => Value::from(()),
+        };
+        let rendered = env.template_from_str(source).and_then(|t| t.render(ctx));
+        rendered.map_err(|e| match raised.get() {
+            Some(msg) => TextError::Template(format!("raise_exception: {msg}")),
+            None => TextError::Template(e.to_string()),
+        })
+    }
+
+    /// Renders the chat then encodes it WITHOUT adding special tokens: the template emits
+    /// its own BOS, so the post-processor must not add a second one.
+    ///
+    /// # Errors
+    /// As [`Text::render_chat`] and [`Text::encode`].
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
+        let prompt = self.render_chat(messages, add_generation_prompt)?;
+        self.encode(&prompt, false)
+    }
+}
+
+/// Formats a Unix time (seconds, UTC) with the common `strftime` fields: `%Y %y %m %d %e
+/// %H %I %M %S %p %b %h %B %a %A %j %%`; other `%x` sequences are copied verbatim.
+pub(crate) fn strftime_utc(fmt: &str, secs: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+    let days = secs.div_euclid(86_400);
+    let tod = secs.rem_euclid(86_400);
+    let (hour, minute, second) = (tod / 3600, tod / 60 % 60, tod % 60);
+    // Civil date from days since 1970-01-01 (H. Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    // Day of year: March-based doy shifted to January-based.
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let yday = if mp >= 10 { doy - 306 } else { doy + 59 + i64::from(leap) } + 1;
+    let weekday = (days + 4).rem_euclid(7) as usize;
+    let month_name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out += &year.to_string(),
+            Some('y') => out += &format!("{:02}", year.rem_euclid(100)),
+            Some('m') => out += &format!("{month:02}"),
+            Some('d') => out += &format!("{day:02}"),
+            Some('e') => out += &format!("{day:2}"),
+            Some('H') => out += &format!("{hour:02}"),
+            Some('I') => out += &format!("{:02}", (hour + 11) % 12 + 1),
+            Some('M') => out += &format!("{minute:02}"),
+            Some('S') => out += &format!("{second:02}"),
+            Some('p') => out += if hour < 12 { "AM" } else { "PM" },
+            Some('b') | Some('h') => out += &month_name[..3],
+            Some('B') => out += month_name,
+            Some('a') => out += &DAYS[weekday][..3],
+            Some('A') => out += DAYS[weekday],
+            Some('j') => out += &format!("{yday:03}"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}

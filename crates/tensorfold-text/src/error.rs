@@ -1,0 +1,43 @@
+//! Why text could not be loaded, encoded, decoded or rendered: one error type for the whole crate.
+
+use std::path::PathBuf;
+
+/// Why text could not be loaded, encoded, decoded or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// A checkpoint file exists but could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The tokenizers library refused the tokenizer file or an encode/decode call.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// `tokenizer_config.json` or `chat_template.jinja` is malformed.
+    #[error("{}: {message}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The checkpoint ships no chat template (neither `chat_template.jinja` nor a
+    /// `chat_template` in `tokenizer_config.json`).
+    #[error("the checkpoint has no chat template; send a raw prompt instead")]
+    NoChatTemplate,
+    /// The chat template failed to compile or render, or called `raise_exception`.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// The prompt text contributes no tokens.
+    #[error("the prompt tokenizes to zero tokens")]
+    EmptyPrompt,
+    /// A token id past the vocabulary (including added tokens).
+    #[error("token id {0} is not in the vocabulary")]
+    UnknownToken(u32),
+    /// A caller needs text but the checkpoint has no tokenizer.
+    #[error("the checkpoint has no tokenizer.json; this command needs text")]
+    NoTokenizer,
+}

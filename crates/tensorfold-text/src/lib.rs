@@ -1,0 +1,16 @@
+//! TensorFold text: a checkpoint's tokenizer (`tokenizer`), chat messages and template (`chat_template`), and the
+//! incremental detokenizer (`detokenizer`), with their one error type (`error`). Used by the model crate when it
+//! opens a checkpoint, and by the server and the CLI without the model.
+
+pub mod chat_template;
+pub mod detokenizer;
+pub mod error;
+pub mod tokenizer;
+
+pub use chat_template::{ChatMessage, ContentPart, MessageContent};
+pub use detokenizer::Detokenizer;
+pub use error::TextError;
+pub use tokenizer::Text;
+
+#[cfg(test)]
+mod tests;
