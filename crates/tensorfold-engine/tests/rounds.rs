@@ -9,7 +9,7 @@ use common::{Recording, Seen, core, mix, params_mix, reference, run_scheduled};
 use std::time::Duration;
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::sampler::SamplingParams;
+use tensorfold_engine::keyed::SamplingParams;
 use tensorfold_engine::{FinishReason, Request};
 
 /// Small rounds: a 300-token prompt takes 60 chunks, and prefill shares rounds with decode rows.

@@ -13,7 +13,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::convert::Infallible;
-use tensorfold_engine::sampler::token_sha256;
+use tensorfold_engine::keyed::token_sha256;
 use tensorfold_model::text::TextError;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
