@@ -158,7 +158,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         }
         true
     };
-    let summary = if loaded.model.drafter.is_some() {
+    if loaded.model.drafter.is_some() {
         crate::check_verify(a.verify, &loaded.model)?;
         cfg.drafts = Some(DraftSettings {
             max_draft: a.max_draft.min(MAX_DRAFT),
@@ -166,34 +166,26 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             verify: a.verify.into(),
             guards: !a.no_round_guard,
         });
-        let (ids, run) = generate(&std::sync::Arc::new(loaded.model), &prompt, &cfg, on_token)?;
-        let st = run.drafts.unwrap_or_default();
+    }
+    let (ids, run) = generate(&std::sync::Arc::new(loaded.model), &prompt, &cfg, on_token)?;
+    let drafts = run.drafts.as_ref().map(|st| {
         let acc: Vec<String> = st.accepted_at.iter().map(|n| n.to_string()).collect();
-        Summary {
-            ids,
-            prompt_tokens: run.prompt_tokens,
-            finish: format!("{:?}", run.finish).to_lowercase(),
-            prefill: run.prefill.as_secs_f64(),
-            decode: run.decode.as_secs_f64(),
-            drafts: Some(format!(
-                "drafted: {}  accepted: {}  verify windows: {}  mean accepted length: {:.2}  accepted by position: [{}]",
-                st.drafted,
-                st.accepted,
-                st.windows,
-                st.mean_accepted_length(),
-                acc.join(", ")
-            )),
-        }
-    } else {
-        let (ids, st) = generate(&std::sync::Arc::new(loaded.model), &prompt, &cfg, on_token)?;
-        Summary {
-            ids,
-            prompt_tokens: st.prompt_tokens,
-            finish: format!("{:?}", st.finish).to_lowercase(),
-            prefill: st.prefill.as_secs_f64(),
-            decode: st.decode.as_secs_f64(),
-            drafts: None,
-        }
+        format!(
+            "drafted: {}  accepted: {}  verify windows: {}  mean accepted length: {:.2}  accepted by position: [{}]",
+            st.drafted,
+            st.accepted,
+            st.windows,
+            st.mean_accepted_length(),
+            acc.join(", ")
+        )
+    });
+    let summary = Summary {
+        ids,
+        prompt_tokens: run.prompt_tokens,
+        finish: format!("{:?}", run.finish).to_lowercase(),
+        prefill: run.prefill.as_secs_f64(),
+        decode: run.decode.as_secs_f64(),
+        drafts,
     };
     if let Some(d) = detok {
         let _ = stdout.write_all(d.finish().as_bytes());
