@@ -1,7 +1,7 @@
 //! A fake target for engine tests: each row's logits are a hash of the WHOLE token history its stream was
 //! fed, up to and including that row, so any position, ordering or rollback bug changes every later token.
 
-use crate::target::Target;
+use crate::target::{Caps, ForwardCall, SegOut, Target, host_forward};
 use tensorfold_kernels::Segment;
 use tensorfold_model::ForwardError;
 
@@ -43,53 +43,11 @@ impl FakeTarget {
         }
         l
     }
-}
 
-impl Default for FakeTarget {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl Target for FakeTarget {
-    type State = Vec<u32>;
-    type Held = ();
-
-    fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    fn context(&self) -> usize {
-        self.context
-    }
-
-    fn eos_ids(&self) -> Vec<u32> {
-        self.eos.clone()
-    }
-
-    fn new_state(&self) -> Vec<u32> {
-        Vec::new()
-    }
-
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        s.len()
-    }
-
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        s.len() * self.bytes_per_token
-    }
-
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        tokens * self.bytes_per_token
-    }
-
-    fn forward(
+    /// Feeds each segment's rows to its state and returns, in segment order, the logits of its last row
+    /// (`[vocab]`), or of every row when `all_rows[i]` (`[rows * vocab]`). Refuses a segment off its stream's
+    /// position or an id past the vocabulary before touching any state.
+    pub fn forward_logits(
         &self,
         tokens: &[u32],
         segs: &[Segment],
@@ -120,6 +78,54 @@ impl Target for FakeTarget {
                 out
             })
             .collect())
+    }
+}
+
+impl Default for FakeTarget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Target for FakeTarget {
+    type State = Vec<u32>;
+    type Held = ();
+
+    fn caps(&self) -> Caps {
+        // The model target's window limit, so the engine's tests size windows as it does.
+        Caps {
+            vocab: self.vocab,
+            context: self.context,
+            eos: self.eos.clone(),
+            max_draft: crate::model_target::MAX_DRAFT,
+            holds_drafts: false,
+        }
+    }
+
+    fn new_state(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        s.len()
+    }
+
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        s.len() * self.bytes_per_token
+    }
+
+    fn stream_bytes(&self, tokens: usize) -> usize {
+        tokens * self.bytes_per_token
+    }
+
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        host_forward(call, self.vocab, |all| self.forward_logits(call.tokens, call.segs, states, all))
     }
 
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {

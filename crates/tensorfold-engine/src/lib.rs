@@ -1,19 +1,22 @@
-//! TensorFold lane core: requests into lanes, shared rounds (one forward over every stream's rows), the
-//! keyed sampler, the prompt cache, memory admission and cancel; plus the solo loop, the serial reference
-//! the shared rounds must equal.
+//! TensorFold lane core: requests into lanes, shared rounds (one forward over every stream's rows), keyed draws,
+//! the prompt cache, memory admission and cancel; plus one request start to finish outside the engine thread
+//! (`single`: the solo loop, the serial reference the shared rounds must equal, or the drafted request).
+pub mod copies;
 pub mod core;
-pub mod drafted;
-pub mod drafts;
+mod drafted_request;
 pub mod engine;
 pub mod fake;
+pub mod keyed;
+pub mod model_target;
 pub mod prompt_cache;
 pub mod request;
-pub mod sampler;
 pub mod schedule;
+pub mod single;
 pub mod solo;
 pub mod target;
 
 pub use crate::core::{Core, EngineConfig, Metrics};
 pub use engine::{Engine, EngineHandle};
-pub use request::{Event, FinishReason, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
-pub use target::{ModelTarget, SegOut, SegWant, Target};
+pub use model_target::ModelTarget;
+pub use request::{Event, FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError, TokenLogprobs};
+pub use target::{Caps, DraftCall, Drafts, ForwardCall, SegOut, SegWant, Target};

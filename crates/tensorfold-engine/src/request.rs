@@ -1,6 +1,6 @@
 //! Requests into the lane core and the events that come back out of it.
 
-use crate::sampler::{SampleError, SamplingParams};
+use crate::keyed::{SampleError, SamplingParams};
 use std::time::Duration;
 
 /// Engine-wide request id.
@@ -26,7 +26,38 @@ pub struct Request {
     pub draft: bool,
 }
 
+/// What a request is checked against: the target's vocabulary, and the context it may fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Logits a row: prompt ids must be below it.
+    pub vocab: usize,
+    /// Positions the prompt and the reply may take together.
+    pub context: usize,
+}
+
 impl Request {
+    /// The one check of a request (the lane core's submit and the serial [`crate::single::generate`] both run it),
+    /// in this order: its sampling parameters, an empty prompt, a prompt id past the vocabulary, `max_tokens` 0,
+    /// prompt plus `max_tokens` past the context (an overflowing sum included).
+    pub fn validate(&self, limits: Limits) -> Result<(), SubmitError> {
+        self.params.validate()?;
+        if self.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let vocab = limits.vocab;
+        if let Some(&id) = self.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SubmitError::TokenOutOfRange { id, vocab });
+        }
+        if self.max_tokens == 0 {
+            return Err(SubmitError::ZeroMaxTokens);
+        }
+        let (prompt, context) = (self.prompt.len(), limits.context);
+        if prompt.checked_add(self.max_tokens).is_none_or(|t| t > context) {
+            return Err(SubmitError::ContextExceeded { prompt, max_tokens: self.max_tokens, context });
+        }
+        Ok(())
+    }
+
     /// A greedy request.
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
         Self {
@@ -92,7 +123,7 @@ impl From<std::sync::mpsc::Sender<Event>> for Sink {
     }
 }
 
-/// Why a stream finished.
+/// Why a stream (or a serial run) finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An EOS or stop id was drawn (it is the last token of the reply).

@@ -9,10 +9,10 @@ use std::sync::mpsc::channel;
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock, PlantedFault};
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::sampler::{SamplingParams, draw};
+use tensorfold_engine::keyed::{SamplingParams, draw};
 use tensorfold_engine::schedule::VerifyMode;
-use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
-use tensorfold_kernels::{CpuBackend, Segment};
+use tensorfold_engine::{DraftCall, Drafts, Event, ForwardCall, ModelTarget, Request, SegOut, Stats, Target};
+use tensorfold_kernels::CpuBackend;
 use tensorfold_model::drafter::{DraftBlock, DrafterBits, open_drafter_with};
 use tensorfold_model::{ForwardError, Source};
 
@@ -102,19 +102,14 @@ struct Scripted {
 
 impl Target for Scripted {
     delegate_target!(FakeTarget);
-    fn forward(
-        &self,
-        tokens: &[u32],
-        segs: &[Segment],
-        states: &mut [&mut Vec<u32>],
-        all_rows: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.inner.forward(tokens, segs, states, all_rows)
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.inner.forward(call, states)
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
     }
-    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+    fn draft(&self, states: &[&Vec<u32>], call: &DraftCall<'_>) -> Option<Result<Drafts<()>, ForwardError>> {
+        let anchors = call.anchors;
         if let Some(stream) = states.iter().position(|s| self.poison.as_ref().is_some_and(|p| s.starts_with(p))) {
             return Some(Err(ForwardError::DraftNonfinite { stream, row: 0 }));
         }
@@ -139,7 +134,7 @@ impl Target for Scripted {
             })
             .map(|tokens| DraftBlock { confidence: vec![0.9; tokens.len()], tokens, scores: Vec::new() })
             .collect();
-        Some(Ok(blocks))
+        Some(Ok(Drafts::Read(blocks)))
     }
 }
 
@@ -210,12 +205,11 @@ impl Target for NoConvRollback {
     delegate_target!(ModelTarget<CpuBackend>);
     fn forward(
         &self,
-        tokens: &[u32],
-        segs: &[Segment],
+        call: &ForwardCall<'_, ()>,
         states: &mut [&mut Self::State],
-        all_rows: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.inner.forward(tokens, segs, states, all_rows)
+    ) -> Result<Vec<SegOut>, ForwardError> {
+        let call = ForwardCall { tokens: call.tokens, segs: call.segs, wants: call.wants, held: None };
+        self.inner.forward(&call, states)
     }
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError> {
         let at_end = s.layers.clone();
@@ -227,8 +221,17 @@ impl Target for NoConvRollback {
         }
         Ok(())
     }
-    fn draft(&self, states: &[&Self::State], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
-        self.inner.draft(states, anchors)
+    /// Greedy drafts, read (it holds none).
+    fn draft(&self, states: &[&Self::State], call: &DraftCall<'_>) -> Option<Result<Drafts<()>, ForwardError>> {
+        if call.hold {
+            return None;
+        }
+        let greedy = DraftCall { pickers: &[], ..*call };
+        Some(match self.inner.draft(states, &greedy)? {
+            Ok(Drafts::Read(blocks)) => Ok(Drafts::Read(blocks)),
+            Ok(Drafts::Held { .. }) => Err(ForwardError::Batch("held drafts from a read pass".into())),
+            Err(e) => Err(e),
+        })
     }
 }
 

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::mpsc::channel;
 use tensorfold_engine::core::{Core, EngineConfig};
 use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::keyed::{SampleError, SamplingParams};
 use tensorfold_engine::prompt_cache::CacheCounters;
-use tensorfold_engine::sampler::{SampleError, SamplingParams};
-use tensorfold_engine::solo::{SoloConfig, generate};
+use tensorfold_engine::single::{GenerateOptions, generate};
 use tensorfold_engine::{FinishReason, ModelTarget, Request, SubmitError, Target};
 use tensorfold_kernels::CpuBackend;
 use tensorfold_model::{Source, open};
@@ -107,7 +107,14 @@ fn the_fixture_models_resumed_reply_equals_the_solo_loop() {
     p2.extend([10, 20, 30, 40, 50, 60, 70]);
     let seen = run_one(&mut c, &req(p2.clone(), 16, sampled(5)));
     assert_eq!(seen.cached, Some(21));
-    let solo_cfg = SoloConfig { chunk: 7, max_tokens: 16, context: 4096, stop_ids: Vec::new(), params: sampled(5) };
+    let solo_cfg = GenerateOptions {
+        chunk: 7,
+        max_tokens: 16,
+        context: 4096,
+        stop_ids: Vec::new(),
+        params: sampled(5),
+        drafts: None,
+    };
     let (want, _) = generate(&target.model, &p2, &solo_cfg, |_| true).expect("solo runs");
     assert_eq!(seen.tokens, want);
 }

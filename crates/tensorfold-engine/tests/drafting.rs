@@ -8,7 +8,7 @@ use std::sync::mpsc::channel;
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::sampler::{SamplingParams, draw};
+use tensorfold_engine::keyed::{SamplingParams, draw};
 use tensorfold_engine::{Event, ModelTarget, Request, Stats, Target};
 use tensorfold_kernels::CpuBackend;
 use tensorfold_model::Source;
@@ -102,13 +102,13 @@ fn a_rejected_window_leaves_the_model_state_equal_to_feeding_only_the_kept_rows(
     let seg = |start, rows| tensorfold_kernels::Segment { first_row: 0, rows, start_pos: start, cache: 0 };
     let mut a = t.new_state();
     let mut b = t.new_state();
-    t.forward(&[1, 50, 60], &[seg(0, 3)], &mut [&mut a], &[false]).expect("prefill");
-    t.forward(&[1, 50, 60], &[seg(0, 3)], &mut [&mut b], &[false]).expect("prefill");
-    t.forward(&[70, 71, 72, 73, 74], &[seg(3, 5)], &mut [&mut a], &[true]).expect("window");
+    t.logits(&[1, 50, 60], &[seg(0, 3)], &mut [&mut a], &[false]).expect("prefill");
+    t.logits(&[1, 50, 60], &[seg(0, 3)], &mut [&mut b], &[false]).expect("prefill");
+    t.logits(&[70, 71, 72, 73, 74], &[seg(3, 5)], &mut [&mut a], &[true]).expect("window");
     t.keep(&mut a, 5).expect("keep two rows");
-    t.forward(&[70, 71], &[seg(3, 2)], &mut [&mut b], &[false]).expect("kept rows");
-    let next_a = t.forward(&[9], &[seg(5, 1)], &mut [&mut a], &[false]).expect("after rollback");
-    let next_b = t.forward(&[9], &[seg(5, 1)], &mut [&mut b], &[false]).expect("plain");
+    t.logits(&[70, 71], &[seg(3, 2)], &mut [&mut b], &[false]).expect("kept rows");
+    let next_a = t.logits(&[9], &[seg(5, 1)], &mut [&mut a], &[false]).expect("after rollback");
+    let next_b = t.logits(&[9], &[seg(5, 1)], &mut [&mut b], &[false]).expect("plain");
     assert_eq!(
         next_a[0].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         next_b[0].iter().map(|v| v.to_bits()).collect::<Vec<_>>()

@@ -1,5 +1,5 @@
 //! The threaded `Engine` on the `lfm2-moe-f32` fixture: 16 greedy and sampled requests submitted at once from
-//! several threads, each reply equal to `solo::generate` with the same parameters token for token, with exact
+//! several threads, each reply equal to `single::generate` (the solo loop) with the same parameters token for token, with exact
 //! stats (prompt, generated and cached tokens) and engine metrics; and cancel through a handle.
 
 mod common;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::prompt_cache::CacheCounters;
-use tensorfold_engine::solo::{Finish, SoloConfig, generate};
+use tensorfold_engine::single::{GenerateOptions, generate};
 use tensorfold_engine::{Engine, EngineHandle, Event, FinishReason, Metrics, ModelTarget, Request, Stats};
 use tensorfold_kernels::CpuBackend;
 use tensorfold_model::{Source, open};
@@ -116,14 +116,17 @@ fn sixteen_requests_from_four_threads_each_equal_their_solo_run_with_exact_stats
         if !r.ignore_eos {
             stop_ids.extend(&eos);
         }
-        let cfg = SoloConfig { chunk: 8, max_tokens: r.max_tokens, context: 128_000, stop_ids, params: r.params };
+        let cfg = GenerateOptions {
+            chunk: 8,
+            max_tokens: r.max_tokens,
+            context: 128_000,
+            stop_ids,
+            params: r.params,
+            drafts: None,
+        };
         let (want, solo) = generate(&solo_model.model, &r.prompt, &cfg, |_| true).expect("solo runs");
         assert_eq!(got.tokens, want, "request {i} ({:?}) differs from its solo run", r.params);
-        let reason = match solo.finish {
-            Finish::Stop => FinishReason::Stop,
-            Finish::Length => FinishReason::Length,
-            Finish::Cancelled => FinishReason::Cancelled,
-        };
+        let reason = solo.finish;
         assert_eq!(got.reason, reason, "request {i}");
         stops += usize::from(reason == FinishReason::Stop);
         let cached = if i % 2 == 0 { 32 } else { 0 };

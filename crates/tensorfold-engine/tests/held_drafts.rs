@@ -7,7 +7,7 @@
 mod common;
 
 use tensorfold_engine::core::{EngineConfig, PlantedFault};
-use tensorfold_engine::sampler::SamplingParams;
+use tensorfold_engine::keyed::SamplingParams;
 use tensorfold_engine::schedule::VerifyMode;
 use tensorfold_engine::{ModelTarget, Request, Stats};
 use tensorfold_kernels::CpuBackend;

@@ -1,5 +1,5 @@
 //! Shared rounds on the fake target, driven by `Core::step` with a fixed clock: every reply equals an
-//! independent serial reference (a plain loop over `FakeTarget::logits` and `sampler::draw`, no core), token for
+//! independent serial reference (a plain loop over `FakeTarget::logits` and `keyed::draw`, no core), token for
 //! token, at 1, 2, 3, 8 and 16 streams, greedy and sampled, with prompts of 1 to 300 tokens split across rounds,
 //! streams joining and leaving at different rounds, shared rounds on or off, and fewer lanes than requests.
 
@@ -9,7 +9,7 @@ use common::{Recording, Seen, core, mix, params_mix, reference, run_scheduled};
 use std::time::Duration;
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::sampler::SamplingParams;
+use tensorfold_engine::keyed::SamplingParams;
 use tensorfold_engine::{FinishReason, Request};
 
 /// Small rounds: a 300-token prompt takes 60 chunks, and prefill shares rounds with decode rows.

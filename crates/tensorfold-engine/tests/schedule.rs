@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use tensorfold_engine::core::{Clock, Core, EngineConfig, Metrics};
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::schedule::*;
-use tensorfold_engine::{Event, Request, Target};
-use tensorfold_kernels::Segment;
+use tensorfold_engine::{DraftCall, Drafts, Event, ForwardCall, Request, SegOut, Target};
 use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::DraftBlock;
 
@@ -141,22 +140,17 @@ struct Timed {
 
 impl Target for Timed {
     delegate_target!(FakeTarget);
-    fn forward(
-        &self,
-        t: &[u32],
-        s: &[Segment],
-        st: &mut [&mut Vec<u32>],
-        a: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.clock.0.fetch_add(1000 * (self.base_us + self.row_us * t.len() as u64), Ordering::SeqCst);
-        self.inner.forward(t, s, st, a)
+    fn forward(&self, call: &ForwardCall<'_, ()>, st: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.clock.0.fetch_add(1000 * (self.base_us + self.row_us * call.tokens.len() as u64), Ordering::SeqCst);
+        self.inner.forward(call, st)
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
     }
-    fn draft(&self, states: &[&Vec<u32>], anchors: &[u32]) -> Option<Result<Vec<DraftBlock>, ForwardError>> {
+    fn draft(&self, states: &[&Vec<u32>], call: &DraftCall<'_>) -> Option<Result<Drafts<()>, ForwardError>> {
+        let anchors = call.anchors;
         self.clock.0.fetch_add(1000 * self.draft_us, Ordering::SeqCst);
-        let p = tensorfold_engine::sampler::SamplingParams::greedy();
+        let p = tensorfold_engine::keyed::SamplingParams::greedy();
         let blocks = states
             .iter()
             .zip(anchors)
@@ -165,8 +159,7 @@ impl Target for Timed {
                 h.push(a);
                 let mut tokens = Vec::new();
                 for k in 0..8 {
-                    let t =
-                        tensorfold_engine::sampler::draw(&p, h.len() as u64, &self.inner.logits(&h)).expect("finite");
+                    let t = tensorfold_engine::keyed::draw(&p, h.len() as u64, &self.inner.logits(&h)).expect("finite");
                     let t = if k < self.good { t } else { (t + 1) % self.inner.vocab as u32 };
                     tokens.push(t);
                     h.push(t);
@@ -174,7 +167,7 @@ impl Target for Timed {
                 DraftBlock { tokens, confidence: Vec::new(), scores: Vec::new() }
             })
             .collect();
-        Some(Ok(blocks))
+        Some(Ok(Drafts::Read(blocks)))
     }
 }
 

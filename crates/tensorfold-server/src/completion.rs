@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::state::Ready;
 use axum::http::StatusCode;
 use std::time::Instant;
-use tensorfold_engine::sampler::{SamplingParams, resolve_seed};
+use tensorfold_engine::keyed::{SamplingParams, resolve_seed};
 use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
 use tensorfold_text::{Detokenizer, TextError};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};

@@ -9,7 +9,7 @@ use crate::protocol::{
 };
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tensorfold_engine::sampler::token_sha256;
+use tensorfold_engine::keyed::token_sha256;
 
 /// A whole (not streamed) reply of either route.
 #[derive(Clone, Debug, PartialEq, Serialize)]

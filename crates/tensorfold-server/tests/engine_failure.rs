@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::{Engine, EngineConfig, Event, FinishReason, Request, Target};
-use tensorfold_kernels::{KernelError, Segment};
+use tensorfold_engine::{Caps, Engine, EngineConfig, Event, FinishReason, ForwardCall, Request, SegOut, Target};
+use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 use tensorfold_server::state::Ready;
 use tensorfold_server::{ServeOptions, serve};
@@ -15,14 +15,8 @@ struct Lost(FakeTarget);
 impl Target for Lost {
     type State = Vec<u32>;
     type Held = ();
-    fn vocab(&self) -> usize {
-        self.0.vocab()
-    }
-    fn context(&self) -> usize {
-        self.0.context()
-    }
-    fn eos_ids(&self) -> Vec<u32> {
-        self.0.eos_ids()
+    fn caps(&self) -> Caps {
+        self.0.caps()
     }
     fn new_state(&self) -> Vec<u32> {
         self.0.new_state()
@@ -36,13 +30,7 @@ impl Target for Lost {
     fn stream_bytes(&self, tokens: usize) -> usize {
         self.0.stream_bytes(tokens)
     }
-    fn forward(
-        &self,
-        _: &[u32],
-        _: &[Segment],
-        _: &mut [&mut Vec<u32>],
-        _: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+    fn forward(&self, _: &ForwardCall<'_, ()>, _: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
         let message = "planted: GPU 1 stopped answering".to_string();
         Err(ForwardError::Kernel(KernelError::DeviceLost { kernel: "nccl_reduce", message }))
     }

@@ -9,7 +9,7 @@ use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tensorfold_engine::sampler::token_sha256;
+use tensorfold_engine::keyed::token_sha256;
 use tensorfold_engine::{EngineConfig, Event, Request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
-use tensorfold_engine::sampler::token_sha256;
+use tensorfold_engine::keyed::token_sha256;
 use tensorfold_engine::solo::prefill;
 use tensorfold_kernels::{Backend, Segment};
 use tensorfold_model::weights::{FfnWeights, MixerWeights};
@@ -263,7 +263,7 @@ fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usiz
         println!("prefill of the {}-token prompt in chunks of {chunk}: {p}", prompt.len());
         p.to_string()
     });
-    let mut tok = tensorfold_engine::sampler::greedy_pick(&logits)?;
+    let mut tok = tensorfold_engine::keyed::greedy_pick(&logits)?;
     let mut out = vec![tok];
     let t = Instant::now();
     while out.len() < n {

@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 use tensorfold_engine::core::EngineConfig;
-use tensorfold_engine::sampler::{SamplingParams, token_sha256};
-use tensorfold_engine::solo::{SoloConfig, generate};
+use tensorfold_engine::keyed::{SamplingParams, token_sha256};
+use tensorfold_engine::single::{GenerateOptions, generate};
 use tensorfold_engine::{Engine, Event, FinishReason, ModelTarget, Request, Stats};
 
 /// Options of `bench engine`.
@@ -134,7 +134,6 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         round_guard: !a.no_round_guard,
         stream_guard: !a.no_round_guard,
         held_drafts: !a.no_held_drafts,
-        planted: None,
         ..EngineConfig::default()
     };
     println!(
@@ -200,12 +199,13 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                     rows[m].round_s += m1.round_seconds - m0.round_seconds;
                     rows[m].forward_s += m1.forward_seconds - m0.forward_seconds;
                     for (r, got) in reqs.iter().zip(&replies).take(a.check.unwrap_or(usize::MAX)) {
-                        let solo_cfg = SoloConfig {
+                        let solo_cfg = GenerateOptions {
                             chunk,
                             max_tokens: r.max_tokens,
                             context,
                             stop_ids: Vec::new(),
                             params: r.params,
+                            drafts: None,
                         };
                         let (want, _) = generate(&solo_model, &r.prompt, &solo_cfg, |_| true)?;
                         total_all += 1;

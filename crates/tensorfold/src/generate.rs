@@ -5,11 +5,9 @@ use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tensorfold_engine::ModelTarget;
-use tensorfold_engine::core::MAX_DRAFT;
-use tensorfold_engine::drafted::{self, DraftSettings};
-use tensorfold_engine::sampler::{SamplingParams, resolve_seed, token_sha256};
-use tensorfold_engine::solo::{SoloConfig, generate};
+use tensorfold_engine::keyed::{SamplingParams, resolve_seed, token_sha256};
+use tensorfold_engine::model_target::MAX_DRAFT;
+use tensorfold_engine::single::{DraftSettings, GenerateOptions, generate};
 use tensorfold_text::ChatMessage;
 
 /// Arguments of `tensorfold generate`.
@@ -133,12 +131,13 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         min_p: a.min_p,
         seed: resolve_seed(a.seed),
     };
-    let cfg = SoloConfig {
+    let mut cfg = GenerateOptions {
         chunk: a.chunk,
         max_tokens: a.max_tokens,
         context: a.context.unwrap_or(loaded.model.cfg.max_positions).min(loaded.model.cfg.max_positions),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.eos_ids.clone() },
         params,
+        drafts: None,
     };
     let mut detok = text.map(|t| t.detokenizer(false));
     let mut stdout = std::io::stdout().lock();
@@ -159,42 +158,34 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         }
         true
     };
-    let summary = if loaded.model.drafter.is_some() {
+    if loaded.model.drafter.is_some() {
         crate::check_verify(a.verify, &loaded.model)?;
-        let target = ModelTarget { model: std::sync::Arc::new(loaded.model), eos: loaded.eos_ids.clone() };
-        let settings = DraftSettings {
+        cfg.drafts = Some(DraftSettings {
             max_draft: a.max_draft.min(MAX_DRAFT),
             copy_min: a.copy_min,
             verify: a.verify.into(),
             guards: !a.no_round_guard,
-        };
-        let (ids, st, reason) = drafted::generate(target, &prompt, &cfg, settings, on_token)?;
+        });
+    }
+    let (ids, run) = generate(&std::sync::Arc::new(loaded.model), &prompt, &cfg, on_token)?;
+    let drafts = run.drafts.as_ref().map(|st| {
         let acc: Vec<String> = st.accepted_at.iter().map(|n| n.to_string()).collect();
-        Summary {
-            ids,
-            prompt_tokens: st.prompt_tokens,
-            finish: format!("{reason:?}").to_lowercase(),
-            prefill: st.ttft.as_secs_f64(),
-            decode: st.decode.as_secs_f64(),
-            drafts: Some(format!(
-                "drafted: {}  accepted: {}  verify windows: {}  mean accepted length: {:.2}  accepted by position: [{}]",
-                st.drafted,
-                st.accepted,
-                st.windows,
-                st.mean_accepted_length(),
-                acc.join(", ")
-            )),
-        }
-    } else {
-        let (ids, st) = generate(&loaded.model, &prompt, &cfg, on_token)?;
-        Summary {
-            ids,
-            prompt_tokens: st.prompt_tokens,
-            finish: format!("{:?}", st.finish).to_lowercase(),
-            prefill: st.prefill.as_secs_f64(),
-            decode: st.decode.as_secs_f64(),
-            drafts: None,
-        }
+        format!(
+            "drafted: {}  accepted: {}  verify windows: {}  mean accepted length: {:.2}  accepted by position: [{}]",
+            st.drafted,
+            st.accepted,
+            st.windows,
+            st.mean_accepted_length(),
+            acc.join(", ")
+        )
+    });
+    let summary = Summary {
+        ids,
+        prompt_tokens: run.prompt_tokens,
+        finish: format!("{:?}", run.finish).to_lowercase(),
+        prefill: run.prefill.as_secs_f64(),
+        decode: run.decode.as_secs_f64(),
+        drafts,
     };
     if let Some(d) = detok {
         let _ = stdout.write_all(d.finish().as_bytes());

@@ -150,14 +150,14 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         prefill_chunk: a.prefill_chunk,
         memory_bytes: gib(a.memory_gib),
         prompt_cache_bytes: gib(a.prompt_cache_gib),
-        shared_rounds: true,
         copy_min: a.copy_min,
         max_draft: if a.no_drafts { 0 } else { a.max_draft },
         verify: a.verify.into(),
         round_guard: !a.no_round_guard,
         stream_guard: !a.no_round_guard,
         held_drafts: !a.no_held_drafts,
-        planted: None,
+        // Shared rounds on, and no planted fault (the engine's tests' feature may be on in a workspace test build).
+        ..EngineConfig::default()
     };
     let plan = LoadPlan {
         src: default_model::source(a.model.clone())?,

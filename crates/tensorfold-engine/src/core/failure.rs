@@ -3,8 +3,9 @@
 //! run on and risk wrong output. Other errors (out of memory, a refused shape) fail their streams alone
 //! (`drop_failed`).
 
-use super::{Core, FinishReason, Plan};
-use crate::request::{Event, Stats};
+use super::Core;
+use super::plan::Entry;
+use crate::request::{Event, FinishReason, Stats};
 use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
@@ -40,30 +41,30 @@ impl<T: Target> Core<T> {
 
     /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
     /// pointed at their lanes again (finishing reorders lanes), with their outputs.
-    pub(super) fn drop_failed(&mut self, plan: Plan, results: Vec<Result<SegOut, String>>) -> (Plan, Vec<SegOut>) {
-        let entries: Vec<_> =
-            plan.into_iter().zip(results).map(|((lane, rows), r)| (self.lanes[lane].id, rows, r)).collect();
-        let (mut ran, mut logits) = (Vec::new(), Vec::new());
-        let mut ok_ids = Vec::new();
-        for (id, rows, r) in entries {
+    pub(super) fn drop_failed(
+        &mut self,
+        entries: Vec<Entry>,
+        results: Vec<Result<SegOut, String>>,
+    ) -> (Vec<Entry>, Vec<SegOut>) {
+        let tagged: Vec<_> = entries.into_iter().zip(results).map(|(e, r)| (self.lanes[e.lane].id, e, r)).collect();
+        let (mut ran, mut outs) = (Vec::new(), Vec::new());
+        for (id, e, r) in tagged {
             match r {
-                Ok(l) => {
-                    ok_ids.push(id);
-                    ran.push(rows);
-                    logits.push(l);
+                Ok(out) => {
+                    ran.push((id, e));
+                    outs.push(out);
                 }
-                Err(e) => {
+                Err(err) => {
                     if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
-                        self.finish(i, FinishReason::Error, Some(e));
+                        self.finish(i, FinishReason::Error, Some(err));
                     }
                 }
             }
         }
-        let plan = ok_ids
-            .iter()
-            .zip(ran)
-            .map(|(id, rows)| (self.lanes.iter().position(|s| s.id == *id).expect("still running"), rows))
+        let entries = ran
+            .into_iter()
+            .map(|(id, e)| Entry { lane: self.lanes.iter().position(|s| s.id == id).expect("still running"), ..e })
             .collect();
-        (plan, logits)
+        (entries, outs)
     }
 }

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::sampler::{SamplingParams, draw};
-use tensorfold_engine::{Event, FinishReason, Request, RequestId, Stats, Target};
+use tensorfold_engine::keyed::{SamplingParams, draw};
+use tensorfold_engine::target::host_forward;
+use tensorfold_engine::{Event, FinishReason, ForwardCall, Request, RequestId, SegOut, Stats, Target};
 use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
@@ -18,14 +19,8 @@ macro_rules! delegate_target {
     ($inner:ty) => {
         type State = <$inner as Target>::State;
         type Held = ();
-        fn vocab(&self) -> usize {
-            self.inner.vocab()
-        }
-        fn context(&self) -> usize {
-            self.inner.context()
-        }
-        fn eos_ids(&self) -> Vec<u32> {
-            self.inner.eos_ids()
+        fn caps(&self) -> tensorfold_engine::Caps {
+            self.inner.caps()
         }
         fn new_state(&self) -> Self::State {
             self.inner.new_state()
@@ -281,18 +276,12 @@ impl<T: Target> Recording<T> {
     }
 }
 
-impl<T: Target> Target for Recording<T> {
+impl<T: Target<Held = ()>> Target for Recording<T> {
     delegate_target!(T);
-    fn forward(
-        &self,
-        tokens: &[u32],
-        segs: &[Segment],
-        states: &mut [&mut T::State],
-        all_rows: &[bool],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut T::State]) -> Result<Vec<SegOut>, ForwardError> {
         std::thread::sleep(self.delay);
-        self.calls.lock().expect("not poisoned").push(segs.iter().map(|s| (s.start_pos, s.rows)).collect());
-        self.inner.forward(tokens, segs, states, all_rows)
+        self.calls.lock().expect("not poisoned").push(call.segs.iter().map(|s| (s.start_pos, s.rows)).collect());
+        self.inner.forward(call, states)
     }
     fn keep(&self, s: &mut T::State, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
@@ -329,12 +318,9 @@ impl Poisoned {
     fn hit(&self, h: &[u32]) -> bool {
         h.starts_with(&self.poison) && h.len() >= self.poison.len() + self.after
     }
-}
 
-impl Target for Poisoned {
-    delegate_target!(FakeTarget);
-
-    fn forward(
+    /// The fake target's logits, with the fault met where the poisoned stream's rows are.
+    fn logits(
         &self,
         tokens: &[u32],
         segs: &[Segment],
@@ -355,13 +341,21 @@ impl Target for Poisoned {
                 Fault::NanLogits => {}
             }
         }
-        let mut out = self.inner.forward(tokens, segs, states, all_rows)?;
+        let mut out = self.inner.forward_logits(tokens, segs, states, all_rows)?;
         for (s, logits) in segs.iter().zip(&mut out) {
             if self.fault == Fault::NanLogits && self.hit(states[s.cache]) {
                 logits.iter_mut().for_each(|v| *v = f32::NAN);
             }
         }
         Ok(out)
+    }
+}
+
+impl Target for Poisoned {
+    delegate_target!(FakeTarget);
+
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        host_forward(call, self.inner.vocab, |all| self.logits(call.tokens, call.segs, states, all))
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)

@@ -1,5 +1,5 @@
-//! Draft proposals for verify windows: context copies (the continuation of an earlier occurrence of the
-//! context's last tokens) and a per-stream guard that stops proposing where drafts keep being rejected.
+//! Context copies (drafts that continue an earlier occurrence of the context's last tokens) and the stream guard
+//! that stops a stream drafting where its drafts keep being rejected.
 
 /// The tokens that followed the most recent earlier occurrence of `history`'s last `min_match` tokens,
 /// at most `max` of them. Empty when there is no such occurrence (or `min_match` is 0).
@@ -20,13 +20,13 @@ pub fn context_copy(history: &[u32], min_match: usize, max: usize) -> Vec<u32> {
 /// The per-stream guard: after two windows in a row with no accepted draft, drafting pauses for a
 /// number of rounds that doubles (4 up to 64) while windows keep failing; one accepted draft resets it.
 #[derive(Clone, Debug, Default)]
-pub struct Guard {
+pub struct StreamGuard {
     misses: u32,
     pause: u32,
     backoff: u32,
 }
 
-impl Guard {
+impl StreamGuard {
     /// Whether this round may propose drafts (counts a paused round).
     pub fn allow(&mut self) -> bool {
         if self.pause > 0 {
@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn the_guard_pauses_after_two_empty_windows_and_doubles() {
-        let mut g = Guard::default();
+        let mut g = StreamGuard::default();
         g.record(0);
         assert!(g.allow());
         g.record(0);

@@ -1,5 +1,5 @@
-//! The engine's sampling: the keyed draw (`tensorfold_kernels::sample`, which backends run beside the
-//! head), the reply's seed and its token hash.
+//! Keyed draws for the engine: the draw itself (`tensorfold_kernels::sample`, which backends run beside the head,
+//! re-exported), the reply's seed that keys it, and the reply's token hash.
 
 use rand::TryRngCore;
 use sha2::{Digest, Sha256};

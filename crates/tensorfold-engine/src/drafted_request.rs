@@ -1,17 +1,17 @@
-//! One request through the lane core with drafting on (context copies and the block drafter): what
-//! `tensorfold generate` runs when a drafter is attached. Same checks and errors as [`crate::solo`].
+//! The drafted request: one request through the lane core with drafting on (context copies and the block drafter),
+//! what [`crate::single::generate`] runs when its options carry [`DraftSettings`].
 
 use crate::core::{Core, EngineConfig, SystemClock};
+use crate::model_target::ModelTarget;
 use crate::request::{Event, FinishReason, Request, Stats};
-use crate::solo::{SoloConfig, SoloError};
-use crate::target::ModelTarget;
+use crate::single::{GenerateError, GenerateOptions, GenerateStats};
 use std::sync::mpsc::channel;
 use tensorfold_kernels::Backend;
 
 /// Drafting settings of a single drafted run.
 #[derive(Clone, Copy, Debug)]
 pub struct DraftSettings {
-    /// Most drafts a verify window (at most [`crate::core::MAX_DRAFT`]).
+    /// Most drafts a verify window (at most the target's `Caps::max_draft`).
     pub max_draft: usize,
     /// Shortest recurring suffix for a context copy (0: copies off).
     pub copy_min: usize,
@@ -21,37 +21,23 @@ pub struct DraftSettings {
     pub guards: bool,
 }
 
-/// Generates a reply to `prompt` with verify windows; `on_token` sees each committed token and returns
-/// false to stop. The reply equals [`crate::solo::generate`]'s token for token (the keyed accept rule).
-pub fn generate<B: Backend + 'static>(
+/// Runs a checked request with verify windows; `on_token` sees each committed token and returns false to stop. The
+/// reply equals the solo loop's token for token (the keyed accept rule).
+pub(crate) fn run<B: Backend + 'static>(
     target: ModelTarget<B>,
-    prompt: &[u32],
-    cfg: &SoloConfig,
+    req: Request,
+    opts: &GenerateOptions,
     draft: DraftSettings,
     mut on_token: impl FnMut(u32) -> bool,
-) -> Result<(Vec<u32>, Stats, FinishReason), SoloError> {
-    cfg.params.validate()?;
-    if prompt.is_empty() {
-        return Err(SoloError::EmptyPrompt);
-    }
-    if cfg.chunk == 0 {
-        return Err(SoloError::ZeroChunk);
-    }
-    if cfg.max_tokens == 0 {
+) -> Result<(Vec<u32>, GenerateStats), GenerateError> {
+    if opts.max_tokens == 0 {
         // As the solo loop: nothing to generate is an empty reply, not an error.
-        return Ok((Vec::new(), Stats::default(), FinishReason::Length));
-    }
-    if prompt.len().saturating_add(cfg.max_tokens) > cfg.context {
-        return Err(SoloError::ContextExceeded {
-            prompt: prompt.len(),
-            max_tokens: cfg.max_tokens,
-            context: cfg.context,
-        });
+        return Ok((Vec::new(), stats(&[], Stats::default(), FinishReason::Length)));
     }
     let engine = EngineConfig {
         parallel: 1,
-        round_rows: cfg.chunk.max(draft.max_draft + 1),
-        prefill_chunk: cfg.chunk,
+        round_rows: opts.chunk.max(draft.max_draft + 1),
+        prefill_chunk: opts.chunk,
         memory_bytes: usize::MAX / 4,
         prompt_cache_bytes: 0,
         copy_min: draft.copy_min,
@@ -63,16 +49,7 @@ pub fn generate<B: Backend + 'static>(
     };
     let mut core = Core::new(target, engine, Box::new(SystemClock));
     let (tx, rx) = channel();
-    let req = Request {
-        prompt: prompt.to_vec(),
-        params: cfg.params,
-        max_tokens: cfg.max_tokens,
-        stop_ids: cfg.stop_ids.clone(),
-        ignore_eos: true,
-        logprobs: None,
-        draft: true,
-    };
-    let id = core.submit(req, tx).map_err(|e| SoloError::Stream(e.to_string()))?;
+    let id = core.submit(req, tx).map_err(|e| GenerateError::Stream(e.to_string()))?;
     let (mut out, mut stopped) = (Vec::new(), false);
     loop {
         let more = core.step();
@@ -87,14 +64,29 @@ pub fn generate<B: Backend + 'static>(
                     }
                 }
                 Event::Finished { reason: FinishReason::Error, error, .. } => {
-                    return Err(SoloError::Stream(error.unwrap_or_default()));
+                    return Err(GenerateError::Stream(error.unwrap_or_default()));
                 }
-                Event::Finished { reason, stats, .. } => return Ok((out, stats, reason)),
+                Event::Finished { reason, stats: s, .. } => {
+                    let st = stats(&out, s, reason);
+                    return Ok((out, st));
+                }
                 _ => {}
             }
         }
         if !more {
-            return Err(SoloError::Stream("the lane core went idle before the stream finished".into()));
+            return Err(GenerateError::Stream("the lane core went idle before the stream finished".into()));
         }
+    }
+}
+
+/// A drafted run's stats: the lane core's, its TTFT as the prefill time.
+fn stats(out: &[u32], s: Stats, finish: FinishReason) -> GenerateStats {
+    GenerateStats {
+        prompt_tokens: s.prompt_tokens,
+        generated: out.len(),
+        prefill: s.ttft,
+        decode: s.decode,
+        finish,
+        drafts: Some(s),
     }
 }

@@ -1,0 +1,35 @@
+//! A request's own state in the lane core: waiting for a lane ([`Waiting`]), then running in one ([`Stream`]). What
+//! a single round decides (drafting, rows) lives in the round's types (`plan.rs`), not here.
+
+use crate::copies::StreamGuard;
+use crate::request::{Request, RequestId, Sink, Stats};
+use std::time::Instant;
+
+/// A request waiting for a lane.
+pub(super) struct Waiting {
+    pub id: RequestId,
+    pub req: Request,
+    pub sink: Sink,
+    pub submitted: Instant,
+    /// What memory admission reserves for it (its state at prompt plus `max_tokens` positions).
+    pub bytes: usize,
+}
+
+/// A request in a lane, across rounds.
+pub(super) struct Stream<S> {
+    pub id: RequestId,
+    pub req: Request,
+    pub sink: Sink,
+    pub state: S,
+    /// The token to feed next (the last committed one) once the prompt is in.
+    pub pending: Option<u32>,
+    /// Prompt and committed tokens (what context copies search).
+    pub history: Vec<u32>,
+    pub guard: StreamGuard,
+    pub generated: usize,
+    /// Bytes reserved for it by memory admission.
+    pub bytes: usize,
+    pub stats: Stats,
+    pub submitted: Instant,
+    pub first_token: Option<Instant>,
+}
