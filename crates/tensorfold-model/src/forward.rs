@@ -78,7 +78,7 @@ impl<B: Backend> Model<B> {
         }
         for (i, layer) in w.layers.iter().enumerate() {
             let next = w.layers.get(i + 1).map(|n| &n.operator_norm);
-            layer.forward(&cx, (i, next), &mut acts, batch.states, &hooks)?;
+            layer.forward(&cx, i, next, &mut acts, batch.states, &hooks)?;
             hooks.after_layer(b, i, &acts.x);
         }
         hooks.after_layers(b, batch.segs, batch.states)?;

@@ -81,7 +81,8 @@ impl<B: Backend> LayerWeights<B> {
     pub(crate) fn forward(
         &self,
         cx: &Cx<'_, B>,
-        (i, next): (usize, Option<&B::Buf>),
+        i: usize,
+        next: Option<&B::Buf>,
         acts: &mut Acts<B>,
         states: &mut [&mut StreamState<B>],
         hooks: &Hooks<'_, B>,
