@@ -2,7 +2,7 @@
 //! prefill, a chunked prefill and token-by-token decode, each within a tolerance of the reference, and
 //! the chunked and decoded logits bit-equal to the whole prefill's (row invariance). Format: docs/exact.md.
 
-use crate::forward::{LogitRows, Model};
+use crate::forward::{Batch, LogitRows, Model};
 use safetensors::{Dtype, SafeTensors};
 use tensorfold_kernels::{Backend, Segment};
 
@@ -99,7 +99,7 @@ pub fn logits_in_chunks<B: Backend>(
     let mut all = Vec::with_capacity(ids.len() * model.cfg.vocab);
     for part in ids.chunks(chunk.max(1)) {
         let seg = Segment { first_row: 0, rows: part.len(), start_pos: state.pos, cache: 0 };
-        all.extend(model.forward(part, &[seg], &mut [&mut state], LogitRows::All)?.logits);
+        all.extend(model.forward_batch(Batch::new(part, &[seg], &mut [&mut state], LogitRows::All))?.logits);
     }
     Ok(all)
 }

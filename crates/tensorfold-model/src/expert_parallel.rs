@@ -10,6 +10,8 @@
 
 use crate::checkpoint::{Source, TensorTable};
 use crate::forward::{ForwardError, Model};
+use crate::layers::Cx;
+use crate::layers::moe::{Moe, Routed};
 use crate::load::{Loaded, OpenError};
 use crate::weights::{LayerExperts, bind_experts_only};
 use std::ops::Range;
@@ -34,43 +36,7 @@ pub struct ExpertParallel<B: Backend> {
     pub comm: Box<dyn Collective<B>>,
 }
 
-/// The MoE settings of a layer's call.
-pub(crate) struct MoeCall<'a, B: Backend> {
-    pub layer: usize,
-    pub gate: &'a B::Mat,
-    pub bias: Option<&'a B::Buf>,
-    pub experts: &'a [Ffn<B::Mat>],
-    pub p: MoeParams,
-}
-
-/// A MoE layer's uncombined outputs: `y` `[rows * k, hidden]`, `wts` `[rows, k]`.
-pub(crate) struct MoeOut<B: Backend> {
-    pub y: B::Buf,
-    pub wts: B::Buf,
-    pub k: usize,
-}
-
 impl<B: Backend> Model<B> {
-    /// One MoE layer over `x` `[rows, hidden]`, up to its combine: route, experts (every rank's). Returns the
-    /// experts' outputs `y` `[rows * k, hidden]`, their weights `wts` `[rows, k]` and `k`; the forward combines
-    /// them with its residual add ([`Backend::moe_combine_add_rmsnorm`]). Without expert parallelism rank 0 owns
-    /// every expert and there is no collective; the steps are the same.
-    pub(crate) fn moe_layer(&self, x: &B::Buf, rows: usize, m: MoeCall<'_, B>) -> Result<MoeOut<B>, ForwardError> {
-        let b = &self.backend;
-        let total = self.cfg.moe.as_ref().map_or(0, |c| c.experts);
-        let k = m.p.top_k.min(total);
-        let (mut sel, mut wts) = (b.scratch(rows * k), b.scratch(rows * k));
-        let mut y = b.scratch(rows * k * self.cfg.hidden);
-        match &self.ep {
-            None => b.moe_route_experts(x, rows, m.gate, m.bias, m.experts, m.p, (&mut sel, &mut wts), &mut y)?,
-            Some(ep) => {
-                b.moe_route(x, rows, m.gate, m.bias, m.p, &mut sel, &mut wts)?;
-                ep.experts(b, (x, &sel), (rows, k, total, self.cfg.hidden), m.layer, m.experts, &mut y)?
-            }
-        }
-        Ok(MoeOut { y, wts, k })
-    }
-
     /// Devices this model runs on (1 without expert parallelism).
     pub fn world(&self) -> usize {
         self.ep.as_ref().map_or(1, |e| e.ranges.len())
@@ -102,6 +68,34 @@ impl<B: Backend> Model<B> {
 }
 
 impl<B: Backend> ExpertParallel<B> {
+    /// The forward's experts hook ([`crate::hooks::Hooks::experts`]): MoE layer `moe.layer` over `x`
+    /// `[rows, hidden]` up to its combine, as one device's fused routing and experts would run it: route on rank 0
+    /// into `r.sel` and `r.wts`, then every rank's experts into `r.y`. Errors: a kernel's or a collective's.
+    pub(crate) fn route_experts(
+        &self,
+        cx: &Cx<'_, B>,
+        x: &B::Buf,
+        moe: &Moe<'_, B>,
+        p: MoeParams,
+        r: &mut Routed<B>,
+    ) -> Result<(), ForwardError> {
+        let (b, rows) = (cx.b, cx.rows);
+        let total = cx.cfg.moe.as_ref().map_or(0, |c| c.experts);
+        b.moe_route(x, rows, moe.gate, moe.bias, p, &mut r.sel, &mut r.wts)?;
+        self.experts(b, (x, &r.sel), (rows, r.k, total, cx.cfg.hidden), moe.layer, moe.experts, &mut r.y)
+    }
+
+    /// The forward's after-head hook: the collectives of the call are checked before its logits count (a collective
+    /// that failed on the way fails the call: its results may be garbage). Where no head ran (`head_ran` false:
+    /// prompt chunks before their last), one value of `x` `[rows, hidden]` is read first to wait for them.
+    pub(crate) fn after_head(&self, b0: &B, x: &B::Buf, hidden: usize, head_ran: bool) -> Result<(), ForwardError> {
+        if !head_ran {
+            b0.read(&b0.gather_rows(x, hidden, &[0]));
+        }
+        self.comm.check()?;
+        Ok(())
+    }
+
     /// Every rank's experts of `layer` over the assignments `sel` of rows `x` into rank 0's `y` (`rank0` are rank 0's
     /// experts): broadcast `x` and `sel`, each rank's `moe_experts`, then the sum into `y`.
     fn experts(

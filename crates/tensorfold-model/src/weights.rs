@@ -3,6 +3,7 @@
 
 use crate::checkpoint::{StoredDtype, TensorEntry, TensorTable};
 use crate::config::{Mixer, ModelConfig};
+pub use crate::layers::{AttnWeights, ConvWeights, FfnWeights, LayerWeights, MixerWeights};
 use std::collections::BTreeSet;
 use std::ops::Range;
 use tensorfold_kernels::{Backend, Dtype, HostBytes, KernelError, MatView, backend::Ffn};
@@ -22,66 +23,6 @@ pub enum WeightError {
     /// The device refused a matrix.
     #[error("uploading {name}: {source}")]
     Upload { name: String, source: KernelError },
-}
-
-/// Conv mixer weights (`conv.*`).
-pub struct ConvWeights<B: Backend> {
-    /// `in_proj` `[3h, h]` giving B, C, x.
-    pub in_proj: B::Mat,
-    /// `in_proj.bias` `[3h]` when `conv_bias`.
-    pub in_bias: Option<B::Buf>,
-    /// Depthwise kernel `[h, taps]` (from `conv.conv.weight` `[h, 1, taps]`).
-    pub kernel: B::Buf,
-    /// `conv.conv.bias` `[h]` when `conv_bias`.
-    pub kernel_bias: Option<B::Buf>,
-    /// `out_proj` `[h, h]`.
-    pub out_proj: B::Mat,
-    /// `out_proj.bias` `[h]` when `conv_bias`.
-    pub out_bias: Option<B::Buf>,
-}
-
-/// Attention mixer weights (`self_attn.*`).
-pub struct AttnWeights<B: Backend> {
-    /// `q_proj` `[heads*hd, h]`.
-    pub q: B::Mat,
-    /// `k_proj` `[kv_heads*hd, h]`.
-    pub k: B::Mat,
-    /// `v_proj` `[kv_heads*hd, h]`.
-    pub v: B::Mat,
-    /// `out_proj` `[h, heads*hd]`.
-    pub o: B::Mat,
-    /// `q_layernorm.weight` `[hd]`.
-    pub q_norm: B::Buf,
-    /// `k_layernorm.weight` `[hd]`.
-    pub k_norm: B::Buf,
-}
-
-/// A layer's mixer.
-pub enum MixerWeights<B: Backend> {
-    /// Short conv.
-    Conv(ConvWeights<B>),
-    /// Attention.
-    Attn(AttnWeights<B>),
-}
-
-/// A layer's feed-forward.
-pub enum FfnWeights<B: Backend> {
-    /// Dense SwiGLU.
-    Dense(Ffn<B::Mat>),
-    /// MoE: router `[experts, h]`, optional f32 expert bias `[experts]`, SwiGLU experts.
-    Moe { gate: B::Mat, bias: Option<B::Buf>, experts: Vec<Ffn<B::Mat>> },
-}
-
-/// One decoder layer.
-pub struct LayerWeights<B: Backend> {
-    /// `operator_norm.weight` `[h]`.
-    pub operator_norm: B::Buf,
-    /// `ffn_norm.weight` `[h]`.
-    pub ffn_norm: B::Buf,
-    /// Mixer.
-    pub mixer: MixerWeights<B>,
-    /// Feed-forward.
-    pub ffn: FfnWeights<B>,
 }
 
 /// Every weight of the model on the device.

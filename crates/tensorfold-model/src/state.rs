@@ -1,0 +1,167 @@
+//! A stream's state (KV rows per attention layer, conv state per conv layer, the drafter's context) and what the
+//! model does with it outside a forward: a fresh state, rollback, snapshots, reservation and sizes.
+
+use crate::config::Mixer;
+use crate::drafter::DraftState;
+use crate::forward::{ForwardError, Model};
+use tensorfold_kernels::{Backend, Segment};
+
+/// One layer's state of one stream.
+pub enum LayerState<B: Backend> {
+    /// KV rows of an attention layer.
+    Kv(B::Kv),
+    /// Conv state of a conv layer.
+    Conv(B::Conv),
+}
+
+/// A stream's state: one entry per layer, and the number of positions it has consumed. `Clone` is a
+/// snapshot (KV rows and conv states at the same position), as the prompt cache keeps them.
+pub struct StreamState<B: Backend> {
+    /// Per-layer state, in layer order.
+    pub layers: Vec<LayerState<B>>,
+    /// Positions consumed (equals the KV rows of every attention layer).
+    pub pos: usize,
+    /// Position of the last call's first row: [`Model::keep`] can roll back to any position from here.
+    pub last_start: usize,
+    /// The drafter's context (with a drafter attached): K/V of every consumed position.
+    pub draft: Option<DraftState<B>>,
+}
+
+impl<B: Backend> Clone for LayerState<B> {
+    fn clone(&self) -> Self {
+        match self {
+            LayerState::Kv(k) => LayerState::Kv(k.clone()),
+            LayerState::Conv(c) => LayerState::Conv(c.clone()),
+        }
+    }
+}
+
+impl<B: Backend> Clone for StreamState<B> {
+    fn clone(&self) -> Self {
+        Self { layers: self.layers.clone(), pos: self.pos, last_start: self.last_start, draft: self.draft.clone() }
+    }
+}
+
+/// Layer `i`'s conv state of each stream, in stream order (layer `i` is a conv layer).
+pub(crate) fn conv_states<'s, B: Backend>(states: &'s mut [&mut StreamState<B>], i: usize) -> Vec<&'s mut B::Conv> {
+    states
+        .iter_mut()
+        .map(|s| match &mut s.layers[i] {
+            LayerState::Conv(c) => c,
+            LayerState::Kv(_) => unreachable!("layer plan and state agree by construction"),
+        })
+        .collect()
+}
+
+/// Layer `i`'s KV rows of each stream, in stream order (layer `i` is an attention layer).
+pub(crate) fn kv_states<'s, B: Backend>(states: &'s mut [&mut StreamState<B>], i: usize) -> Vec<&'s mut B::Kv> {
+    states
+        .iter_mut()
+        .map(|s| match &mut s.layers[i] {
+            LayerState::Kv(k) => k,
+            LayerState::Conv(_) => unreachable!("layer plan and state agree by construction"),
+        })
+        .collect()
+}
+
+/// After a forward: each segment's stream has consumed its rows, and its rollback window starts at its first row.
+pub(crate) fn advance<B: Backend>(states: &mut [&mut StreamState<B>], segs: &[Segment]) {
+    for s in segs {
+        states[s.cache].last_start = s.start_pos;
+        states[s.cache].pos += s.rows;
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// A fresh stream state at position 0.
+    pub fn new_state(&self) -> StreamState<B> {
+        let c = &self.cfg;
+        let layers = c
+            .layers
+            .iter()
+            .map(|m| match m {
+                Mixer::Attention => LayerState::Kv(self.backend.new_kv(c.kv_heads * c.head_dim)),
+                Mixer::Conv => LayerState::Conv(self.backend.new_conv(c.hidden, c.conv_taps)),
+            })
+            .collect();
+        let draft = self.drafter.as_ref().map(|d| d.new_state(&self.backend));
+        StreamState { layers, pos: 0, last_start: 0, draft }
+    }
+
+    /// Rolls a stream back to `pos` positions, anywhere from its last call's first row to its current
+    /// position (a verify window whose later rows were rejected): KV rows are truncated and conv states
+    /// restored to the row at `pos`, never left at the window's end.
+    pub fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
+        if pos < s.last_start || pos > s.pos {
+            return Err(ForwardError::Batch(format!(
+                "cannot keep {pos} positions: the last call covered {}..{}",
+                s.last_start, s.pos
+            )));
+        }
+        if pos == s.pos {
+            return Ok(());
+        }
+        for l in &mut s.layers {
+            match l {
+                LayerState::Kv(k) => self.backend.kv_truncate(k, pos),
+                LayerState::Conv(c) => self.backend.conv_keep(c, pos - s.last_start)?,
+            }
+        }
+        if let (Some(d), Some(ds)) = (&self.drafter, &mut s.draft) {
+            d.truncate(&self.backend, ds, pos);
+        }
+        s.pos = pos;
+        Ok(())
+    }
+
+    /// Bytes a stream's state holds now (KV rows and conv states, with a verify window's kept rows).
+    pub fn state_bytes(&self, s: &StreamState<B>) -> usize {
+        let draft = s.draft.as_ref().map_or(0, |d| d.kv.iter().map(|k| self.backend.kv_bytes(k)).sum());
+        s.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv(k) => self.backend.kv_bytes(k),
+                LayerState::Conv(c) => self.backend.conv_bytes(c),
+            })
+            .sum::<usize>()
+            + draft
+    }
+
+    /// Reserves KV room for `tokens` positions, so the stream never reallocates (memory admission).
+    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
+        for l in &mut s.layers {
+            if let LayerState::Kv(k) = l {
+                self.backend.kv_reserve(k, tokens);
+            }
+        }
+        for k in s.draft.iter_mut().flat_map(|d| d.kv.iter_mut()) {
+            self.backend.kv_reserve(k, tokens);
+        }
+    }
+
+    /// A copy to keep (prompt cache): the same position, without the last call's rollback window.
+    pub fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+        let mut c = s.clone();
+        for l in &mut c.layers {
+            if let LayerState::Conv(conv) = l {
+                self.backend.conv_drop_window(conv);
+            }
+        }
+        c.last_start = c.pos;
+        c
+    }
+
+    /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv
+    /// states, and the activations of one decode row (memory admission's per-stream estimate).
+    pub fn stream_bytes(&self, tokens: usize) -> usize {
+        let c = &self.cfg;
+        let attn = c.layers.iter().filter(|m| **m == Mixer::Attention).count();
+        let conv = c.layers.len() - attn;
+        let kv = attn * 2 * c.kv_heads * c.head_dim * 4 * tokens;
+        let scratch = 4 * (8 * c.hidden + c.vocab + c.moe.as_ref().map_or(c.dense_inter, |m| m.inter * m.top_k) * 3);
+        // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
+        let window = (c.conv_taps.saturating_sub(1) * 2 + 64) * c.hidden * 4;
+        let draft = self.drafter.as_ref().map_or(0, |d| d.context_bytes(tokens));
+        kv + conv * window + scratch + draft
+    }
+}
