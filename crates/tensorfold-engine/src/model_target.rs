@@ -1,11 +1,11 @@
-//! The real target: a loaded LFM2 model (and its drafter, when attached) behind [`Target`], by the `Model` methods
-//! that exist: `forward_held` serves every forward (the draws where the logits live), `draft_with` / `draft_held`
-//! the block passes, `keep` the verify's rollback.
+//! The real target: a loaded LFM2 model (and its drafter, when attached) behind [`Target`]: `Model::forward` of one
+//! `Batch` serves every forward (the draws where the logits live), `Model::draft` of one `DraftBatch` the block
+//! passes, `keep` the verify's rollback.
 
 use crate::target::{Caps, DraftCall, Drafts, ForwardCall, SegOut, Target, check_wants};
 use tensorfold_kernels::{Backend, Segment};
-use tensorfold_model::drafter::HeldBlocks;
-use tensorfold_model::{ForwardError, LogitRows, Model, RowWant, StreamState};
+use tensorfold_model::drafter::{DraftOut, Drafts as ModelDrafts, HeldBlocks};
+use tensorfold_model::{Batch, DraftBatch, ForwardError, LogitRows, Model, RowWant, StreamState};
 
 /// Most drafts a window of the model target may carry: the conv kernels keep the rows of calls of at most
 /// `KEEP_ROWS` (64), which a window of `MAX_DRAFT + 1` rows stays well within, so `keep` can roll any of it back.
@@ -69,7 +69,11 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
                 rows.push(RowWant { row, draw: w.draws.get(k).copied(), logits: w.logits });
             }
         }
-        let out = self.model.forward_held(call.tokens, call.held, call.segs, states, LogitRows::Want(rows))?;
+        let batch = Batch::new(call.tokens, call.segs, states, LogitRows::Want(rows));
+        let out = self.model.forward(match call.held {
+            Some((blocks, runs)) => batch.with_held(blocks, runs),
+            None => batch,
+        })?;
         let (mut draws, mut logits) = (out.draws.into_iter(), out.logits.chunks_exact(v.max(1)));
         Ok(call
             .segs
@@ -102,14 +106,15 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         call: &DraftCall<'_>,
     ) -> Option<Result<Drafts<HeldBlocks<B>>, ForwardError>> {
         self.model.drafter.as_ref()?;
-        Some(if call.hold {
-            self.model.draft_held(states, call.anchors, call.pickers).map(|held| {
+        let out = if call.hold { DraftOut::Held } else { DraftOut::Read { scores: false } };
+        let pass = DraftBatch { states, anchors: call.anchors, pickers: call.pickers, out };
+        Some(self.model.draft(pass).map(|d| match d {
+            ModelDrafts::Read(blocks) => Drafts::Read(blocks),
+            ModelDrafts::Held(held) => {
                 let block = held.block();
                 Drafts::Held { held, block }
-            })
-        } else {
-            self.model.draft_with(states, call.anchors, false, call.pickers).map(Drafts::Read)
-        })
+            }
+        }))
     }
 
     fn read_held(&self, held: &HeldBlocks<B>) -> Vec<Result<Vec<u32>, ForwardError>> {
@@ -139,7 +144,7 @@ impl<B: Backend + 'static> ModelTarget<B> {
                 if all(i) { s.first_row..s.first_row + s.rows } else { s.first_row + s.rows - 1..s.first_row + s.rows }
             })
             .collect();
-        let out = self.model.forward(tokens, segs, states, LogitRows::Rows(rows))?;
+        let out = self.model.forward(Batch::new(tokens, segs, states, LogitRows::Rows(rows)))?;
         let mut at = 0;
         Ok(segs
             .iter()

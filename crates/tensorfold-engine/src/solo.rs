@@ -7,7 +7,7 @@ use crate::request::{FinishReason, SubmitError};
 use crate::single::{GenerateError, GenerateOptions, GenerateStats};
 use std::time::Instant;
 use tensorfold_kernels::{Backend, Segment};
-use tensorfold_model::{LogitRows, Model, RowWant, StreamState};
+use tensorfold_model::{Batch, LogitRows, Model, RowWant, StreamState};
 
 /// Prefills `prompt` in chunks into a fresh state. Returns the state and the last row's logits.
 pub fn prefill<B: Backend>(
@@ -25,7 +25,7 @@ pub fn prefill<B: Backend>(
     let mut logits = Vec::new();
     for part in prompt.chunks(chunk) {
         let seg = Segment { first_row: 0, rows: part.len(), start_pos: state.pos, cache: 0 };
-        logits = model.forward(part, &[seg], &mut [&mut state], LogitRows::Last)?.logits;
+        logits = model.forward(Batch::new(part, &[seg], &mut [&mut state], LogitRows::Last))?.logits;
     }
     Ok((state, logits))
 }
@@ -44,7 +44,7 @@ fn forward_draw<B: Backend>(
         .map(|&params| RowWant { row: tokens.len() - 1, draw: Some(DrawSpec { params, position }), logits: false })
         .into_iter()
         .collect();
-    let out = model.forward(tokens, &[seg], &mut [state], LogitRows::Want(want))?;
+    let out = model.forward(Batch::new(tokens, &[seg], &mut [state], LogitRows::Want(want)))?;
     Ok(out.draws.into_iter().next().flatten().transpose()?)
 }
 

@@ -294,7 +294,11 @@ fn a_non_finite_drafter_score_turns_drafting_off_for_its_stream_only() {
             .expect("a NaN weight loads; it fails when it drafts");
     l.model.drafter = Some(d);
     let s = l.model.new_state();
-    let err = l.model.draft(&[&s], &[11], false).expect_err("NaN scores are refused");
+    let err = l
+        .model
+        .draft(tensorfold_model::DraftBatch::read(&[&s], &[11], false))
+        .map(|_| ())
+        .expect_err("NaN scores are refused");
     assert!(matches!(err, ForwardError::DraftNonfinite { stream: 0, row: 0 }), "{err:?}");
     // In the lane core: the drafting stream records the error by name and decodes on without drafts, to the same
     // tokens as its `draft: false` twin; a `draft: false` stream beside it finishes.

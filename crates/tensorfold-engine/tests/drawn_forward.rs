@@ -86,8 +86,10 @@ fn a_wanted_row_past_the_call_is_refused_before_anything_runs() {
     let mut s = t.new_state();
     let seg = [Segment { first_row: 0, rows: 2, start_pos: 0, cache: 0 }];
     let want = vec![tensorfold_model::RowWant { row: 5, draw: None, logits: true }];
-    let e =
-        t.model.forward(&[1, 2], &seg, &mut [&mut s], tensorfold_model::LogitRows::Want(want)).expect_err("refused");
+    let e = t
+        .model
+        .forward(tensorfold_model::Batch::new(&[1, 2], &seg, &mut [&mut s], tensorfold_model::LogitRows::Want(want)))
+        .expect_err("refused");
     assert!(matches!(&e, ForwardError::Batch(m) if m.contains("row 5 of 2")), "{e}");
     assert_eq!(t.pos(&s), 0);
 }

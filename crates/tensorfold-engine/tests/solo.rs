@@ -8,7 +8,7 @@ use tensorfold_engine::single::{GenerateError, GenerateOptions, generate};
 use tensorfold_engine::{FinishReason, SubmitError};
 use tensorfold_kernels::{CpuBackend, Segment};
 use tensorfold_model::exact::Reference;
-use tensorfold_model::{ForwardError, LogitRows, Model, Source, open};
+use tensorfold_model::{Batch, ForwardError, LogitRows, Model, Source, open};
 
 fn model() -> Arc<Model<CpuBackend>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
@@ -163,13 +163,13 @@ fn a_token_id_past_the_vocabulary_is_refused_and_leaves_the_stream_unchanged() {
     let m = model();
     let mut state = m.new_state();
     let seg = |rows: usize, start_pos: usize| Segment { first_row: 0, rows, start_pos, cache: 0 };
-    let e = m.forward(&[1, 512, 3], &[seg(3, 0)], &mut [&mut state], LogitRows::Last).expect_err("refused");
+    let e = m.forward(Batch::new(&[1, 512, 3], &[seg(3, 0)], &mut [&mut state], LogitRows::Last)).expect_err("refused");
     assert_eq!(e, ForwardError::TokenOutOfRange { id: 512, vocab: 512 });
     assert_eq!(state.pos, 0);
-    let after = m.forward(&[1, 511, 3], &[seg(3, 0)], &mut [&mut state], LogitRows::Last).expect("runs");
+    let after = m.forward(Batch::new(&[1, 511, 3], &[seg(3, 0)], &mut [&mut state], LogitRows::Last)).expect("runs");
     assert_eq!(state.pos, 3);
     let mut fresh = m.new_state();
-    let clean = m.forward(&[1, 511, 3], &[seg(3, 0)], &mut [&mut fresh], LogitRows::Last).expect("runs");
+    let clean = m.forward(Batch::new(&[1, 511, 3], &[seg(3, 0)], &mut [&mut fresh], LogitRows::Last)).expect("runs");
     assert_eq!(after.rows, [2]);
     assert_eq!(after.logits.len(), 512);
     assert!(after.logits.iter().zip(&clean.logits).all(|(a, b)| a.to_bits() == b.to_bits()), "same as a fresh stream");
@@ -180,13 +180,13 @@ fn a_segment_starting_off_the_stream_position_is_refused_as_a_position_error() {
     let m = model();
     let mut state = m.new_state();
     let seg = Segment { first_row: 0, rows: 2, start_pos: 3, cache: 0 };
-    let e = m.forward(&[1, 2], &[seg], &mut [&mut state], LogitRows::Last).expect_err("refused");
+    let e = m.forward(Batch::new(&[1, 2], &[seg], &mut [&mut state], LogitRows::Last)).expect_err("refused");
     assert_eq!(e, ForwardError::Position { cache: 0, start: 3, pos: 0 });
     assert_eq!(state.pos, 0);
     let good = Segment { start_pos: 0, ..seg };
-    m.forward(&[1, 2], &[good], &mut [&mut state], LogitRows::Last).expect("runs");
+    m.forward(Batch::new(&[1, 2], &[good], &mut [&mut state], LogitRows::Last)).expect("runs");
     assert_eq!(state.pos, 2);
-    let stale = m.forward(&[3], &[Segment { rows: 1, ..good }], &mut [&mut state], LogitRows::Last);
+    let stale = m.forward(Batch::new(&[3], &[Segment { rows: 1, ..good }], &mut [&mut state], LogitRows::Last));
     assert_eq!(stale.expect_err("refused"), ForwardError::Position { cache: 0, start: 0, pos: 2 });
     assert_eq!(state.pos, 2);
 }

@@ -17,7 +17,7 @@ pub struct Batch<'a, 's, B: Backend> {
     pub segs: &'a [Segment],
     /// The streams' states, advanced by their rows on success and untouched on a refusal.
     pub states: &'a mut [&'s mut StreamState<B>],
-    /// Rows whose ids are held drafts, taken on the device ([`Model::draft_batch`] with
+    /// Rows whose ids are held drafts, taken on the device ([`Model::draft`] with
     /// [`crate::drafter::DraftOut::Held`]).
     pub held: Option<HeldIds<'a, B>>,
     /// Which rows get logits, picks or draws.

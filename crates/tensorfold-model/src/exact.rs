@@ -99,7 +99,7 @@ pub fn logits_in_chunks<B: Backend>(
     let mut all = Vec::with_capacity(ids.len() * model.cfg.vocab);
     for part in ids.chunks(chunk.max(1)) {
         let seg = Segment { first_row: 0, rows: part.len(), start_pos: state.pos, cache: 0 };
-        all.extend(model.forward_batch(Batch::new(part, &[seg], &mut [&mut state], LogitRows::All))?.logits);
+        all.extend(model.forward(Batch::new(part, &[seg], &mut [&mut state], LogitRows::All))?.logits);
     }
     Ok(all)
 }

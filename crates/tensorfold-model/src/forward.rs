@@ -61,7 +61,7 @@ impl<B: Backend> Model<B> {
     /// and the rows `batch.want` names get their logits, picks or draws. Errors ([`ForwardError`]): a refused batch
     /// (rows, segments, positions, token ids, context, held runs) leaves all states unchanged; a kernel's or a
     /// collective's failure after that is returned as it happened.
-    pub fn forward_batch(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
+    pub fn forward(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         self.check(&batch)?;
         let rows = batch.tokens.len();
         let from = batch.held.as_ref().map(|h| h.picks(rows)).transpose()?;

@@ -13,7 +13,6 @@ pub mod load;
 pub mod state;
 pub mod synthetic;
 pub mod weights;
-mod wrappers;
 
 pub use batch::{Batch, HeldIds};
 pub use checkpoint::Source;

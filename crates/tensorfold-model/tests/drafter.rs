@@ -6,8 +6,18 @@
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use tensorfold_kernels::{CpuBackend, KernelError, Segment};
-use tensorfold_model::drafter::{DraftBlock, DrafterError, HeldRows, open_drafter};
-use tensorfold_model::{ForwardError, LogitRows, Model, Source, StreamState, open};
+use tensorfold_model::drafter::{DraftBlock, DrafterError, Drafts, HeldBlocks, HeldRows, open_drafter};
+use tensorfold_model::{Batch, DraftBatch, ForwardError, LogitRows, Model, Source, StreamState, open};
+
+/// A read pass's blocks (what `DraftBatch::read` asks for).
+fn blocks(d: Drafts<CpuBackend>) -> Vec<DraftBlock> {
+    d.blocks().expect("a read pass returns read blocks")
+}
+
+/// A held pass's picks (what `DraftBatch::held` asks for).
+fn held(d: Drafts<CpuBackend>) -> HeldBlocks<CpuBackend> {
+    d.held().expect("a held pass returns held blocks")
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -51,13 +61,13 @@ fn consumed(m: &Model<CpuBackend>, tokens: &[u32], chunk: usize) -> StreamState<
     let mut s = m.new_state();
     for c in tokens.chunks(chunk.max(1)) {
         let seg = [Segment { first_row: 0, rows: c.len(), start_pos: s.pos, cache: 0 }];
-        m.forward(c, &seg, &mut [&mut s], LogitRows::Last).expect("forward");
+        m.forward(Batch::new(c, &seg, &mut [&mut s], LogitRows::Last)).expect("forward");
     }
     s
 }
 
 fn draft_one(m: &Model<CpuBackend>, s: &StreamState<CpuBackend>, anchor: u32) -> DraftBlock {
-    m.draft(&[s], &[anchor], true).expect("draft").remove(0)
+    m.draft(DraftBatch::read(&[s], &[anchor], true)).map(blocks).expect("draft").remove(0)
 }
 
 #[test]
@@ -85,7 +95,7 @@ fn batched_chunked_and_rolled_back_contexts_draft_the_same_bits() {
     let states: Vec<StreamState<CpuBackend>> = r.anchors.iter().map(|&a| consumed(&m, &r.tokens[..a], 64)).collect();
     let refs: Vec<&StreamState<CpuBackend>> = states.iter().collect();
     let anchors: Vec<u32> = r.anchors.iter().map(|&a| r.tokens[a]).collect();
-    let batched = m.draft(&refs, &anchors, true).expect("batched draft");
+    let batched = m.draft(DraftBatch::read(&refs, &anchors, true)).map(blocks).expect("batched draft");
     for (k, &a) in r.anchors.iter().enumerate() {
         let solo = draft_one(&m, &states[k], anchors[k]);
         assert_eq!(batched[k], solo, "batched equals solo at anchor {a}");
@@ -95,7 +105,7 @@ fn batched_chunked_and_rolled_back_contexts_draft_the_same_bits() {
     // A verify window of 5 rows past anchor 7, rolled back to keep 2 of them, equals a fresh context of 9.
     let mut s = consumed(&m, &r.tokens[..7], 64);
     let seg = [Segment { first_row: 0, rows: 5, start_pos: 7, cache: 0 }];
-    m.forward(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All).expect("window");
+    m.forward(Batch::new(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All)).expect("window");
     m.keep(&mut s, 9).expect("keep");
     assert_eq!(draft_one(&m, &s, r.tokens[9]), draft_one(&m, &consumed(&m, &r.tokens[..9], 64), r.tokens[9]));
 }
@@ -105,14 +115,17 @@ fn a_drafter_context_left_at_the_window_end_is_refused_and_a_wrong_one_drafts_di
     let (m, r) = (model(), reference());
     let mut s = consumed(&m, &r.tokens[..7], 64);
     let seg = [Segment { first_row: 0, rows: 5, start_pos: 7, cache: 0 }];
-    m.forward(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All).expect("window");
+    m.forward(Batch::new(&r.tokens[7..12], &seg, &mut [&mut s], LogitRows::All)).expect("window");
     let stale = s.draft.clone().expect("drafter state");
     m.keep(&mut s, 9).expect("keep");
     let good = draft_one(&m, &s, r.tokens[9]);
     // Planted fault 1: the drafter's rollback skipped: 12 context rows at position 9 are refused by name.
     let mut unrolled = s.clone();
     unrolled.draft = Some(stale);
-    let err = m.draft(&[&unrolled], &[r.tokens[9]], true).expect_err("a context longer than the position");
+    let err = m
+        .draft(DraftBatch::read(&[&unrolled], &[r.tokens[9]], true))
+        .map(blocks)
+        .expect_err("a context longer than the position");
     assert!(matches!(err, ForwardError::Kernel(KernelError::KeyCount { .. })), "{err:?}");
     // Planted fault 2: a context of the right length from other tokens changes the block.
     let mut other = s.clone();
@@ -124,10 +137,16 @@ fn a_drafter_context_left_at_the_window_end_is_refused_and_a_wrong_one_drafts_di
 fn bad_anchors_and_missing_drafters_are_refused() {
     let m = model();
     let s = m.new_state();
-    assert!(matches!(m.draft(&[&s], &[512], false), Err(tensorfold_model::ForwardError::TokenOutOfRange { .. })));
+    assert!(matches!(
+        m.draft(DraftBatch::read(&[&s], &[512], false)).map(blocks),
+        Err(tensorfold_model::ForwardError::TokenOutOfRange { .. })
+    ));
     let plain = open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target").model;
     let ps = plain.new_state();
-    assert_eq!(plain.draft(&[&ps], &[1], false).unwrap_err(), tensorfold_model::ForwardError::NoDrafter);
+    assert_eq!(
+        plain.draft(DraftBatch::read(&[&ps], &[1], false)).map(blocks).unwrap_err(),
+        tensorfold_model::ForwardError::NoDrafter
+    );
 }
 
 /// A change to the drafter's config.json.
@@ -210,7 +229,11 @@ fn a_keyed_picker_draws_each_draft_from_its_row_and_feeds_the_markov_chain() {
     let v = m.cfg.vocab;
     // A hot sampled picker: each draft is the keyed draw of its own row's scores at its own position.
     let hot = Picker { params: SamplingParams { temperature: 5.0, seed: 11, ..SamplingParams::greedy() }, first: 10 };
-    let picked = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(hot)]).expect("draft").remove(0);
+    let picked = m
+        .draft(DraftBatch::read(&[&s], &[r.tokens[9]], true).with_pickers(&[Some(hot)]))
+        .map(blocks)
+        .expect("draft")
+        .remove(0);
     for (k, &t) in picked.tokens.iter().enumerate() {
         assert_eq!(Ok(t), draw(&hot.params, 10 + k as u64, &picked.scores[k * v..(k + 1) * v]), "row {k}");
     }
@@ -223,11 +246,18 @@ fn a_keyed_picker_draws_each_draft_from_its_row_and_feeds_the_markov_chain() {
     let cold = Picker { params: SamplingParams::greedy(), first: 10 };
     let refused = Picker { params: SamplingParams { top_p: 0.0, ..hot.params }, first: 10 };
     for p in [cold, refused] {
-        let b = m.draft_with(&[&s], &[r.tokens[9]], true, &[Some(p)]).expect("draft").remove(0);
+        let b = m
+            .draft(DraftBatch::read(&[&s], &[r.tokens[9]], true).with_pickers(&[Some(p)]))
+            .map(blocks)
+            .expect("draft")
+            .remove(0);
         assert_eq!((b.tokens, b.scores), (greedy.tokens.clone(), greedy.scores.clone()), "{p:?}");
     }
     // In a batch, a picker applies to its own stream only.
-    let two = m.draft_with(&[&s, &s], &[r.tokens[9], r.tokens[9]], false, &[None, Some(hot)]).expect("batch");
+    let two = m
+        .draft(DraftBatch::read(&[&s, &s], &[r.tokens[9], r.tokens[9]], false).with_pickers(&[None, Some(hot)]))
+        .map(blocks)
+        .expect("batch");
     assert_eq!(two[0].tokens, greedy.tokens);
     assert_eq!(two[1].tokens, picked.tokens);
 }
@@ -238,8 +268,8 @@ fn a_held_verify_window_equals_the_window_with_its_drafts_read_first() {
     let (p0, p1) = ([3u32, 17, 40, 99, 7, 250], [11u32, 12, 13]);
     let (s0, s1) = (consumed(&m, &p0, 64), consumed(&m, &p1, 64));
     let anchors = [5u32, 300];
-    let read = m.draft(&[&s0, &s1], &anchors, false).expect("synchronous pass");
-    let held = m.draft_held(&[&s0, &s1], &anchors, &[]).expect("held pass");
+    let read = m.draft(DraftBatch::read(&[&s0, &s1], &anchors, false)).map(blocks).expect("synchronous pass");
+    let held = m.draft(DraftBatch::held(&[&s0, &s1], &anchors)).map(held).expect("held pass");
     let picks: Vec<Vec<u32>> = held.read(&m.backend).into_iter().map(|r| r.expect("finite picks")).collect();
     assert_eq!(picks, read.iter().map(|b| b.tokens.clone()).collect::<Vec<_>>(), "held picks = read picks");
     // Stream 0 verifies 3 drafts, stream 1 all of its block; rows: [a0, d0..d2, a1, d'0..].
@@ -259,18 +289,22 @@ fn a_held_verify_window_equals_the_window_with_its_drafts_read_first() {
     ];
     let runs = [HeldRows { row: 1, stream: 0, count: 3 }, HeldRows { row: 5, stream: 1, count: n1 }];
     let (mut a0, mut a1, mut b0, mut b1) = (s0.clone(), s1.clone(), s0.clone(), s1.clone());
-    let want = m.forward(&host, &segs, &mut [&mut a0, &mut a1], LogitRows::All).expect("read-first window");
+    let want = m.forward(Batch::new(&host, &segs, &mut [&mut a0, &mut a1], LogitRows::All)).expect("read-first window");
     let got = m
-        .forward_held(&placeholders, Some((&held, &runs)), &segs, &mut [&mut b0, &mut b1], LogitRows::All)
+        .forward(Batch::new(&placeholders, &segs, &mut [&mut b0, &mut b1], LogitRows::All).with_held(&held, &runs))
         .expect("held window");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&got.logits), bits(&want.logits), "held rows embed the picks exactly");
     // The placeholders alone give other logits: the check can fail.
     let mut c0 = s0.clone();
-    let plain = m.forward(&placeholders[..4], &segs[..1], &mut [&mut c0], LogitRows::All).expect("placeholders");
+    let plain =
+        m.forward(Batch::new(&placeholders[..4], &segs[..1], &mut [&mut c0], LogitRows::All)).expect("placeholders");
     assert_ne!(bits(&plain.logits), bits(&want.logits[..plain.logits.len()]));
     // The drafter contexts the windows absorbed agree too: the next blocks are equal.
-    let (na, nb) = (m.draft(&[&a0], &[1], false).unwrap(), m.draft(&[&b0], &[1], false).unwrap());
+    let (na, nb) = (
+        m.draft(DraftBatch::read(&[&a0], &[1], false)).map(blocks).unwrap(),
+        m.draft(DraftBatch::read(&[&b0], &[1], false)).map(blocks).unwrap(),
+    );
     assert_eq!(na, nb);
 }
 
@@ -278,7 +312,7 @@ fn a_held_verify_window_equals_the_window_with_its_drafts_read_first() {
 fn held_rows_outside_the_call_or_the_blocks_are_refused_before_any_state_moves() {
     let m = model();
     let s0 = consumed(&m, &[3, 17, 40], 64);
-    let held = m.draft_held(&[&s0], &[5], &[]).expect("held pass");
+    let held = m.draft(DraftBatch::held(&[&s0], &[5])).map(held).expect("held pass");
     let seg = [Segment { first_row: 0, rows: 3, start_pos: s0.pos, cache: 0 }];
     for (runs, why) in [
         (HeldRows { row: 1, stream: 1, count: 2 }, "a stream past the batch"),
@@ -286,7 +320,7 @@ fn held_rows_outside_the_call_or_the_blocks_are_refused_before_any_state_moves()
         (HeldRows { row: 1, stream: 0, count: held.block() + 1 }, "more drafts than the block"),
     ] {
         let mut s = s0.clone();
-        let r = m.forward_held(&[5, 0, 0], Some((&held, &[runs])), &seg, &mut [&mut s], LogitRows::Last);
+        let r = m.forward(Batch::new(&[5, 0, 0], &seg, &mut [&mut s], LogitRows::Last).with_held(&held, &[runs]));
         assert!(matches!(r, Err(ForwardError::Batch(_))), "{why}: {r:?}");
         assert_eq!(s.pos, s0.pos, "{why}: the state did not move");
     }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use tensorfold_kernels::{Collective, CpuBackend, HostCollective, KernelError, Segment};
-use tensorfold_model::{ForwardError, LogitRows, Model, OpenError, Source, open, open_expert_parallel};
+use tensorfold_model::{Batch, ForwardError, LogitRows, Model, OpenError, Source, open, open_expert_parallel};
 
 fn source(rel: &str) -> Source {
     Source::Dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel))
@@ -24,12 +24,12 @@ fn two_streams(m: &Model<CpuBackend>) -> Vec<f32> {
         Segment { first_row: 9, rows: 4, start_pos: 0, cache: 1 },
     ];
     let ids: Vec<u32> = a.iter().chain(&b).copied().collect();
-    let mut out = m.forward(&ids, &segs, &mut [&mut sa, &mut sb], LogitRows::All).expect("prefill").logits;
+    let mut out = m.forward(Batch::new(&ids, &segs, &mut [&mut sa, &mut sb], LogitRows::All)).expect("prefill").logits;
     let segs = [
         Segment { first_row: 0, rows: 1, start_pos: 9, cache: 0 },
         Segment { first_row: 1, rows: 1, start_pos: 4, cache: 1 },
     ];
-    out.extend(m.forward(&[7, 8], &segs, &mut [&mut sa, &mut sb], LogitRows::All).expect("decode").logits);
+    out.extend(m.forward(Batch::new(&[7, 8], &segs, &mut [&mut sa, &mut sb], LogitRows::All)).expect("decode").logits);
     out
 }
 
@@ -38,11 +38,16 @@ fn solo(m: &Model<CpuBackend>) -> Vec<f32> {
     let a: Vec<u32> = (0..9).map(|i| (i * 37 + 11) % 500).collect();
     let mut s = m.new_state();
     let mut out = m
-        .forward(&a, &[Segment { first_row: 0, rows: 9, start_pos: 0, cache: 0 }], &mut [&mut s], LogitRows::All)
+        .forward(Batch::new(
+            &a,
+            &[Segment { first_row: 0, rows: 9, start_pos: 0, cache: 0 }],
+            &mut [&mut s],
+            LogitRows::All,
+        ))
         .expect("solo prefill")
         .logits;
     let seg = Segment { first_row: 0, rows: 1, start_pos: 9, cache: 0 };
-    out.extend(m.forward(&[7], &[seg], &mut [&mut s], LogitRows::All).expect("solo decode").logits);
+    out.extend(m.forward(Batch::new(&[7], &[seg], &mut [&mut s], LogitRows::All)).expect("solo decode").logits);
     out
 }
 
@@ -140,10 +145,10 @@ fn a_collective_that_failed_on_the_way_fails_the_forward_as_a_lost_device() {
     let m = open_expert_parallel(&src, vec![CpuBackend; 2], Box::new(comm)).expect("splits").model;
     let mut s = m.new_state();
     let seg = [Segment { first_row: 0, rows: 3, start_pos: 0, cache: 0 }];
-    assert!(m.forward(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last).is_ok(), "a healthy collective");
+    assert!(m.forward(Batch::new(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last)).is_ok(), "a healthy collective");
     let comm = FailsAfter { inner: HostCollective::new(2), calls: 0.into(), after: 3 };
     let m = open_expert_parallel(&src, vec![CpuBackend; 2], Box::new(comm)).expect("splits").model;
     let mut s = m.new_state();
-    let r = m.forward(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last);
+    let r = m.forward(Batch::new(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last));
     assert!(matches!(r, Err(ForwardError::Kernel(KernelError::DeviceLost { .. }))), "{:?}", r.err());
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tensorfold_kernels::{CpuBackend, Segment};
 use tensorfold_model::checkpoint::TensorTable;
 use tensorfold_model::synthetic::{PRESETS, Synthetic, write};
-use tensorfold_model::{LogitRows, Model, ModelConfig, Source, open};
+use tensorfold_model::{Batch, LogitRows, Model, ModelConfig, Source, open};
 
 fn fixture_config(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name).join("config.json")
@@ -20,7 +20,7 @@ fn logits(m: &Model<CpuBackend>) -> Vec<f32> {
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 11) % 500).collect();
     let mut st = m.new_state();
     let seg = Segment { first_row: 0, rows: ids.len(), start_pos: 0, cache: 0 };
-    m.forward(&ids, &[seg], &mut [&mut st], LogitRows::All).expect("forward").logits
+    m.forward(Batch::new(&ids, &[seg], &mut [&mut st], LogitRows::All)).expect("forward").logits
 }
 
 fn open_synthetic(s: &str) -> Model<CpuBackend> {
@@ -115,7 +115,7 @@ fn greedy_decoding_does_not_just_repeat_the_input_token() {
         let mut out = Vec::new();
         for pos in 0..24 {
             let seg = Segment { first_row: 0, rows: 1, start_pos: pos, cache: 0 };
-            let f = m.forward(&[tok], &[seg], &mut [&mut st], LogitRows::Last).expect("forward");
+            let f = m.forward(Batch::new(&[tok], &[seg], &mut [&mut st], LogitRows::Last)).expect("forward");
             assert!(!f.picks[0].nonfinite);
             out.push(f.picks[0].token);
             tok = f.picks[0].token;

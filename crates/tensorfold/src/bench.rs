@@ -15,7 +15,7 @@ use tensorfold_engine::keyed::token_sha256;
 use tensorfold_engine::solo::prefill;
 use tensorfold_kernels::{Backend, Segment};
 use tensorfold_model::weights::{FfnWeights, MixerWeights};
-use tensorfold_model::{LogitRows, Model};
+use tensorfold_model::{Batch, LogitRows, Model};
 
 /// The measurement grid shared by `bench engine` and `bench serve`.
 #[derive(clap::Args, Clone, Debug)]
@@ -155,7 +155,7 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
     seq.extend_from_slice(&tokens[..tokens.len().saturating_sub(1)]);
     let mut state = m.new_state();
     let seg = Segment { first_row: 0, rows: seq.len(), start_pos: 0, cache: 0 };
-    let picks = m.forward(&seq, &[seg], &mut [&mut state], LogitRows::All)?.picks;
+    let picks = m.forward(Batch::new(&seq, &[seg], &mut [&mut state], LogitRows::All))?.picks;
     drop(state);
     let teacher: Vec<u32> = picks[prompt.len() - 1..].iter().map(|p| p.token).collect();
     if teacher != tokens {
@@ -268,7 +268,7 @@ fn greedy_decode<B: Backend>(m: &Model<B>, prompt: &[u32], n: usize, chunk: usiz
     let t = Instant::now();
     while out.len() < n {
         let seg = Segment { first_row: 0, rows: 1, start_pos: state.pos, cache: 0 };
-        let f = m.forward(&[tok], &[seg], &mut [&mut state], LogitRows::Last)?;
+        let f = m.forward(Batch::new(&[tok], &[seg], &mut [&mut state], LogitRows::Last))?;
         if f.picks[0].nonfinite {
             bail!("a non-finite logit at position {}", state.pos);
         }

@@ -1,5 +1,5 @@
 //! One draft call, [`DraftBatch`]: the streams, their anchors, their pickers and what the pass leaves (read blocks
-//! or held picks) as data; `Model::draft_batch` checks it and runs the drafter's block pass.
+//! or held picks) as data; `Model::draft` checks it and runs the drafter's block pass.
 
 use super::{BlockPass, DraftOut, DraftState, Drafts, Picker};
 use crate::forward::{ForwardError, Model};
@@ -18,12 +18,29 @@ pub struct DraftBatch<'a, B: Backend> {
     pub out: DraftOut,
 }
 
+impl<'a, B: Backend> DraftBatch<'a, B> {
+    /// A read pass of greedy drafts; `scores` keeps the Markov-corrected scores (tests, references).
+    pub fn read(states: &'a [&'a StreamState<B>], anchors: &'a [u32], scores: bool) -> Self {
+        Self { states, anchors, pickers: &[], out: DraftOut::Read { scores } }
+    }
+
+    /// A pass that holds its picks on the device, greedy drafts.
+    pub fn held(states: &'a [&'a StreamState<B>], anchors: &'a [u32]) -> Self {
+        Self { states, anchors, pickers: &[], out: DraftOut::Held }
+    }
+
+    /// The same pass with a picker a stream (sampled requests).
+    pub fn with_pickers(self, pickers: &'a [Option<Picker>]) -> Self {
+        Self { pickers, ..self }
+    }
+}
+
 impl<B: Backend> Model<B> {
     /// The drafter's block pass over `d`'s streams. Errors: [`ForwardError::NoDrafter`], a token past the
     /// vocabulary, not one anchor a stream, a position mismatch; a read pass also a non-finite score
     /// ([`ForwardError::DraftNonfinite`]); a held pass also a device failure recorded during the pass
     /// ([`Backend::check`]), its non-finite scores being found by [`crate::drafter::HeldBlocks::read`].
-    pub fn draft_batch(&self, d: DraftBatch<'_, B>) -> Result<Drafts<B>, ForwardError> {
+    pub fn draft(&self, d: DraftBatch<'_, B>) -> Result<Drafts<B>, ForwardError> {
         let drafter = self.drafter.as_ref().ok_or(ForwardError::NoDrafter)?;
         if let Some(&id) = d.anchors.iter().find(|&&t| t as usize >= self.cfg.vocab) {
             return Err(ForwardError::TokenOutOfRange { id, vocab: self.cfg.vocab });

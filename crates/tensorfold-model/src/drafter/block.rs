@@ -30,6 +30,24 @@ pub enum Drafts<B: Backend> {
     Held(HeldBlocks<B>),
 }
 
+impl<B: Backend> Drafts<B> {
+    /// The read blocks (`None` for held picks).
+    pub fn blocks(self) -> Option<Vec<DraftBlock>> {
+        match self {
+            Self::Read(blocks) => Some(blocks),
+            Self::Held(_) => None,
+        }
+    }
+
+    /// The held picks (`None` for read blocks).
+    pub fn held(self) -> Option<HeldBlocks<B>> {
+        match self {
+            Self::Held(held) => Some(held),
+            Self::Read(_) => None,
+        }
+    }
+}
+
 /// A block pass's inputs: the target's tables and, per stream, its anchor and context.
 pub struct BlockPass<'a, B: Backend> {
     /// The target's embedding `[vocab, d]`.
