@@ -49,9 +49,18 @@ cuobjdump --dump-sass "$BUILD/tc" >/tmp/tc.sass 2>/dev/null
 } >>"$OUT/resources.txt"
 cat "$OUT/resources.txt"
 
-timeout 220 "$BUILD/tc" "$WHAT" "$OUT/tc_raw.log" >"$OUT/tc_stdout.log" 2>&1
+timeout 150 "$BUILD/tc" "$WHAT" "$OUT/tc_raw.log" >"$OUT/tc_stdout.log" 2>&1
 rc=$?
 echo "tc exit: $rc"
+if [ "$WHAT" = all ]; then
+    # The timing again in the same sitting, for its spread; then a memory check of every variant on one small shape.
+    timeout 60 "$BUILD/tc" time "$OUT/tc_raw2.log" >"$OUT/tc_stdout2.log" 2>&1
+    echo "tc time (repeat) exit: $?"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 45 compute-sanitizer --tool memcheck "$BUILD/tc" san /tmp/tc_san_raw.log >"$OUT/san.log" 2>&1
+        echo "compute-sanitizer memcheck exit: $? ($(grep -E 'ERROR SUMMARY' "$OUT/san.log" | tail -1))"
+    fi
+fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv 2>&1
 
 # Short table last: accuracy, invariance, then the best tensor-core variant per (N, M, P) against cuBLAS.
@@ -59,15 +68,22 @@ echo
 echo "== accuracy (rel_l2, max_abs, max|e|/sum|xw| in units of 2^-24)"
 grep -E "^(q/out|conv|k/v|expert|head|shape)" "$OUT/tc_stdout.log" | grep -E "shape|f32-fma|-L " | cut -c1-100
 echo "== invariance"
-grep -E "^N=|invariance failures" "$OUT/tc_stdout.log"
-echo "== timing: best tc variant per N,M,P (us, TFLOP/s of useful work) vs cuBLAS bf16"
-printf "%6s %5s %2s %-3s %9s %8s %8s %8s %9s\n" N M P var us +split TFLOP/s "W GB/s" cublas_us
-awk '/^time /{for(i=2;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]}
+grep -E "^K=|invariance failures" "$OUT/tc_stdout.log"
+echo "== timing: best variant per N,M,P,form (us; TFLOP/s of useful work 2MNK/t) vs cuBLAS bf16"
+printf "%6s %5s %2s %-4s %-4s %9s %7s %8s %8s %9s\n" N M P form var us +split TFLOP/s "W GB/s" cublas_us
+AWK_BEST='/^time /{for(i=2;i<=NF;i++){split($i,a,"=");v[a[1]]=a[2]}
      if(v["var"]=="split"){sp[v["N"]" "v["M"]" "v["P"]]=v["us"];next}
-     key=v["N"]" "v["M"]" "v["P"];
      if(v["var"]=="cublas"){cb[v["N"]" "v["M"]]=v["us"];next}
-     if(!(key in best)||v["us"]<best[key]){best[key]=v["us"];bv[key]=v["var"];uf[key]=v["useful_tflops"];gb[key]=v["w_gbs"]}}
+     key=v["N"]" "v["M"]" "v["P"]" "v["form"];
+     if(!(key in best)||v["us"]<best[key]){best[key]=v["us"];bv[key]=v["var"];uf[key]=v["useful_tflops"];gb[key]=v["w_gbs"]}}'
+awk "$AWK_BEST"'
      END{for(k in best){split(k,f," ");
-     printf "%6s %5s %2s %-3s %9.2f %8.2f %8.1f %8.0f %9.2f\n",f[1],f[2],f[3],bv[k],best[k],sp[k],uf[k],gb[k],cb[f[1]" "f[2]]}}' \
-    "$OUT/tc_raw.log" | sort -k1,1n -k2,2n -k3,3n
+     printf "%6s %5s %2s %-4s %-4s %9.2f %7.2f %8.1f %8.0f %9.2f\n",f[1],f[2],f[3],f[4],bv[k],best[k],sp[f[1]" "f[2]" "f[3]],uf[k],gb[k],cb[f[1]" "f[2]]}}' \
+    "$OUT/tc_raw.log" | sort -k1,1n -k2,2n -k3,3n -k4,4
+if [ -s "$OUT/tc_raw2.log" ]; then
+    echo "== repeat spread (every timed line, second run / first): median and extremes of the ratio"
+    paste -d' ' <(grep '^time ' "$OUT/tc_raw.log" | grep -o 'us=[0-9.]*' | cut -d= -f2) \
+                <(grep '^time ' "$OUT/tc_raw2.log" | grep -o 'us=[0-9.]*' | cut -d= -f2) \
+        | awk 'NF==2&&$1>0{print $2/$1}' | sort -n | awk '{r[NR]=$1}END{if(NR)printf "n=%d min=%.3f median=%.3f max=%.3f\n",NR,r[1],r[int((NR+1)/2)],r[NR]}'
+fi
 exit $rc

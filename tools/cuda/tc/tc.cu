@@ -4,7 +4,9 @@
 // Every kernel here computes each output by ONE chain of mma.sync.m16n8k16 steps whose order depends on K alone:
 // for each 32-wide K chunk c (ascending), for each piece p (hi, lo, lo2), for each 16-wide half j of the chunk:
 // acc = mma(piece_p[k-slots of (c, j)], w[same slots], acc). The k-slot permutation (below) is fixed, so tile shapes
-// (R, S, L) may differ by width while each output's bits stay the same. No split-K, no atomics.
+// (R, D16, D32, S, L) may differ by width while each output's bits stay the same. No split-K, no atomics.
+// FOLD = true is a second chain form: each chunk's pieces go into a zeroed f32 partial on the tensor cores, which is
+// then added to the running sum with an ordinary f32 add (round to nearest), in ascending chunk order.
 //
 // k-slot permutation of one 32-chunk: lane (g = lane/4, q = lane%4) holds 16 bytes = 8 consecutive k
 // [q*8, q*8+8) of its row (A) or column (B). For half j the mma's logical k = 2q+e maps to physical q*8+4j+e and
@@ -84,7 +86,7 @@ __global__ void split_kernel(const float* __restrict__ x, bf16* __restrict__ pla
 // Weights stream through a per-warp cp.async ring of S chunks (each lane copies and later reads its own 16 bytes,
 // so no barrier is needed); activations are read from global (L1/L2) one chunk ahead. CTRL = planted control:
 // a K split chosen by the call's width (ksplit >= 0 folds two half-K chains, the shape-only rule is broken).
-template <int P, int S, bool CTRL>
+template <int P, int S, bool CTRL, bool FOLD>
 __global__ void __launch_bounds__(32) r_kernel(const bf16* __restrict__ planes, const bf16* __restrict__ w,
                                                float* __restrict__ y, int M, int N, int K, int ksplit) {
     extern __shared__ uint4 ring[];  // [S][32] uint4
@@ -99,8 +101,17 @@ __global__ void __launch_bounds__(32) r_kernel(const bf16* __restrict__ planes, 
     };
 #pragma unroll
     for (int c = 0; c < S - 1; ++c) issue(c);
+    // Warm L1 with this tile's activation rows (a few KB at decode): each lane prefetches distinct 128-byte lines.
+    {
+        const int rows = min(16, M - m0), lpr = K / 64, total = P * rows * lpr;
+        for (int i = lane; i < total; i += 32) {
+            const int p = i / (rows * lpr), rem = i % (rows * lpr);
+            const bf16* a = planes + (size_t)p * M * K + (size_t)(m0 + rem / lpr) * K + (rem % lpr) * 64;
+            asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a));
+        }
+    }
     const uint4 z = make_uint4(0, 0, 0, 0);
-    uint4 an0[P], an8[P];
+    uint4 an0[P], an8[P], bn0[P], bn8[P];  // activations for chunks c+1 and c+2
     auto loada = [&](int c, uint4 (&a0)[P], uint4 (&a8)[P]) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -110,13 +121,14 @@ __global__ void __launch_bounds__(32) r_kernel(const bf16* __restrict__ planes, 
         }
     };
     loada(0, an0, an8);
+    if (nch > 1) loada(1, bn0, bn8);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     float sav[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c = 0; c < nch; ++c) {
         uint4 a0[P], a8[P];
 #pragma unroll
-        for (int p = 0; p < P; ++p) { a0[p] = an0[p]; a8[p] = an8[p]; }
-        if (c + 1 < nch) loada(c + 1, an0, an8);
+        for (int p = 0; p < P; ++p) { a0[p] = an0[p]; a8[p] = an8[p]; an0[p] = bn0[p]; an8[p] = bn8[p]; }
+        if (c + 2 < nch) loada(c + 2, bn0, bn8);
         issue(c + S - 1);
         cp_wait<S - 1>();
         const uint4 b = ring[(c % S) * 32 + lane];
@@ -124,8 +136,16 @@ __global__ void __launch_bounds__(32) r_kernel(const bf16* __restrict__ planes, 
 #pragma unroll
             for (int i = 0; i < 4; ++i) { sav[i] = acc[i]; acc[i] = 0.f; }
         }
+        if (FOLD) {
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int p = 0; p < P; ++p) chunk_piece(acc, a0[p], a8[p], b);
+            for (int p = 0; p < P; ++p) chunk_piece(part, a0[p], a8[p], b);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] = __fadd_rn(acc[i], part[i]);
+        } else {
+#pragma unroll
+            for (int p = 0; p < P; ++p) chunk_piece(acc, a0[p], a8[p], b);
+        }
     }
     if (CTRL && ksplit >= 0) {
 #pragma unroll
@@ -139,7 +159,7 @@ __global__ void __launch_bounds__(32) r_kernel(const bf16* __restrict__ planes, 
 // ---------------------------------------------------------------- S / L: shared-memory tiled, multi-stage cp.async
 // Block = WMW x WNW warps, warp tile (MT*16) x (NT*8), BK = 32, ST stages. Smem rows are 64 bytes; a warp's
 // fragment read (8 rows x 4 lanes x 16 B) is 512 contiguous bytes, so conflict-free without padding.
-template <int P, int WMW, int WNW, int MT, int NT, int ST>
+template <int P, int WMW, int WNW, int MT, int NT, int ST, bool FOLD>
 __global__ void __launch_bounds__(WMW* WNW * 32) t_kernel(const bf16* __restrict__ planes,
                                                           const bf16* __restrict__ w, float* __restrict__ y, int M,
                                                           int N, int K) {
@@ -187,6 +207,15 @@ __global__ void __launch_bounds__(WMW* WNW * 32) t_kernel(const bf16* __restrict
         uint4 b[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) b[t] = st[A_U4 + ((wn * NT + t) * 8 + g) * 4 + q];
+        float part[MT][NT][4];
+        if (FOLD) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) part[i][t][e] = 0.f;
+        }
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             uint4 a0[MT], a8[MT];
@@ -199,7 +228,18 @@ __global__ void __launch_bounds__(WMW* WNW * 32) t_kernel(const bf16* __restrict
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
-                for (int t = 0; t < NT; ++t) chunk_piece(acc[i][t], a0[i], a8[i], b[t]);
+                for (int t = 0; t < NT; ++t) {
+                    if constexpr (FOLD) chunk_piece(part[i][t], a0[i], a8[i], b[t]);
+                    else chunk_piece(acc[i][t], a0[i], a8[i], b[t]);
+                }
+        }
+        if (FOLD) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][t][e] = __fadd_rn(acc[i][t][e], part[i][t][e]);
         }
     }
     cp_wait<0>();
@@ -274,52 +314,66 @@ __global__ void gen_w(bf16* w, size_t count, uint64_t seed) {
 
 // ---------------------------------------------------------------- host side
 static int g_smem_optin = 0;
+static bool g_small = false;  // "san" mode: one small shape, every variant (for compute-sanitizer)
 static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
-enum Var { VR = 0, VS = 1, VL = 2, VCTRL = 3 };
-static const char* var_name[] = {"R", "S", "L", "CTRL"};
+enum Var { VR = 0, VD16, VD32, VS, VL, VCTRL };
+static const char* var_name[] = {"R", "D16", "D32", "S", "L", "CTRL"};
 constexpr int R_ST = 32;
-// S: 2x2 warps, warp 16x32 -> block 32x64; L: 2x4 warps, warp 64x32 -> block 128x128; both 4 stages.
+// D16: 1x2 warps of 16x8 -> block 16x16, 16 stages; D32: 1x4 warps -> 16x32, 12 stages (decode, deep pipelines);
+// S: 2x2 warps, warp 16x32 -> block 32x64, 4 stages; L: 2x4 warps, warp 64x32 -> block 128x128, 4 stages.
+#define D16_CFG 1, 2, 1, 1, 16
+#define D32_CFG 1, 4, 1, 1, 12
 #define S_CFG 2, 2, 1, 4, 4
 #define L_CFG 2, 4, 4, 4, 4
 
-template <int P, int WMW, int WNW, int MT, int NT, int ST>
+template <int P, int WMW, int WNW, int MT, int NT, int ST, bool FOLD>
 static void launch_t(const bf16* planes, const bf16* w, float* y, int M, int N, int K, cudaStream_t s) {
     constexpr int BM = WMW * MT * 16, BN = WNW * NT * 8;
     const size_t smem = (size_t)ST * (P * BM * 4 + BN * 4) * 16;
     static bool set = false;
     if (!set) {
-        CK(cudaFuncSetAttribute(t_kernel<P, WMW, WNW, MT, NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CK(cudaFuncSetAttribute(t_kernel<P, WMW, WNW, MT, NT, ST, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem));
         set = true;
     }
     if (N % BN || K % 32) { fprintf(stderr, "shape %dx%d not served by tile %dx%d\n", N, K, BM, BN); exit(3); }
     dim3 grid(N / BN, (unsigned)cdiv(M, BM));
-    t_kernel<P, WMW, WNW, MT, NT, ST><<<grid, WMW * WNW * 32, smem, s>>>(planes, w, y, M, N, K);
+    t_kernel<P, WMW, WNW, MT, NT, ST, FOLD><<<grid, WMW * WNW * 32, smem, s>>>(planes, w, y, M, N, K);
     CKL();
 }
-template <int P, bool CTRL>
+template <int P, bool CTRL, bool FOLD>
 static void launch_r(const bf16* planes, const bf16* w, float* y, int M, int N, int K, int ksplit, cudaStream_t s) {
     if (N % 8 || K % 32) { fprintf(stderr, "shape not served by R\n"); exit(3); }
     dim3 grid(N / 8, (unsigned)cdiv(M, 16));
-    r_kernel<P, R_ST, CTRL><<<grid, 32, R_ST * 32 * 16, s>>>(planes, w, y, M, N, K, ksplit);
+    r_kernel<P, R_ST, CTRL, FOLD><<<grid, 32, R_ST * 32 * 16, s>>>(planes, w, y, M, N, K, ksplit);
     CKL();
 }
-template <int P>
+template <int P, bool F>
 static void gemm_p(Var v, const bf16* planes, const bf16* w, float* y, int M, int N, int K, cudaStream_t s) {
     switch (v) {
-        case VR: launch_r<P, false>(planes, w, y, M, N, K, -1, s); break;
-        case VS: launch_t<P, S_CFG>(planes, w, y, M, N, K, s); break;
-        case VL: launch_t<P, L_CFG>(planes, w, y, M, N, K, s); break;
-        case VCTRL: launch_r<P, true>(planes, w, y, M, N, K, M > 16 ? (K / 32) / 2 : -1, s); break;
+        case VR: launch_r<P, false, F>(planes, w, y, M, N, K, -1, s); break;
+        case VD16: launch_t<P, D16_CFG, F>(planes, w, y, M, N, K, s); break;
+        case VD32: launch_t<P, D32_CFG, F>(planes, w, y, M, N, K, s); break;
+        case VS: launch_t<P, S_CFG, F>(planes, w, y, M, N, K, s); break;
+        case VL: launch_t<P, L_CFG, F>(planes, w, y, M, N, K, s); break;
+        case VCTRL: launch_r<P, true, F>(planes, w, y, M, N, K, M > 16 ? (K / 32) / 2 : -1, s); break;
     }
 }
+static bool g_fold = false;  // which chain form the calls below use
 static void gemm(int P, Var v, const bf16* planes, const bf16* w, float* y, int M, int N, int K,
                  cudaStream_t s = 0) {
-    if (P == 1) gemm_p<1>(v, planes, w, y, M, N, K, s);
-    else if (P == 2) gemm_p<2>(v, planes, w, y, M, N, K, s);
-    else gemm_p<3>(v, planes, w, y, M, N, K, s);
+    if (g_fold) {
+        if (P == 1) gemm_p<1, true>(v, planes, w, y, M, N, K, s);
+        else if (P == 2) gemm_p<2, true>(v, planes, w, y, M, N, K, s);
+        else gemm_p<3, true>(v, planes, w, y, M, N, K, s);
+    } else {
+        if (P == 1) gemm_p<1, false>(v, planes, w, y, M, N, K, s);
+        else if (P == 2) gemm_p<2, false>(v, planes, w, y, M, N, K, s);
+        else gemm_p<3, false>(v, planes, w, y, M, N, K, s);
+    }
 }
+static const char* fold_tag() { return g_fold ? "fold" : "acc"; }
 static void split(int P, const float* x, bf16* planes, size_t count, cudaStream_t s = 0) {
     const unsigned b = (unsigned)cdiv(count, 256);
     if (P == 1) split_kernel<1><<<b, 256, 0, s>>>(x, planes, count);
@@ -351,6 +405,7 @@ static void accuracy(FILE* log) {
     printf("%-26s %5s %5s | %-8s %10s %10s %10s %10s\n", "shape", "K", "N", "method", "rel_l2", "max_abs",
            "max|e|/S", "(/2^-24)");
     for (const Shape& sh : shapes) {
+        if (g_small && sh.N != 512) continue;
         const int K = sh.K, N = sh.N;
         float *x, *y, *y32;
         bf16 *w, *planes;
@@ -391,18 +446,22 @@ static void accuracy(FILE* log) {
         };
         CK(cudaMemcpy(hy.data(), y32, hy.size() * 4, cudaMemcpyDeviceToHost));
         report("f32-fma");
+        for (int fold = 0; fold < 2; ++fold)
         for (int P = 1; P <= 3; ++P) {
+            g_fold = fold;
             split(P, x, planes, (size_t)M * K);
-            for (int v = VR; v <= VL; ++v) {
+            // R and L; the others are bit-identical (invariance test); all of them in san mode
+            for (int v = VR; v <= VL; v += g_small ? 1 : VL - VR) {
                 CK(cudaMemset(y, 0xFF, (size_t)M * N * 4));  // NaN poison
                 gemm(P, (Var)v, planes, w, y, M, N, K);
                 CK(cudaDeviceSynchronize());
                 CK(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
                 char nm[32];
-                snprintf(nm, sizeof nm, "tc%d-%s", P, var_name[v]);
+                snprintf(nm, sizeof nm, "tc%d%s-%s", P, fold ? "f" : "", var_name[v]);
                 report(nm);
             }
         }
+        g_fold = false;
         CK(cudaFree(x)); CK(cudaFree(planes)); CK(cudaFree(w)); CK(cudaFree(y)); CK(cudaFree(y32));
         CK(cudaFree(ref)); CK(cudaFree(abss));
     }
@@ -413,12 +472,11 @@ static void accuracy(FILE* log) {
 // variant and the width dispatch, its bits must be identical. CTRL (split-K chosen by M) must differ.
 static int invariance(FILE* log) {
     const int widths[] = {1, 2, 3, 8, 16, 33, 64, 128, 512, 2048};
-    const int K = 2048;
-    const int Ns[] = {2048, 6144};
+    const int KN[3][2] = {{2048, 2048}, {2048, 6144}, {1536, 2048}};
     int fails = 0;
-    printf("\n== row invariance (K=%d): row's bits at each width/position vs the row alone; variants R,S,L,dispatch\n",
-           K);
-    for (int N : Ns) {
+    printf("\n== row invariance: row's bits at each width/position vs the row alone; R,D16,D32,S,L,dispatch\n");
+    for (const auto& kn : KN) {
+        const int K = kn[0], N = kn[1];
         const int MX = 2048;
         float *x, *y, *y1;
         bf16 *w, *planes;
@@ -432,12 +490,14 @@ static int invariance(FILE* log) {
         CK(cudaMalloc(&xr, (size_t)K * 4));
         fill_x(xr, 1, K, 4242);
         std::vector<float> base(N), got((size_t)MX * N);
+        for (int fold = 0; fold < 2; ++fold)
         for (int P = 1; P <= 3; ++P) {
+            g_fold = fold;
             split(P, xr, planes, K);
             CK(cudaMemset(y1, 0xFF, N * 4));
             gemm(P, VR, planes, w, y1, 1, N, K);
             CK(cudaMemcpy(base.data(), y1, N * 4, cudaMemcpyDeviceToHost));
-            printf("N=%d P=%d:", N, P);
+            printf("K=%d N=%d P=%d %-4s:", K, N, P, fold_tag());
             for (int M : widths) {
                 int pos_list[4] = {0, M - 1, std::min(13, M - 1), M / 2};
                 bool ok = true, ctrl_same = true, written = true;
@@ -461,18 +521,20 @@ static int invariance(FILE* log) {
                         if (v == VCTRL) ctrl_same = ctrl_same && same;
                         else if (!same) {
                             ok = false;
-                            fprintf(log, "inv MISMATCH N=%d P=%d M=%d pos=%d var=%s\n", N, P, M, pos, var_name[var]);
+                            fprintf(log, "inv MISMATCH K=%d N=%d P=%d form=%s M=%d pos=%d var=%s\n", K, N, P,
+                                    fold_tag(), M, pos, var_name[var]);
                         }
                     }
                 }
                 if (!written) ok = false;
                 fails += !ok;
                 printf(" %d:%s%s", M, ok ? "PASS" : "FAIL", ctrl_same ? "" : "(ctrl red)");
-                fprintf(log, "inv N=%d K=%d P=%d M=%d verdict=%s written=%d control=%s\n", N, K, P, M,
-                        ok ? "PASS" : "FAIL", written, ctrl_same ? "same(green)" : "differs(red)");
+                fprintf(log, "inv N=%d K=%d P=%d form=%s M=%d verdict=%s written=%d control=%s\n", N, K, P,
+                        fold_tag(), M, ok ? "PASS" : "FAIL", written, ctrl_same ? "same(green)" : "differs(red)");
             }
             printf("\n");
         }
+        g_fold = false;
         CK(cudaFree(x)); CK(cudaFree(planes)); CK(cudaFree(w)); CK(cudaFree(y)); CK(cudaFree(y1));
         CK(cudaFree(xr));
     }
@@ -515,7 +577,8 @@ static void timing(FILE* log, double bw_ceiling_gbs) {
     if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); exit(4); }
 #endif
     printf("\n== timing K=%d (median of 21 samples x 10 launches, rotating weight/activation sets beyond L2)\n", K);
-    printf("%6s %5s %2s %-5s %10s %9s %9s %7s\n", "N", "M", "P", "var", "us", "TFLOP/s", "W GB/s", "%bw");
+    printf("%6s %5s %2s %-4s %-6s %10s %9s %9s %7s\n", "N", "M", "P", "form", "var", "us", "tcTFLOP/s", "W GB/s",
+           "%bw");
     for (const TS& ts : cases) {
         const int N = ts.N;
         const size_t wbytes = (size_t)N * K * 2;
@@ -534,26 +597,31 @@ static void timing(FILE* log, double bw_ceiling_gbs) {
         CK(cudaMalloc(&y, (size_t)MX * N * 4));
         for (int M : ts.Ms) {
             const double flop = 2.0 * M * N * K;
-            auto line = [&](int P, const char* vn, double us) {
+            auto line = [&](int P, const char* vn, const char* form, double us) {
                 const double tf = flop * P / (us * 1e-6) / 1e12;  // tensor-core work actually issued
                 const double gbs = wbytes / (us * 1e-6) / 1e9;
-                printf("%6d %5d %2d %-5s %10.2f %9.1f %9.0f %6.1f%%\n", N, M, P, vn, us, tf, gbs,
+                printf("%6d %5d %2d %-4s %-6s %10.2f %9.1f %9.0f %6.1f%%\n", N, M, P, form, vn, us, tf, gbs,
                        100.0 * gbs / bw_ceiling_gbs);
-                fprintf(log, "time N=%d K=%d M=%d P=%d var=%s us=%.3f tc_tflops=%.2f useful_tflops=%.2f w_gbs=%.1f\n",
-                        N, K, M, P, vn, us, tf, flop / (us * 1e-6) / 1e12, gbs);
+                fprintf(log,
+                        "time N=%d K=%d M=%d P=%d form=%s var=%s us=%.3f tc_tflops=%.2f useful_tflops=%.2f "
+                        "w_gbs=%.1f\n",
+                        N, K, M, P, form, vn, us, tf, flop / (us * 1e-6) / 1e12, gbs);
             };
             for (int P = 1; P <= 3; ++P) {
                 for (int i = 0; i < nx; ++i) split(P, xs[i], ps[i], (size_t)M * K);
                 CK(cudaDeviceSynchronize());
                 const double us_split = tm.median_us([&](int i) { split(P, xs[i % nx], ps[i % nx], (size_t)M * K); });
                 fprintf(log, "time N=%d K=%d M=%d P=%d var=split us=%.3f\n", N, K, M, P, us_split);
+                for (int fold = 0; fold < 2; ++fold)
                 for (int v = VR; v <= VL; ++v) {
-                    if (v == VR && M > 256) continue;  // R re-reads activations per 8 columns: decode only
+                    if (v <= VD32 && M > 256) continue;  // one m16 tile per block: decode shapes only
                     if (v == VS && M > 1024) continue;
+                    g_fold = fold;
                     const double us = tm.median_us(
                         [&](int i) { gemm(P, (Var)v, ps[i % nx], ws[i % nw], y, M, N, K); });
-                    line(P, var_name[v], us);
+                    line(P, var_name[v], fold_tag(), us);
                 }
+                g_fold = false;
                 printf("%6d %5d %2d %-5s %10.2f\n", N, M, P, "split", us_split);
             }
 #ifdef HAVE_CUBLAS
@@ -564,7 +632,7 @@ static void timing(FILE* log, double bw_ceiling_gbs) {
                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
                 if (st != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasGemmEx failed %d\n", (int)st); exit(4); }
             });
-            line(1, "cublas", us);
+            line(1, "cublas", "bf16", us);
 #endif
         }
         for (auto p : ws) CK(cudaFree(p));
@@ -603,6 +671,7 @@ int main(int argc, char** argv) {
             pr.minor);
     std::string w = what;
     int fails = 0;
+    if (w == "san") { g_small = true; accuracy(log); }
     if (w == "all" || w == "acc") accuracy(log);
     fflush(log);
     if (w == "all" || w == "inv") fails = invariance(log);
