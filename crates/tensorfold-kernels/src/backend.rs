@@ -250,20 +250,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError>;
     /// Dense SwiGLU FFN over `rows` rows.
     fn swiglu(&self, x: &Self::Buf, rows: usize, ffn: &Ffn<Self::Mat>, out: &mut Self::Buf);
-    /// LFM2-MoE block: sigmoid router, top-k selection by score + bias, weights by score, SwiGLU
-    /// experts, combined per row in rank order.
-    #[allow(clippy::too_many_arguments)]
-    fn moe(
-        &self,
-        x: &Self::Buf,
-        rows: usize,
-        gate: &Self::Mat,
-        expert_bias: Option<&Self::Buf>,
-        experts: &[Ffn<Self::Mat>],
-        p: MoeParams,
-        out: &mut Self::Buf,
-    );
-    /// The MoE block's routing (the first step of [`Backend::moe`], which expert parallelism runs on one device):
+    /// The LFM2-MoE block is routing ([`Backend::moe_route`]), the experts ([`Backend::moe_experts`], or both in
+    /// [`Backend::moe_route_experts`]) and the rank-order combine ([`Backend::moe_combine`], or fused with the next
+    /// norm: [`Backend::moe_combine_add_rmsnorm`]); expert parallelism runs the steps apart.
+    ///
+    /// The MoE block's routing (the first step, which expert parallelism runs on one device):
     /// router logits `gate x`, then per row the top `k = min(top_k, experts)` experts by `sigmoid + bias` in rank
     /// order into `sel` `[rows, k]` (expert ids as f32, exact below 2^24) and their weights into `wts` `[rows, k]`
     /// (transformers `Lfm2MoeSparseMoeBlock.route_tokens_to_experts`).

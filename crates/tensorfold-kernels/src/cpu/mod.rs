@@ -181,19 +181,6 @@ impl Backend for CpuBackend {
         moe::swiglu(x, rows, ffn, out)
     }
 
-    fn moe(
-        &self,
-        x: &Vec<f32>,
-        rows: usize,
-        gate: &MatView,
-        expert_bias: Option<&Vec<f32>>,
-        experts: &[Ffn<MatView>],
-        p: MoeParams,
-        out: &mut Vec<f32>,
-    ) {
-        moe::moe(x, rows, gate, expert_bias.map(|b| b.as_slice()), experts, p, out)
-    }
-
     fn moe_route(
         &self,
         x: &Vec<f32>,

@@ -322,20 +322,6 @@ impl Backend for CudaBackend {
         self.settle("swiglu", r, out);
     }
 
-    fn moe(
-        &self,
-        x: &CudaBuf,
-        rows: usize,
-        gate: &CudaMat,
-        expert_bias: Option<&CudaBuf>,
-        experts: &[Ffn<CudaMat>],
-        p: MoeParams,
-        out: &mut CudaBuf,
-    ) {
-        let r = moe::moe(self, x, rows, gate, expert_bias, experts, p, out);
-        self.settle("moe", r, out);
-    }
-
     fn moe_route(
         &self,
         x: &CudaBuf,
