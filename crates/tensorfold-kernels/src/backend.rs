@@ -57,6 +57,17 @@ pub struct RopeParams {
     pub interleaved: bool,
 }
 
+/// Inverse frequency of rotary pair `i`, as transformers computes it in float32:
+/// `1 / theta ^ (2i / head_dim)`.
+pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
+    let e = (2 * i) as f32 / head_dim as f32;
+    1.0 / ((theta as f32) as f64).powf(e as f64) as f32
+}
+
+/// Longest segment whose `B * x` rows every backend keeps so a conv state can be rolled back (verify windows): a
+/// window of at most this many rows can be kept to any prefix ([`Backend::conv_keep`]).
+pub const KEEP_ROWS: usize = 64;
+
 /// MoE routing settings (transformers `Lfm2MoeSparseMoeBlock`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeParams {

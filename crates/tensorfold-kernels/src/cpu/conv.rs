@@ -1,11 +1,9 @@
 //! CPU LFM2 short conv core over each stream's conv state, walking the call's segment table.
 
-use super::attention::check_caches;
-use super::ops::check_len;
 use crate::backend::{KernelError, Segment};
+use crate::shape::{check_caches, check_len, row_positions};
 
-/// Longest segment whose `B * x` rows are kept so the state can be rolled back (verify windows).
-pub const KEEP_ROWS: usize = 64;
+pub use crate::backend::KEEP_ROWS;
 
 /// One conv layer's state of one stream: the last `taps - 1` values of `B * x`, oldest first,
 /// `[taps - 1, width]`. Zeros before the first row (the reference's causal zero padding).
@@ -61,7 +59,7 @@ pub fn short_conv(
     let rows = out.len() / width.max(1);
     check_len("short_conv", "bcx", bcx.len(), rows * 3 * width)?;
     check_len("short_conv", "out", out.len(), rows * width)?;
-    super::ops::row_positions(segs, rows)?;
+    row_positions(segs, rows)?;
     check_caches(segs, states.len())?;
     let taps = weight.len() / width.max(1);
     for s in segs {

@@ -121,7 +121,7 @@ impl Backend for CpuBackend {
         segs: &[Segment],
     ) -> Result<(), KernelError> {
         let width = heads * rope.head_dim;
-        let pos = ops::row_positions(segs, x.len() / width.max(1))?;
+        let pos = crate::shape::row_positions(segs, x.len() / width.max(1))?;
         x.par_chunks_mut(width).zip(pos).for_each(|(row, p)| ops::qk_norm_rope_row(row, norm, eps, rope, p));
         Ok(())
     }

@@ -5,10 +5,9 @@ use super::device::{Arg, BLOCK, GRID_YZ, Mem, Src};
 use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaConv, f32_bytes};
 use super::{CudaBackend, CudaError};
+use crate::backend::KEEP_ROWS;
 use crate::backend::{KernelError, Segment};
-use crate::cpu::attention::check_caches;
-use crate::cpu::conv::KEEP_ROWS;
-use crate::cpu::ops::{check_len, row_positions};
+use crate::shape::{check_caches, check_len, row_positions};
 
 /// `out[t, c] = C[t, c] * (sum_i w[c, i] * Bx[t - taps + 1 + i, c] + bias[c])` for each segment's rows, rows before
 /// the segment from its stream's state; then each state holds its segment's last `taps - 1` rows of `B * x`, and a
