@@ -14,6 +14,7 @@ mod cases;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod shared;
 
 pub use cpu::registry;
 pub use faults::{Fault, FaultKind};

@@ -1,8 +1,10 @@
 //! Contract entries of the row-wise CPU kernels: the canonical dot, linear, embedding, RMSNorm, MoE, greedy.
 
 use crate::cases::*;
+use crate::shared::{RMS_EPS, greedy_gates, rmsnorm_gates};
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::Pick;
 use tensorfold_kernels::backend::MoeParams;
 use tensorfold_kernels::bytes::MatView;
 use tensorfold_kernels::cpu::{CpuBackend, moe, ops};
@@ -283,7 +285,7 @@ impl Kernel for RmsNorm {
     }
     type Fault = RmsNormFault;
     fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
-        let eps = 1e-5f32;
+        let eps = RMS_EPS;
         let call = |x: &[f32], w: &[f32], width: usize, out: &mut [f32]| match fault {
             Some(RmsNormFault::EpsDropped) => ops::rmsnorm(x, w, 0.0, width, out),
             Some(RmsNormFault::MeanOverWidthMinusOne) => {
@@ -295,36 +297,13 @@ impl Kernel for RmsNorm {
             }
             _ => ops::rmsnorm(x, w, eps, width, out),
         };
-        let mut gates = Vec::new();
-        for width in [2048, 64, 6144, 33] {
-            let w: Vec<f32> = uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect();
-            let x = uniform(rng, 33 * width);
-            let mut out = vec![0f32; 33 * width];
-            call(&x, &w, width, &mut out);
-            let mut err = 0f64;
-            for r in 0..33 {
-                let xr = wide(&x[r * width..(r + 1) * width]);
-                let s = 1.0 / (dot64(&xr, &xr) / width as f64 + eps as f64).sqrt();
-                let want: Vec<f64> = xr.iter().zip(&w).map(|(v, w)| v * s * *w as f64).collect();
-                err = err.max(max_err(&out[r * width..(r + 1) * width], &want, max_abs(&want)));
-            }
-            gates.push(reference_gate(&format!("width {width}"), err, 2e-6));
-            let mut inv = 0;
-            for wd in WIDTHS {
-                let mut o = vec![0f32; wd * width];
-                call(&x[..wd * width], &w, width, &mut o);
-                for r in 0..wd {
-                    let mut one = vec![0f32; width];
-                    call(&x[r * width..(r + 1) * width], &w, width, &mut one);
-                    inv += bit_diffs(&o[r * width..(r + 1) * width], &one);
-                }
-            }
-            gates.push(invariance_gate(&format!("width {width}"), inv));
-        }
-        let mut zero = vec![1f32; 64];
-        call(&[0.0; 64], &[1.0; 64], 64, &mut zero);
-        gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
-        merge(gates)
+        // NaN first, as the CUDA suite's outputs: an element the kernel fails to write fails its check.
+        let out = |x: &[f32], w: &[f32], width: usize| {
+            let mut o = vec![f32::NAN; x.len()];
+            call(x, w, width, &mut o);
+            o
+        };
+        merge(rmsnorm_gates(rng, &out))
     }
 }
 
@@ -450,7 +429,7 @@ impl Kernel for Greedy {
     }
     type Fault = GreedyFault;
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
-        let call = |row: &[f32]| -> tensorfold_kernels::Pick {
+        let call = |row: &[f32]| -> Pick {
             let mut p = ops::greedy_row(row);
             match fault {
                 Some(GreedyFault::TiesToHigherId) => {
@@ -462,54 +441,7 @@ impl Kernel for Greedy {
             }
             p
         };
-        let vocabs: &[usize] = if scale == Scale::Served { &[128_000, 65_536] } else { &[1000] };
-        let mut gates = Vec::new();
-        for &v in vocabs {
-            let rows: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, v)).collect();
-            let wrong = rows.iter().filter(|r| {
-                let mut best = 0;
-                for (i, x) in r.iter().enumerate() {
-                    if *x > r[best] {
-                        best = i;
-                    }
-                }
-                let p = call(r);
-                p.token as usize != best || p.nonfinite
-            });
-            gates.push(Gate::new("reference", wrong.count() == 0, format!("{v} logits: 33 random rows")));
-            let flat: Vec<f32> = rows.concat();
-            let inv: usize = WIDTHS
-                .iter()
-                .map(|&w| flat[..w * v].chunks(v).zip(&rows).filter(|(a, b)| call(a) != call(b)).count())
-                .sum();
-            gates.push(invariance_gate(&format!("{v} logits"), inv));
-        }
-        let mut tie = vec![0f32; 16];
-        tie[3] = 5.0;
-        tie[9] = 5.0;
-        let mut nan = vec![1f32; 16];
-        nan[5] = f32::NAN;
-        let mut inf = vec![1f32; 16];
-        inf[2] = f32::INFINITY;
-        let mut ninf = vec![1f32; 16];
-        ninf[0] = f32::NEG_INFINITY;
-        let cases = [
-            (call(&tie) == tensorfold_kernels::Pick { token: 3, nonfinite: false }, "tie goes to the lower id"),
-            (call(&nan).nonfinite, "NaN flags the row"),
-            (call(&inf).nonfinite, "+inf flags the row"),
-            (call(&ninf).nonfinite, "-inf flags the row"),
-            (call(&[2.0; 16]).token == 0, "all equal picks id 0"),
-        ];
-        let failed: Vec<&str> = cases.iter().filter(|c| !c.0).map(|c| c.1).collect();
-        gates.push(Gate::new(
-            "edges",
-            failed.is_empty(),
-            if failed.is_empty() {
-                "ties, NaN, +inf, -inf, all equal".into()
-            } else {
-                format!("failed: {}", failed.join(", "))
-            },
-        ));
-        merge(gates)
+        let pick = |flat: &[f32], v: usize| -> Vec<Pick> { flat.chunks(v.max(1)).map(call).collect() };
+        merge(greedy_gates(scale, rng, &pick))
     }
 }
