@@ -100,6 +100,31 @@ pub struct Pick {
 }
 
 /// The kernels of the LFM2 forward on one device. Activation buffers are row-major f32 `[rows, width]`.
+///
+/// # Errors: one model for every backend
+/// - **Fallible calls** return `Result<_, KernelError>`: those whose validity depends on what a request brings or on
+///   a stream's state, which the caller cannot know without a check: token ids ([`Backend::embed`],
+///   [`Backend::embed_words`], [`Backend::embed_held`]), segment tables and stream caches
+///   ([`Backend::qk_norm_rope`] and its pair, [`Backend::attention`], [`Backend::kv_append`],
+///   [`Backend::block_attention`], [`Backend::short_conv`], [`Backend::conv_keep`]), the MoE steps (expert ids
+///   and the routing's shapes), [`Backend::upload_mat`], and [`Backend::check`]. Each validates every shape
+///   before it changes any state (the checks of `shape.rs`, the same on every backend), so a refused call leaves
+///   every stream as it was, and the error names what was wrong ([`KernelError::Shape`], `Segments`, `KeyCount`,
+///   `TokenOutOfRange`).
+/// - **Infallible calls** return no `Result`: memory ([`Backend::upload`], [`Backend::zeros`],
+///   [`Backend::scratch`], [`Backend::read`], [`Backend::kv_reserve`], [`Backend::concat`]) and the row-wise ops
+///   ([`Backend::rmsnorm`], [`Backend::linear`], [`Backend::linears`], [`Backend::gather_rows`], [`Backend::add`],
+///   [`Backend::add_rmsnorm`], [`Backend::swiglu`], [`Backend::greedy`], [`Backend::draw_into`]). Their shapes
+///   come from the model's config, the same that sized the fallible call of the layer, so a mismatch there is the
+///   caller's bug, not a request's: the CPU backend panics on it, the CUDA backend records it. Why not a `Result`
+///   each: the forward makes several such calls a layer, and their only runtime failure is the device's.
+/// - **A device failure is sticky** (the CUDA backend; the CPU has none): an infallible call that fails (a launch,
+///   an allocation, a copy) poisons its output (NaN, or a buffer without memory), records the failure, and returns;
+///   the next fallible call, or [`Backend::check`], reports it as [`KernelError::Device`] (or
+///   [`KernelError::DeviceLost`] when the device is unusable) and clears it. While one is waiting, [`Backend::read`]
+///   returns NaN and [`Backend::draw_rows`] a device error for each row. Every layer of a forward makes a fallible
+///   call (its attention or conv) and poisoned logits flag their rows as non-finite, so a round whose device work
+///   failed never yields a token silently.
 pub trait Backend: Send + Sync {
     /// An f32 buffer on the device.
     type Buf: Send + Sync;
