@@ -65,3 +65,46 @@ pub fn check_cache_state(
     }
     Ok(())
 }
+
+/// The buffer lengths of one short-conv call (`Backend::short_conv`), in f32 elements.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvLens {
+    /// `bcx` `[rows, 3 * width]`.
+    pub bcx: usize,
+    /// `out` `[rows, width]`.
+    pub out: usize,
+    /// The depthwise kernel `[width, taps]`.
+    pub weight: usize,
+    /// Its bias `[width]`, when there is one.
+    pub bias: Option<usize>,
+}
+
+/// A short-conv call over `width` channels: the buffers' lengths, the segment table over the call's rows, distinct
+/// states inside a slice of `n` states, and every named state of `width` channels and the weight's taps
+/// (`state(i)` is state `i`'s `(channels, taps, values held)`). Returns `(rows, taps)`.
+pub fn check_conv(
+    lens: ConvLens,
+    width: usize,
+    segs: &[Segment],
+    n: usize,
+    state: impl Fn(usize) -> (usize, usize, usize),
+) -> Result<(usize, usize), KernelError> {
+    let rows = lens.out / width.max(1);
+    check_len("short_conv", "bcx", lens.bcx, rows * 3 * width)?;
+    check_len("short_conv", "out", lens.out, rows * width)?;
+    row_positions(segs, rows)?;
+    check_caches(segs, n)?;
+    let taps = lens.weight / width.max(1);
+    check_len("short_conv", "weight", lens.weight, taps * width)?;
+    if let Some(b) = lens.bias {
+        check_len("short_conv", "bias", b, width)?;
+    }
+    for s in segs {
+        let (w, t, held) = state(s.cache);
+        if w != width || t != taps || taps == 0 {
+            let want = taps.saturating_sub(1) * width;
+            return Err(KernelError::Shape { kernel: "short_conv", what: "conv state", got: held, want });
+        }
+    }
+    Ok((rows, taps))
+}
