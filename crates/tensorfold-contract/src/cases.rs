@@ -2,8 +2,9 @@
 
 use crate::Gate;
 use rand::{Rng, rngs::StdRng};
-use tensorfold_kernels::backend::{Backend, Ffn, MoeParams, Segment};
+use tensorfold_kernels::backend::{Ffn, MoeParams, Segment};
 use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::prelude::*;
 
 /// `n` values uniform in `[-1, 1)`.
 pub fn uniform(rng: &mut StdRng, n: usize) -> Vec<f32> {
@@ -190,7 +191,7 @@ pub struct MoeLayer<'a, B: Backend> {
 }
 
 /// The LFM2-MoE block over the `Backend` seam, as the forward composes it on one device: routing and every expert
-/// ([`Backend::moe_route_experts`]), then the rank-order combine ([`Backend::moe_combine`]) of `x` `[rows, hidden]`
+/// ([`Ops::moe_route_experts`]), then the rank-order combine ([`Ops::moe_combine`]) of `x` `[rows, hidden]`
 /// into `out` `[rows, hidden]`. Errors: the backend's.
 #[cfg(feature = "cuda")]
 pub fn moe<B: Backend>(

@@ -16,6 +16,12 @@ pub mod shape;
 pub mod simd;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
+
+/// The backend traits by concern ([`Backend`] and its five parts), to call their methods on a concrete backend:
+/// `use tensorfold_kernels::prelude::*;`.
+pub mod prelude {
+    pub use crate::backend::{Backend, Diagnostics, Memory, Ops, Sampling, StreamState};
+}
 pub use bytes::{Dtype, HostBytes, MatView};
 pub use collective::{Collective, HostCollective, expert_ranges};
 pub use cpu::CpuBackend;

@@ -4,8 +4,9 @@
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
-use tensorfold_kernels::backend::{Backend, RopeParams, Segment};
+use tensorfold_kernels::backend::{RopeParams, Segment};
 use tensorfold_kernels::cpu::{CpuBackend, CpuConv, CpuKv, attention, conv, ops};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels() -> Vec<Box<dyn Entry>> {
     vec![Box::new(QkRope), Box::new(Attention), Box::new(ShortConv)]

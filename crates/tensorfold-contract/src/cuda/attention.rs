@@ -6,8 +6,9 @@ use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
 use tensorfold_kernels::KernelError;
-use tensorfold_kernels::backend::{Backend, Segment};
+use tensorfold_kernels::backend::Segment;
 use tensorfold_kernels::cuda::{CudaBackend, CudaKv, Src};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Attention(be.clone())), Box::new(BlockAttention(be.clone()))]

@@ -5,9 +5,10 @@ use super::{WideAt, warp_dot_bound, wide_names, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
-use tensorfold_kernels::backend::{Backend, Ffn};
+use tensorfold_kernels::backend::Ffn;
 use tensorfold_kernels::bytes::MatView;
 use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Linear(be.clone())), Box::new(Swiglu(be.clone()))]

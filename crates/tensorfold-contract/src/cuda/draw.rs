@@ -4,8 +4,9 @@ use super::{Planted, device_gate, limits, rd, up, with_fault};
 use crate::cases::*;
 use crate::{Claim, Gate, Kernel, Scale};
 use rand::{Rng, rngs::StdRng};
-use tensorfold_kernels::backend::{Backend, DRAWN_GREEDY, drawn_words};
+use tensorfold_kernels::backend::{DRAWN_GREEDY, drawn_words};
 use tensorfold_kernels::cuda::{CudaBackend, Src};
+use tensorfold_kernels::prelude::*;
 use tensorfold_kernels::sample::{DrawSpec, SampleError, SamplingParams, draw, greedy_pick};
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn crate::Entry>> {

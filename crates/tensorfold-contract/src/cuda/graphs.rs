@@ -4,8 +4,8 @@
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
-use tensorfold_kernels::backend::Backend;
 use tensorfold_kernels::cuda::{CudaBackend, GraphFault};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Graphs(be.clone()))]

@@ -6,9 +6,10 @@ use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
 use tensorfold_kernels::KernelError;
-use tensorfold_kernels::backend::{Backend, RopeParams, Segment};
+use tensorfold_kernels::backend::{RopeParams, Segment};
 use tensorfold_kernels::cpu::{CpuConv, conv, ops};
 use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaConv, Src};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(QkRope(be.clone())), Box::new(ShortConv(be.clone()))]

@@ -12,8 +12,8 @@ mod moe;
 mod rows;
 
 use crate::{Entry, FaultKind, Gate};
-use tensorfold_kernels::backend::Backend;
 use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, Plant, Src};
+use tensorfold_kernels::prelude::*;
 
 /// Every CUDA kernel under contract, on `be`'s device.
 pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Entry>> {

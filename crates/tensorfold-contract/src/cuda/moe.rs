@@ -5,9 +5,10 @@ use super::{WideAt, wide_names, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
-use tensorfold_kernels::backend::{Backend, Ffn, MoeParams};
+use tensorfold_kernels::backend::{Ffn, MoeParams};
 use tensorfold_kernels::bytes::MatView;
 use tensorfold_kernels::cuda::{CudaBackend, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Moe(be.clone()))]

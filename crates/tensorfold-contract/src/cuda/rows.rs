@@ -6,8 +6,9 @@ use crate::shared::{RMS_EPS, greedy_gates, rmsnorm_gates};
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
 use tensorfold_kernels::KernelError;
-use tensorfold_kernels::backend::{Backend, Pick};
+use tensorfold_kernels::backend::Pick;
 use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![
@@ -142,7 +143,7 @@ fn drawn_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize
 }
 
 /// Gate `held ids`: `embed_held` gives `embed`'s rows for a round whose rows 1, 2, 5 and 30 to 32 take held picks
-/// (words in [`tensorfold_kernels::backend::Backend::draw_into`]'s layout, picks out of order), the other rows their host ids; a
+/// (words in [`tensorfold_kernels::backend::Sampling::draw_into`]'s layout, picks out of order), the other rows their host ids; a
 /// held id past the table gives a NaN row, a pick past the words is refused by name.
 fn held_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize, h: usize) -> Gate {
     let rows = [1usize, 2, 5, 30, 31, 32];

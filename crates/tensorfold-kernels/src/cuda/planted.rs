@@ -36,7 +36,7 @@ impl CudaBackend {
         ops::embed_unchecked(self, table, ids, out)
     }
 
-    /// The keyed draw of each row as [`crate::Backend::draw_rows`], and how many rows the host drew (a nucleus past
+    /// The keyed draw of each row as [`crate::backend::Sampling::draw_rows`], and how many rows the host drew (a nucleus past
     /// the device's window): the contract's `window` gate counts them.
     pub fn draw_rows_counted(
         &self,
