@@ -154,18 +154,4 @@ mod tests {
             );
         }
     }
-
-    #[test]
-    fn split_covers_every_row_once_in_order() {
-        for rows in [1, 2, 3, 8, 16, 33] {
-            let segs = crate::cases::split(rows, 4, &[5, 0, 700, 3]);
-            let mut next = 0;
-            for s in &segs {
-                assert_eq!(s.first_row, next);
-                assert!(s.rows > 0);
-                next += s.rows;
-            }
-            assert_eq!(next, rows);
-        }
-    }
 }
