@@ -26,7 +26,7 @@ pub trait FaultKind: Copy + PartialEq + std::fmt::Debug + 'static {
 
 /// Declares a kernel's fault enum: `Variant = ("name", "what it does wrong")` for each, in report order.
 macro_rules! faults {
-    ($(#[$m:meta])* enum $name:ident { $($v:ident = ($n:literal, $w:literal)),* $(,)? }) => {
+    ($(#[$m:meta])* enum $name:ident { $($v:ident = ($n:literal, $w:literal $(,)?)),* $(,)? }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub(crate) enum $name {

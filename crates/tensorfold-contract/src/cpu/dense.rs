@@ -321,7 +321,10 @@ faults! {
     enum MoeFault {
         SelectWithoutBias = ("select-without-bias", "experts are selected by the score alone, ignoring expert_bias"),
         WeightWithBias = ("weight-with-bias", "selected experts are weighted by score + expert_bias"),
-        ForgottenOffset = ("forgotten-offset", "an expert-parallel rank numbers its experts from 0, not from its first expert"),
+        ForgottenOffset = (
+            "forgotten-offset",
+            "an expert-parallel rank numbers its experts from 0, not from its first expert",
+        ),
     }
 }
 

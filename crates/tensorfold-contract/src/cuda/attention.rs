@@ -124,8 +124,14 @@ faults! {
     enum AttentionFault {
         ReadsFirstStream = ("reads-first-stream", "every row attends over the first stream's KV rows"),
         SkipsNewestKey = ("skips-newest-key", "a row attends keys [0, pos) (a wrong key count)"),
-        BatchDependentChunkOrder = ("batch-dependent-chunk-order", "calls of several rows combine a row's key chunks in reverse"),
-        AppendSkipped = ("append-skipped", "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten"),
+        BatchDependentChunkOrder = (
+            "batch-dependent-chunk-order",
+            "calls of several rows combine a row's key chunks in reverse",
+        ),
+        AppendSkipped = (
+            "append-skipped",
+            "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten",
+        ),
     }
 }
 

@@ -146,7 +146,10 @@ faults! {
     enum LinearFault {
         DroppedLastColumn = ("dropped-last-column", "the last input column is skipped"),
         BatchDependentOrder = ("batch-dependent-order", "calls of several rows walk each lane's chunks in reverse"),
-        OneRowOrder = ("one-row-order", "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)"),
+        OneRowOrder = (
+            "one-row-order",
+            "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
+        ),
         MultiSkipsBlock = ("multi-skips-block", "the one-launch form skips the last matrix's first block"),
         WideTree = ("wide-tree", "the wide tiles fold the lane classes in lane order, not the butterfly's"),
     }

@@ -33,7 +33,10 @@ faults! {
     enum QkRopeFault {
         WrongPairs = ("wrong-pairs", "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back"),
         PositionOffByOne = ("position-off-by-one", "rotates by position + 1"),
-        PairSharesWeight = ("pair-shares-weight", "the one-launch q and k form norms the key heads with the query weight"),
+        PairSharesWeight = (
+            "pair-shares-weight",
+            "the one-launch q and k form norms the key heads with the query weight",
+        ),
     }
 }
 

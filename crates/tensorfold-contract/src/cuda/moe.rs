@@ -80,9 +80,18 @@ faults! {
     enum MoeFault {
         SelectWithoutBias = ("select-without-bias", "experts are selected by the score alone, ignoring expert_bias"),
         WeightWithBias = ("weight-with-bias", "selected experts are weighted by score + expert_bias"),
-        PlanUnowned = ("plan-unowned", "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own"),
-        OneRowOrder = ("one-row-order", "the one-row expert kernels multiply each group of in-flight chunks in reverse"),
-        FusedCombineReversed = ("fused-combine-reversed", "the combine fused with the residual add and norm sums the ranks from the last"),
+        PlanUnowned = (
+            "plan-unowned",
+            "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own",
+        ),
+        OneRowOrder = (
+            "one-row-order",
+            "the one-row expert kernels multiply each group of in-flight chunks in reverse",
+        ),
+        FusedCombineReversed = (
+            "fused-combine-reversed",
+            "the combine fused with the residual add and norm sums the ranks from the last",
+        ),
         WideTree = ("wide-tree", "the wide expert tiles fold the lane classes in lane order"),
     }
 }

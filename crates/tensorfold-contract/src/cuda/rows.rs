@@ -32,8 +32,14 @@ faults! {
     /// The planted controls of `cuda.embed`.
     enum EmbedFault {
         OffByOneRow = ("off-by-one-row", "gathers row id + 1"),
-        ClampsOutOfRange = ("clamps-out-of-range", "the host check is skipped and the kernel reads the last row for an id past the table"),
-        DrawnStrideIgnored = ("drawn-stride-ignored", "ids a draw left on the device are read one word apart, not three"),
+        ClampsOutOfRange = (
+            "clamps-out-of-range",
+            "the host check is skipped and the kernel reads the last row for an id past the table",
+        ),
+        DrawnStrideIgnored = (
+            "drawn-stride-ignored",
+            "ids a draw left on the device are read one word apart, not three",
+        ),
         HeldPickBefore = ("held-pick-before", "a held row embeds the pick before its own"),
     }
 }
