@@ -4,7 +4,7 @@
 # TENSORFOLD_CUDA_R1_ROWS=N sets the largest call that runs the one-row linears) and B (the default) runs of the same
 # binary in the order A B B A (so a drift or a second-run effect weighs on both sides), each printing its token hash
 # (which must not change), then B's per-kernel profile by device events (each kernel's own time, and the stream's idle
-# time between launches). Runs carry/bin/tensorfold.gz or .xz (built with `--features cuda`); logs go to $OUT.  With
+# time between launches). Runs carry/bin/tensorfold.gz or .xz (built with `--features cuda,contract`); logs go to $OUT.  With
 # ENGINE=SHAPE, the runs are `bench engine` (LEVELS streams, default 1,4,8,16,64; TOKENS, default 256) on that
 # synthetic shape instead (their reply hashes must not change either), and no profile. CHECK=0 skips the check,
 # PROFILE=0 the profile, ORDER=B1 runs B once (env.sh's ab_runs).

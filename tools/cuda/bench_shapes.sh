@@ -3,7 +3,7 @@
 # shapes (seeded random bf16 weights made in memory, `--model synthetic:SHAPE`): `bench forward` (exactness first,
 # then prefill, one-stream decode, peak device memory, the bandwidth floor), `bench engine` (shared-round decode at
 # 1..64 streams, replies checked against solo runs), a per-kernel profile of decode steps (device events), and transformers on the
-# same 8B weights (`tensorfold synth` writes them). Runs the binary built with `--features cuda`, stripped and gzip'd
+# same 8B weights (`tensorfold synth` writes them). Runs the binary built with `--features cuda,contract`, stripped and gzip'd
 # to carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
 #
 #   tools/cuda/bench_shapes.sh [STEPS]   STEPS: any of check f24 e24 p24 f8 e8 hf8 (default: all; check = tools/cuda/check.sh)

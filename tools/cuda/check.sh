@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's device check, for one call on the GPU machine (about 5 minutes at most): the GPU, the kernel
 # contract at small shapes, the exactness checks of every fixture on the device, then the contract at served shapes
-# in the time left. Runs the binary built elsewhere with `cargo build --release --features cuda -p tensorfold` and
+# in the time left. Runs the binary built elsewhere with `cargo build --release --features cuda,contract -p tensorfold` and
 # copied to carry/bin/tensorfold, or stripped and gzip'd to carry/bin/tensorfold.gz to fit the carry limit
 # (TENSORFOLD_BIN overrides). Everything is tee'd into $OUT/cuda-check.log; the last
 # lines are a summary. Exits non-zero when a step failed.

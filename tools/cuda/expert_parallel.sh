@@ -4,7 +4,7 @@
 # LFM2.5-24B-A2B's shape (synthetic bf16 weights) at 16 and 64 streams on one GPU, on two GPUs (`--gpus 2`, experts
 # split through NCCL) and through the expert-parallel path at a world of one (`--gpus 1`), A/B alternated; every
 # run prints each level's `replies:` token hash, which must be equal across runs. Runs the binary built with
-# `--features cuda` at carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
+# `--features cuda,contract` at carry/bin/tensorfold.gz. Logs go to $OUT; the last lines are a summary.
 #
 #   tools/cuda/expert_parallel.sh
 set -uo pipefail

@@ -9,7 +9,7 @@
 #   carry/lp1/llama-server.xz.a         first half of the stripped, xz'd llama-server (call 1 stages it)
 #   carry/lp2/llama-server.xz.b         second half
 #   carry/lp2/convert.tar.xz            the GGUF converter (convert_hf_to_gguf.py, conversion/, gguf-py/)
-#   carry/bin/tensorfold.xz             tensorfold built with `--no-default-features --features cuda` (no embedded
+#   carry/bin/tensorfold.xz             tensorfold built with `--no-default-features --features cuda,contract` (no embedded
 #                                       model: 3 MB instead of 26)
 #
 #   tools/cuda/llama_prep.sh
@@ -63,7 +63,7 @@ rm -f /tmp/llama-server.strip /tmp/llama-server.xz
 tar -C "$L" -cJf carry/lp2/convert.tar.xz --exclude='__pycache__' convert_hf_to_gguf.py conversion gguf-py
 
 # 4. Our binary, slim.
-cargo build --release --no-default-features --features cuda -p tensorfold
+cargo build --release --no-default-features --features cuda,contract -p tensorfold
 rm -f carry/bin/tensorfold carry/bin/tensorfold.gz carry/bin/tensorfold.xz
 strip -o carry/bin/tensorfold.strip "${CARGO_TARGET_DIR:-target}/release/tensorfold"
 xz -T0 -6 -c carry/bin/tensorfold.strip >carry/bin/tensorfold.xz && rm carry/bin/tensorfold.strip

@@ -57,6 +57,17 @@ pub struct RopeParams {
     pub interleaved: bool,
 }
 
+/// Inverse frequency of rotary pair `i`, as transformers computes it in float32:
+/// `1 / theta ^ (2i / head_dim)`.
+pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
+    let e = (2 * i) as f32 / head_dim as f32;
+    1.0 / ((theta as f32) as f64).powf(e as f64) as f32
+}
+
+/// Longest segment whose `B * x` rows every backend keeps so a conv state can be rolled back (verify windows): a
+/// window of at most this many rows can be kept to any prefix ([`StreamState::conv_keep`]).
+pub const KEEP_ROWS: usize = 64;
+
 /// MoE routing settings (transformers `Lfm2MoeSparseMoeBlock`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeParams {
@@ -89,7 +100,41 @@ pub struct Pick {
 }
 
 /// The kernels of the LFM2 forward on one device. Activation buffers are row-major f32 `[rows, width]`.
-pub trait Backend: Send + Sync {
+///
+/// # Errors: one model for every backend
+/// - **Fallible calls** return `Result<_, KernelError>`: those whose validity depends on what a request brings or on
+///   a stream's state, which the caller cannot know without a check: token ids ([`Ops::embed`],
+///   [`Sampling::embed_words`], [`Sampling::embed_held`]), segment tables and stream caches
+///   ([`Ops::qk_norm_rope`] and its pair, [`Ops::attention`], [`Ops::kv_append`],
+///   [`Ops::block_attention`], [`Ops::short_conv`], [`StreamState::conv_keep`]), the MoE steps (expert ids
+///   and the routing's shapes), [`Memory::upload_mat`], and [`Diagnostics::check`]. Each validates every shape
+///   before it changes any state (the checks of `shape.rs`, the same on every backend), so a refused call leaves
+///   every stream as it was, and the error names what was wrong ([`KernelError::Shape`], `Segments`, `KeyCount`,
+///   `TokenOutOfRange`).
+/// - **Infallible calls** return no `Result`: memory ([`Memory::upload`], [`Memory::zeros`],
+///   [`Memory::scratch`], [`Memory::read`], [`StreamState::kv_reserve`], [`Memory::concat`]) and the row-wise ops
+///   ([`Ops::rmsnorm`], [`Ops::linear`], [`Ops::linears`], [`Ops::gather_rows`], [`Ops::add`],
+///   [`Ops::add_rmsnorm`], [`Ops::swiglu`], [`Sampling::greedy`], [`Sampling::draw_into`]). Their shapes
+///   come from the model's config, the same that sized the fallible call of the layer, so a mismatch there is the
+///   caller's bug, not a request's: the CPU backend panics on it, the CUDA backend records it. Why not a `Result`
+///   each: the forward makes several such calls a layer, and their only runtime failure is the device's.
+/// - **A device failure is sticky** (the CUDA backend; the CPU has none): an infallible call that fails (a launch,
+///   an allocation, a copy) poisons its output (NaN, or a buffer without memory), records the failure, and returns;
+///   the next fallible call, or [`Diagnostics::check`], reports it as [`KernelError::Device`] (or
+///   [`KernelError::DeviceLost`] when the device is unusable) and clears it. While one is waiting, [`Memory::read`]
+///   returns NaN and [`Sampling::draw_rows`] a device error for each row. Every layer of a forward makes a fallible
+///   call (its attention or conv) and poisoned logits flag their rows as non-finite, so a round whose device work
+///   failed never yields a token silently.
+///
+/// By concern, five traits: [`Memory`], [`StreamState`], [`Ops`], [`Sampling`], [`Diagnostics`]; a type that
+/// implements all five is a `Backend`. A caller generic over `B: Backend` calls every method; one holding a concrete
+/// backend imports [`crate::prelude`].
+pub trait Backend: Memory + StreamState + Ops + Sampling + Diagnostics {}
+
+impl<T: Memory + StreamState + Ops + Sampling + Diagnostics + ?Sized> Backend for T {}
+
+/// Device memory: f32 buffers and weight matrices, to and from the host ([`Backend`]'s first concern).
+pub trait Memory: Send + Sync {
     /// An f32 buffer on the device.
     type Buf: Send + Sync;
     /// A weight matrix `[rows, cols]` on the device.
@@ -99,8 +144,6 @@ pub trait Backend: Send + Sync {
     /// One conv layer's state of one stream (the last `taps - 1` values of `B*x`).
     type Conv: Send + Sync + Clone;
 
-    /// Backend name (`cpu`, `cuda`).
-    fn name(&self) -> &'static str;
     /// Moves a host matrix to the device (the CPU keeps a zero-copy view).
     fn upload_mat(&self, m: &MatView) -> Result<Self::Mat, KernelError>;
     /// Bytes of a device matrix.
@@ -110,12 +153,25 @@ pub trait Backend: Send + Sync {
     /// A zeroed buffer of `len` elements.
     fn zeros(&self, len: usize) -> Self::Buf;
     /// A buffer of `len` elements for an output the next kernel writes whole (no zeroing pass on a device; every
-    /// kernel's contract entry checks that it writes each output element). Defaults to [`Backend::zeros`].
+    /// kernel's contract entry checks that it writes each output element). Defaults to [`Memory::zeros`].
     fn scratch(&self, len: usize) -> Self::Buf {
         self.zeros(len)
     }
     /// Copies a device buffer back to the host.
     fn read(&self, b: &Self::Buf) -> Vec<f32>;
+    /// Rows of a matrix (of an embedding table: the vocabulary `embed` checks ids against).
+    fn mat_rows(&self, m: &Self::Mat) -> usize;
+    /// `parts` one after another (`[sum of their lengths]`): a chain's per-row words as one buffer, read with one
+    /// copy. The default copies through the host. Infallible as `add`: a device failure is recorded (the buffer is
+    /// then unallocated) and reported by the next fallible call or [`Diagnostics::check`].
+    fn concat(&self, parts: &[&Self::Buf]) -> Self::Buf {
+        let host: Vec<f32> = parts.iter().flat_map(|p| self.read(p)).collect();
+        self.upload(&host)
+    }
+}
+
+/// Per-stream state: each attention layer's KV rows and each conv layer's state, grown, measured and rolled back.
+pub trait StreamState: Memory {
     /// An empty KV cache whose rows hold `width = kv_heads * head_dim` keys and as many values.
     fn new_kv(&self, width: usize) -> Self::Kv;
     /// Key rows held.
@@ -136,7 +192,11 @@ pub trait Backend: Send + Sync {
     fn conv_bytes(&self, c: &Self::Conv) -> usize;
     /// Frees a conv state's kept window (it can then no longer roll back).
     fn conv_drop_window(&self, c: &mut Self::Conv);
+}
 
+/// The forward's ops over a call's rows: embedding, norms, linears, RoPE, attention, the short conv, the FFN and MoE
+/// steps. The stateful ones walk a segment table (one [`Segment`] a stream).
+pub trait Ops: StreamState {
     /// `out[r] = table[ids[r]]` widened to f32. Errors on an id past the table.
     fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;
     /// Row-wise RMSNorm over `width`: `x * rsqrt(mean(x^2) + eps) * weight`.
@@ -145,7 +205,7 @@ pub trait Backend: Send + Sync {
     fn linear(&self, x: &Self::Buf, rows: usize, w: &Self::Mat, bias: Option<&Self::Buf>, out: &mut Self::Buf);
     /// Several linears of one input, no bias: `outs[i] = mats[i] x` for `x` `[rows, k]` and each matrix `[n_i, k]`
     /// (an attention layer's q, k and v). A backend may run them as one launch; each output's bits must equal its
-    /// own [`Backend::linear`]'s (the CUDA contract checks it).
+    /// own [`Ops::linear`]'s (the CUDA contract checks it).
     fn linears(&self, x: &Self::Buf, rows: usize, mats: &[&Self::Mat], outs: &mut [&mut Self::Buf]) {
         for (m, o) in mats.iter().zip(outs.iter_mut()) {
             self.linear(x, rows, m, None, o);
@@ -156,8 +216,8 @@ pub trait Backend: Send + Sync {
     /// `acc += y` elementwise.
     fn add(&self, acc: &mut Self::Buf, y: &Self::Buf);
     /// The residual add and the next RMSNorm: `acc += y`, then `out = rmsnorm(acc)` over `width` (as
-    /// [`Backend::rmsnorm`]). A backend may fuse the two; the bits must equal [`Backend::add`] then
-    /// [`Backend::rmsnorm`] (the CUDA contract checks it).
+    /// [`Ops::rmsnorm`]). A backend may fuse the two; the bits must equal [`Ops::add`] then
+    /// [`Ops::rmsnorm`] (the CUDA contract checks it).
     fn add_rmsnorm(
         &self,
         acc: &mut Self::Buf,
@@ -181,7 +241,7 @@ pub trait Backend: Send + Sync {
         rope: RopeParams,
         segs: &[Segment],
     ) -> Result<(), KernelError>;
-    /// [`Backend::qk_norm_rope`] of an attention layer's queries `q.0` `[rows, q.1 * head_dim]` (weight `q.2`) and
+    /// [`Ops::qk_norm_rope`] of an attention layer's queries `q.0` `[rows, q.1 * head_dim]` (weight `q.2`) and
     /// keys `k.0` `[rows, k.1 * head_dim]` (weight `k.2`). A backend may do both in one launch; the bits must equal
     /// the two calls' (the CUDA contract checks it).
     fn qk_norm_rope_pair(
@@ -221,7 +281,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError>;
     /// Non-causal GQA attention of a block (DSpark's block pass): every row of a segment attends to all
     /// `start_pos` key rows of its stream's cache and to ALL of the segment's own `k`, `v` rows, scale
-    /// `1/sqrt(head_dim)`; nothing is appended. Shapes as [`Backend::attention`].
+    /// `1/sqrt(head_dim)`; nothing is appended. Shapes as [`Ops::attention`].
     #[allow(clippy::too_many_arguments)]
     fn block_attention(
         &self,
@@ -250,20 +310,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError>;
     /// Dense SwiGLU FFN over `rows` rows.
     fn swiglu(&self, x: &Self::Buf, rows: usize, ffn: &Ffn<Self::Mat>, out: &mut Self::Buf);
-    /// LFM2-MoE block: sigmoid router, top-k selection by score + bias, weights by score, SwiGLU
-    /// experts, combined per row in rank order.
-    #[allow(clippy::too_many_arguments)]
-    fn moe(
-        &self,
-        x: &Self::Buf,
-        rows: usize,
-        gate: &Self::Mat,
-        expert_bias: Option<&Self::Buf>,
-        experts: &[Ffn<Self::Mat>],
-        p: MoeParams,
-        out: &mut Self::Buf,
-    );
-    /// The MoE block's routing (the first step of [`Backend::moe`], which expert parallelism runs on one device):
+    /// The LFM2-MoE block is routing ([`Ops::moe_route`]), the experts ([`Ops::moe_experts`], or both in
+    /// [`Ops::moe_route_experts`]) and the rank-order combine ([`Ops::moe_combine`], or fused with the next
+    /// norm: [`Ops::moe_combine_add_rmsnorm`]); expert parallelism runs the steps apart.
+    ///
+    /// The MoE block's routing (the first step, which expert parallelism runs on one device):
     /// router logits `gate x`, then per row the top `k = min(top_k, experts)` experts by `sigmoid + bias` in rank
     /// order into `sel` `[rows, k]` (expert ids as f32, exact below 2^24) and their weights into `wts` `[rows, k]`
     /// (transformers `Lfm2MoeSparseMoeBlock.route_tokens_to_experts`).
@@ -294,7 +345,7 @@ pub trait Backend: Send + Sync {
         total: usize,
         y: &mut Self::Buf,
     ) -> Result<(), KernelError>;
-    /// [`Backend::moe_route`] then [`Backend::moe_experts`] over every expert of the layer (one device, no expert
+    /// [`Ops::moe_route`] then [`Ops::moe_experts`] over every expert of the layer (one device, no expert
     /// parallelism): `sel` and `wts` `[rows, k]`, `y` `[rows * k, hidden]`. A backend may fuse steps; the bits must
     /// equal the two calls' (the CUDA contract's `cuda.moe` runs both forms).
     #[allow(clippy::too_many_arguments)]
@@ -325,8 +376,8 @@ pub trait Backend: Send + Sync {
     /// The MoE combine fused with the residual add and the next RMSNorm: `acc += moe_combine(y, wts)`, then with
     /// `norm = Some((weight, eps))` `out = rmsnorm(acc)` over `width` (the last layer passes `None`: the add
     /// alone, `out` untouched). `y` `[rows * k, width]`, `wts` `[rows, k]`, `acc` and `out` `[rows, width]`. A
-    /// backend may fuse the steps; the bits must equal [`Backend::moe_combine`] then [`Backend::add_rmsnorm`] (or
-    /// [`Backend::add`]), which the CUDA contract checks.
+    /// backend may fuse the steps; the bits must equal [`Ops::moe_combine`] then [`Ops::add_rmsnorm`] (or
+    /// [`Ops::add`]), which the CUDA contract checks.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine_add_rmsnorm(
         &self,
@@ -340,9 +391,13 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), KernelError> {
         combine_then_add_rmsnorm(self, (y, wts), rows, k, acc, norm, width, out)
     }
+}
+
+/// The head's picks: greedy, the keyed draw, and the draws left on the device for the next step (the drafter's
+/// chain, held drafts).
+pub trait Sampling: Ops {
     /// Greedy pick of each row of `logits` `[rows, vocab]`.
     fn greedy(&self, logits: &Self::Buf, vocab: usize) -> Vec<Pick>;
-
     /// The keyed draw ([`crate::sample::draw`]) of each row of `logits` (`[specs.len(), vocab]` f32, row `r`
     /// drawn by `specs[r]`): the token id, or the row's [`SampleError`] (non-finite logit with its first
     /// index, bad parameter). The default copies the rows to the host and runs the reference; the CUDA
@@ -352,8 +407,7 @@ pub trait Backend: Send + Sync {
         let row = |r: usize| host.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
         specs.iter().enumerate().map(|(r, s)| draw(&s.params, s.position, row(r))).collect()
     }
-
-    /// [`Backend::draw_rows`] with the results left where the logits live, for a chain of picks that feeds its next
+    /// [`Sampling::draw_rows`] with the results left where the logits live, for a chain of picks that feeds its next
     /// step without a host read (the drafter's Markov chain). `out` (`[specs.len() * 3]`) gets each row's `[token,
     /// status, index]` as u32 bits in f32 slots: status [`DRAWN`] (a refused spec gives the greedy pick),
     /// [`DRAWN_NONFINITE`] (index = the first non-finite logit), or [`DRAWN_GREEDY`] (CUDA: the top-p nucleus was
@@ -365,9 +419,8 @@ pub trait Backend: Send + Sync {
             specs.iter().enumerate().flat_map(|(r, s)| drawn_words(row(r), s).map(f32::from_bits)).collect();
         *out = self.upload(&words);
     }
-
-    /// `out[r] = table[words[3r]]` for `rows` ids a [`Backend::draw_into`] left on the device, widened as
-    /// [`Backend::embed`]; an id past the table gives a NaN row (a device cannot refuse it without a host read), which
+    /// `out[r] = table[words[3r]]` for `rows` ids a [`Sampling::draw_into`] left on the device, widened as
+    /// [`Ops::embed`]; an id past the table gives a NaN row (a device cannot refuse it without a host read), which
     /// the next pick flags. Errors: a words buffer that is not `3 * rows` long.
     fn embed_words(
         &self,
@@ -383,12 +436,11 @@ pub trait Backend: Send + Sync {
         let ids: Vec<u32> = (0..rows).map(|r| w[3 * r].to_bits()).collect();
         embed_or_nan(self, table, &ids, out)
     }
-
-    /// [`Backend::embed`] with some rows' ids taken from words a [`Backend::draw_into`] left on the device (held
+    /// [`Ops::embed`] with some rows' ids taken from words a [`Sampling::draw_into`] left on the device (held
     /// drafts: a verify window embeds the drafter's picks without a host read). `ids` `[rows]` (a held row's entry
     /// is a placeholder, checked as any id); `held` `[picks * 3]` words; `from[j] = (row, pick)`: row `row` of
     /// `out` (`[rows, width]`) takes `table[held[3 * pick]]`, a NaN row when that id is past the table (as
-    /// [`Backend::embed_words`]; the verify's reader refuses the pick by its id). Errors: an id of `ids` past the
+    /// [`Sampling::embed_words`]; the verify's reader refuses the pick by its id). Errors: an id of `ids` past the
     /// table ([`KernelError::TokenOutOfRange`]); a row or pick out of range ([`KernelError::Shape`], `what` = "held
     /// row" / "held pick" / "held words"). The default reads `held` to the host.
     fn embed_held(
@@ -410,44 +462,35 @@ pub trait Backend: Send + Sync {
         }
         embed_or_nan(self, table, &all, out)
     }
+}
 
-    /// Rows of a matrix (of an embedding table: the vocabulary `embed` checks ids against).
-    fn mat_rows(&self, m: &Self::Mat) -> usize;
-
-    /// `parts` one after another (`[sum of their lengths]`): a chain's per-row words as one buffer, read with one
-    /// copy. The default copies through the host. Infallible as `add`: a device failure is recorded (the buffer is
-    /// then unallocated) and reported by the next fallible call or [`Backend::check`].
-    fn concat(&self, parts: &[&Self::Buf]) -> Self::Buf {
-        let host: Vec<f32> = parts.iter().flat_map(|p| self.read(p)).collect();
-        self.upload(&host)
-    }
-
+/// What a backend reports about itself: its name, the first recorded device failure, memory, bandwidth and launch
+/// counters.
+pub trait Diagnostics: Memory {
+    /// Backend name (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
     /// Measured copy bandwidth of the memory this backend's weights live in, in bytes moved (read plus write) per
     /// second: the best of 5 copies of 512 MiB (the decode floor's denominator; METHOD: measure the ceiling).
     /// The default times a host `memcpy`.
     fn copy_bandwidth(&self) -> f64 {
         host_copy_bandwidth()
     }
-
     /// The first device failure recorded since the last report, taken (an infallible call's failure, as the next
     /// fallible call would report it), without waiting for the device; `Ok` on backends that record none. Lets a
     /// caller that will not read a result yet (held drafts) learn that it is poisoned.
     fn check(&self) -> Result<(), KernelError> {
         Ok(())
     }
-
     /// Device memory high-water marks in bytes of the device's default pool, over the whole process (never reset):
     /// `(allocated, reserved by the pool)`; `None` where memory is the host's (read the process's peak RSS instead).
     fn memory_high(&self) -> Option<(usize, usize)> {
         None
     }
-
     /// Per-kernel counters gathered since the last call, as a table, where the backend keeps them (the CUDA
     /// backend with `TENSORFOLD_CUDA_PROFILE` set); `None` elsewhere. A measuring aid, never on by default.
     fn take_profile(&self) -> Option<String> {
         None
     }
-
     /// One line on how the backend batched its launches since it opened (the CUDA backend's graph replays,
     /// `cuda/graphs.rs`); `None` where there is nothing to say.
     fn graph_report(&self) -> Option<String> {
@@ -455,14 +498,14 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// [`Backend::draw_into`]'s status of a drawn row (or of a refused spec's greedy pick).
+/// [`Sampling::draw_into`]'s status of a drawn row (or of a refused spec's greedy pick).
 pub const DRAWN: u32 = 0;
-/// [`Backend::draw_into`]'s status of a row holding a non-finite logit.
+/// [`Sampling::draw_into`]'s status of a row holding a non-finite logit.
 pub const DRAWN_NONFINITE: u32 = 1;
-/// [`Backend::draw_into`]'s status of a row whose top-p nucleus was past the device's window: token = greedy pick.
+/// [`Sampling::draw_into`]'s status of a row whose top-p nucleus was past the device's window: token = greedy pick.
 pub const DRAWN_GREEDY: u32 = 2;
 
-/// One row's `[token, status, index]` words of [`Backend::draw_into`], drawn on the host.
+/// One row's `[token, status, index]` words of [`Sampling::draw_into`], drawn on the host.
 pub fn drawn_words(row: &[f32], s: &DrawSpec) -> [u32; 3] {
     match draw(&s.params, s.position, row) {
         Ok(t) => [t, DRAWN, 0],
@@ -475,8 +518,8 @@ pub fn drawn_words(row: &[f32], s: &DrawSpec) -> [u32; 3] {
     }
 }
 
-/// [`Backend::embed`] where an id past the table gives a NaN row instead of an error (ids a device drew).
-fn embed_or_nan<B: Backend + ?Sized>(b: &B, table: &B::Mat, ids: &[u32], out: &mut B::Buf) -> Result<(), KernelError> {
+/// [`Ops::embed`] where an id past the table gives a NaN row instead of an error (ids a device drew).
+fn embed_or_nan<B: Ops + ?Sized>(b: &B, table: &B::Mat, ids: &[u32], out: &mut B::Buf) -> Result<(), KernelError> {
     match b.embed(table, ids, out) {
         Err(KernelError::TokenOutOfRange { vocab, .. }) => {
             let ok: Vec<u32> = ids.iter().map(|&i| if (i as usize) < vocab { i } else { 0 }).collect();
@@ -493,7 +536,7 @@ fn embed_or_nan<B: Backend + ?Sized>(b: &B, table: &B::Mat, ids: &[u32], out: &m
     }
 }
 
-/// [`Backend::embed_held`]'s shape check: every `(row, pick)` names a row of `rows` and a pick of `words / 3`.
+/// [`Sampling::embed_held`]'s shape check: every `(row, pick)` names a row of `rows` and a pick of `words / 3`.
 pub fn check_held(rows: usize, words: usize, from: &[(usize, usize)]) -> Result<(), KernelError> {
     let shape = |what, got, want| Err(KernelError::Shape { kernel: "embed_held", what, got, want });
     if !words.is_multiple_of(3) {
@@ -525,11 +568,11 @@ pub fn host_copy_bandwidth() -> f64 {
     2.0 * n as f64 / best
 }
 
-/// [`Backend::moe_combine_add_rmsnorm`] as its steps: [`Backend::moe_combine`] into a scratch row set, then
-/// [`Backend::add_rmsnorm`] (or [`Backend::add`] without a norm). The trait's default, and a fusing backend's
+/// [`Ops::moe_combine_add_rmsnorm`] as its steps: [`Ops::moe_combine`] into a scratch row set, then
+/// [`Ops::add_rmsnorm`] (or [`Ops::add`] without a norm). The trait's default, and a fusing backend's
 /// unfused form.
 #[allow(clippy::too_many_arguments)]
-pub fn combine_then_add_rmsnorm<B: Backend + ?Sized>(
+pub fn combine_then_add_rmsnorm<B: Ops + ?Sized>(
     b: &B,
     (y, wts): (&B::Buf, &B::Buf),
     rows: usize,

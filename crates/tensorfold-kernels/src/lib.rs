@@ -1,5 +1,5 @@
-//! TensorFold kernels: the `Backend` trait, the CPU backend (and the CUDA backend with the `cuda` feature), and the
-//! kernel contract that checks them.
+//! TensorFold kernels: the `Backend` trait, the CPU backend (and the CUDA backend with the `cuda` feature). The
+//! kernel contract that checks them is the `tensorfold-contract` crate (which turns on `planted-faults`).
 //!
 //! Numerics (docs/architecture.md): weights bf16 or f32, activations and accumulation f32, one reduction
 //! order per row fixed by the row's own length (never by the batch), so a row's bits do not depend on
@@ -8,14 +8,20 @@
 pub mod backend;
 pub mod bytes;
 pub mod collective;
-pub mod contract;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod sample;
+pub mod shape;
 pub mod simd;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
+
+/// The backend traits by concern ([`Backend`] and its five parts), to call their methods on a concrete backend:
+/// `use tensorfold_kernels::prelude::*;`.
+pub mod prelude {
+    pub use crate::backend::{Backend, Diagnostics, Memory, Ops, Sampling, StreamState};
+}
 pub use bytes::{Dtype, HostBytes, MatView};
 pub use collective::{Collective, HostCollective, expert_ranges};
 pub use cpu::CpuBackend;

@@ -248,7 +248,7 @@ fn bind_experts<B: Backend>(
 }
 
 /// One device's experts of every layer, in layer order: `None` for a dense layer.
-pub type LayerExperts<B> = Vec<Option<Vec<Ffn<<B as Backend>::Mat>>>>;
+pub type LayerExperts<B> = Vec<Option<Vec<Ffn<<B as tensorfold_kernels::backend::Memory>::Mat>>>>;
 
 /// The experts `owned` of every MoE layer on `backend` (expert parallelism's ranks past 0), in layer order: `None` for
 /// a dense layer. Shapes are checked as [`bind`] checks them; unused tensors are rank 0's to refuse.

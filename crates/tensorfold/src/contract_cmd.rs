@@ -1,11 +1,14 @@
-//! `tensorfold contract`: every registered kernel through its gates, then the planted controls.
+//! `tensorfold contract`: every registered kernel through its gates, then the planted controls (the
+//! `tensorfold-contract` crate; a build without the `contract` feature says how to get one).
 
 use anyhow::bail;
 use std::process::ExitCode;
-use tensorfold_kernels::contract::{self, Kernel, Scale};
+#[cfg(feature = "contract")]
+use tensorfold_contract::{self as contract, Entry, Scale};
 
 /// Arguments of `tensorfold contract`.
 #[derive(clap::Args)]
+#[cfg_attr(not(feature = "contract"), allow(dead_code))]
 pub struct Args {
     /// Backend whose kernels to check: cpu, or cuda[:N] (GPU N, default 0; builds with the `cuda` feature).
     #[arg(long, default_value = "cpu")]
@@ -21,7 +24,14 @@ pub struct Args {
     seed: Option<u64>,
 }
 
+/// Without the `contract` feature there is no contract to run (a release build of the server carries none).
+#[cfg(not(feature = "contract"))]
+pub fn run(_: Args) -> anyhow::Result<ExitCode> {
+    bail!("this build has no kernel contract: build with `--features contract` (it plants faults in the kernels)")
+}
+
 /// Runs the command.
+#[cfg(feature = "contract")]
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let scale = if a.quick { Scale::Quick } else { Scale::Served };
     let seed = a.seed.unwrap_or_else(contract::fresh_seed);
@@ -69,7 +79,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The kernels of `--backend` and the header's description of it.
-fn registry(backend: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+#[cfg(feature = "contract")]
+fn registry(backend: &str) -> anyhow::Result<(Vec<Box<dyn Entry>>, String)> {
     match backend {
         "cpu" => Ok((contract::registry(), format!("backend cpu, simd {:?}", tensorfold_kernels::simd::level()))),
         b if b == "cuda" || b.starts_with("cuda:") => cuda_registry(b),
@@ -78,8 +89,8 @@ fn registry(backend: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
 }
 
 /// The CUDA kernels on GPU N of `cuda[:N]`.
-#[cfg(feature = "cuda")]
-fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+#[cfg(all(feature = "contract", feature = "cuda"))]
+fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Entry>>, String)> {
     let ordinal = match b.strip_prefix("cuda:") {
         Some(n) => {
             n.parse::<usize>().map_err(|_| anyhow::anyhow!("--backend {b}: N in cuda:N must be a GPU number"))?
@@ -92,7 +103,7 @@ fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
 }
 
 /// Without the `cuda` feature there are no CUDA kernels to check.
-#[cfg(not(feature = "cuda"))]
-fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Kernel>>, String)> {
+#[cfg(all(feature = "contract", not(feature = "cuda")))]
+fn cuda_registry(b: &str) -> anyhow::Result<(Vec<Box<dyn Entry>>, String)> {
     bail!("--backend {b}: this build has no CUDA backend (build with `--features cuda`)")
 }

@@ -7,7 +7,7 @@
 # --device cuda` on every fixture, then a drafted `generate --device cuda` against its `--no-drafts` reply. It checks
 # the kernels' arithmetic and the host's launch, staging and graph logic; not speed, not the real device's
 # scheduling or memory model (that is tools/cuda/check.sh on the GPU). Needs g++ and cpp; builds the binary
-# with `--features cuda` unless TENSORFOLD_BIN names one.
+# with `--features cuda,contract` unless TENSORFOLD_BIN names one.
 #
 #   tools/cuda/emu/run.sh            (CI runs it)
 set -euo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../../.."
 DIR=${TFEMU_WORK:-/tmp/tensorfold-emu}  # one run at a time in a folder
 mkdir -p "$DIR/lib"
 if [ -z "${TENSORFOLD_BIN:-}" ]; then
-    cargo build --release --quiet --features tensorfold/cuda -p tensorfold
+    cargo build --release --quiet --features tensorfold/cuda,tensorfold/contract -p tensorfold
     TENSORFOLD_BIN=target/release/tensorfold
 fi
 python3 tools/cuda/emu/gen.py "$DIR/variants" >"$DIR/gen.log"

@@ -1,8 +1,9 @@
 //! CPU GQA attention over each stream's KV rows, walking the call's segment table: causal (the target)
 //! and non-causal over a block (the DSpark drafter's block pass), and the drafter's context appends.
 
-use super::ops::{SendPtr, check_len};
+use super::ops::SendPtr;
 use crate::backend::{KernelError, Segment};
+use crate::shape::{check_cache_state, check_caches, check_len, row_positions};
 use crate::simd::{self, WRow};
 use rayon::prelude::*;
 
@@ -48,14 +49,9 @@ pub fn attention(
     check_len("attention", "q", q.len(), n_rows * heads * hd)?;
     check_len("attention", "v", v.len(), n_rows * width)?;
     check_len("attention", "out", out.len(), n_rows * heads * hd)?;
-    let pos = super::ops::row_positions(segs, n_rows)?;
+    let pos = row_positions(segs, n_rows)?;
     check_caches(segs, caches.len())?;
-    for s in segs {
-        let held = caches[s.cache].len();
-        if held != s.start_pos {
-            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
-        }
-    }
+    check_cache_state("attention", segs, width, |i| (caches[i].width, caches[i].len()))?;
     let mut row_cache = vec![0usize; n_rows];
     for s in segs {
         let c = &mut caches[s.cache];
@@ -118,12 +114,7 @@ pub fn kv_append(k: &[f32], v: &[f32], segs: &[Segment], caches: &mut [&mut CpuK
     let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
     check_len("kv_append", "k", k.len(), n_rows * width)?;
     check_len("kv_append", "v", v.len(), n_rows * width)?;
-    for s in segs {
-        let held = caches[s.cache].len();
-        if held != s.start_pos {
-            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
-        }
-    }
+    check_cache_state("kv_append", segs, width, |i| (caches[i].width, caches[i].len()))?;
     for s in segs {
         let r = s.first_row * width..(s.first_row + s.rows) * width;
         caches[s.cache].k.extend_from_slice(&k[r.clone()]);
@@ -153,13 +144,8 @@ pub fn block_attention(
     check_len("block_attention", "k", k.len(), n_rows * width)?;
     check_len("block_attention", "v", v.len(), n_rows * width)?;
     check_len("block_attention", "out", out.len(), n_rows * heads * hd)?;
-    super::ops::row_positions(segs, n_rows)?;
-    for s in segs {
-        let held = caches[s.cache].len();
-        if held != s.start_pos {
-            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
-        }
-    }
+    row_positions(segs, n_rows)?;
+    check_cache_state("block_attention", segs, width, |i| (caches[i].width, caches[i].len()))?;
     let mut row_seg = vec![0usize; n_rows];
     for (i, s) in segs.iter().enumerate() {
         row_seg[s.first_row..s.first_row + s.rows].fill(i);
@@ -205,17 +191,4 @@ pub fn attend_block_row(q: &[f32], cache: &CpuKv, block: &BlockKv, kvh: usize, h
         }
     };
     attend(q, cache.len() + block.rows, key, scale, out);
-}
-
-/// Checks that segments name distinct caches inside a slice of `n` caches.
-pub(crate) fn check_caches(segs: &[Segment], n: usize) -> Result<(), KernelError> {
-    let mut seen = vec![false; n];
-    for s in segs {
-        match seen.get_mut(s.cache) {
-            None => return Err(KernelError::Segments(format!("segment names cache {} of {n}", s.cache))),
-            Some(true) => return Err(KernelError::Segments(format!("two segments name cache {}", s.cache))),
-            Some(b) => *b = true,
-        }
-    }
-    Ok(())
 }

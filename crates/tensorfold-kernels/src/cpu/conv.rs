@@ -1,11 +1,9 @@
 //! CPU LFM2 short conv core over each stream's conv state, walking the call's segment table.
 
-use super::attention::check_caches;
-use super::ops::check_len;
 use crate::backend::{KernelError, Segment};
+use crate::shape::{ConvLens, check_conv};
 
-/// Longest segment whose `B * x` rows are kept so the state can be rolled back (verify windows).
-pub const KEEP_ROWS: usize = 64;
+pub use crate::backend::KEEP_ROWS;
 
 /// One conv layer's state of one stream: the last `taps - 1` values of `B * x`, oldest first,
 /// `[taps - 1, width]`. Zeros before the first row (the reference's causal zero padding).
@@ -58,23 +56,11 @@ pub fn short_conv(
     states: &mut [&mut CpuConv],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    let rows = out.len() / width.max(1);
-    check_len("short_conv", "bcx", bcx.len(), rows * 3 * width)?;
-    check_len("short_conv", "out", out.len(), rows * width)?;
-    super::ops::row_positions(segs, rows)?;
-    check_caches(segs, states.len())?;
-    let taps = weight.len() / width.max(1);
-    for s in segs {
-        let st = &states[s.cache];
-        if st.width != width || st.taps != taps || taps == 0 {
-            return Err(KernelError::Shape {
-                kernel: "short_conv",
-                what: "conv state",
-                got: st.state.len(),
-                want: taps.saturating_sub(1) * width,
-            });
-        }
-    }
+    let lens = ConvLens { bcx: bcx.len(), out: out.len(), weight: weight.len(), bias: bias.map(<[f32]>::len) };
+    let (_, taps) = check_conv(lens, width, segs, states.len(), |i| {
+        let st = &states[i];
+        (st.width, st.taps, st.state.len())
+    })?;
     for s in segs {
         let st = &mut states[s.cache];
         let hist = taps - 1;

@@ -9,8 +9,9 @@ pub mod ops;
 pub use attention::CpuKv;
 pub use conv::CpuConv;
 
-use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment, drawn_words};
+use crate::backend::{Ffn, KernelError, MoeParams, Pick, RopeParams, Segment, drawn_words};
 use crate::bytes::MatView;
+use crate::prelude::*;
 use crate::sample::{DrawSpec, SampleError, draw};
 use rayon::prelude::*;
 
@@ -18,15 +19,11 @@ use rayon::prelude::*;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
 
-impl Backend for CpuBackend {
+impl Memory for CpuBackend {
     type Buf = Vec<f32>;
     type Mat = MatView;
     type Kv = CpuKv;
     type Conv = CpuConv;
-
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
 
     fn upload_mat(&self, m: &MatView) -> Result<MatView, KernelError> {
         Ok(m.clone())
@@ -48,6 +45,12 @@ impl Backend for CpuBackend {
         b.clone()
     }
 
+    fn mat_rows(&self, m: &MatView) -> usize {
+        m.rows
+    }
+}
+
+impl StreamState for CpuBackend {
     fn new_kv(&self, width: usize) -> CpuKv {
         CpuKv { width, k: Vec::new(), v: Vec::new() }
     }
@@ -86,13 +89,11 @@ impl Backend for CpuBackend {
     fn conv_drop_window(&self, c: &mut CpuConv) {
         c.window = Vec::new();
     }
+}
 
+impl Ops for CpuBackend {
     fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
         ops::embed(table, ids, out)
-    }
-
-    fn mat_rows(&self, m: &MatView) -> usize {
-        m.rows
     }
 
     fn rmsnorm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, width: usize, out: &mut Vec<f32>) {
@@ -121,7 +122,7 @@ impl Backend for CpuBackend {
         segs: &[Segment],
     ) -> Result<(), KernelError> {
         let width = heads * rope.head_dim;
-        let pos = ops::row_positions(segs, x.len() / width.max(1))?;
+        let pos = crate::shape::row_positions(segs, x.len() / width.max(1))?;
         x.par_chunks_mut(width).zip(pos).for_each(|(row, p)| ops::qk_norm_rope_row(row, norm, eps, rope, p));
         Ok(())
     }
@@ -179,19 +180,6 @@ impl Backend for CpuBackend {
 
     fn swiglu(&self, x: &Vec<f32>, rows: usize, ffn: &Ffn<MatView>, out: &mut Vec<f32>) {
         moe::swiglu(x, rows, ffn, out)
-    }
-
-    fn moe(
-        &self,
-        x: &Vec<f32>,
-        rows: usize,
-        gate: &MatView,
-        expert_bias: Option<&Vec<f32>>,
-        experts: &[Ffn<MatView>],
-        p: MoeParams,
-        out: &mut Vec<f32>,
-    ) {
-        moe::moe(x, rows, gate, expert_bias.map(|b| b.as_slice()), experts, p, out)
     }
 
     fn moe_route(
@@ -266,12 +254,14 @@ impl Backend for CpuBackend {
         moe::combine(y, wts, rows, k, out);
         Ok(())
     }
+}
 
+impl Sampling for CpuBackend {
     fn greedy(&self, logits: &Vec<f32>, vocab: usize) -> Vec<Pick> {
         logits.par_chunks(vocab).map(ops::greedy_row).collect()
     }
 
-    /// [`Backend::draw_into`]'s words from the host reference, rows across threads.
+    /// [`Sampling::draw_into`]'s words from the host reference, rows across threads.
     fn draw_into(&self, logits: &Vec<f32>, vocab: usize, specs: &[DrawSpec], out: &mut Vec<f32>) {
         let row = |r: usize| logits.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
         let words: Vec<[u32; 3]> = specs.par_iter().enumerate().map(|(r, s)| drawn_words(row(r), s)).collect();
@@ -282,6 +272,12 @@ impl Backend for CpuBackend {
     fn draw_rows(&self, logits: &Vec<f32>, vocab: usize, specs: &[DrawSpec]) -> Vec<Result<u32, SampleError>> {
         let row = |r: usize| logits.get(r * vocab..(r + 1) * vocab).unwrap_or(&[]);
         specs.par_iter().enumerate().map(|(r, s)| draw(&s.params, s.position, row(r))).collect()
+    }
+}
+
+impl Diagnostics for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
     }
 }
 

@@ -145,9 +145,10 @@ pub fn combine(y: &[f32], wts: &[f32], rows: usize, k: usize, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use crate::backend::{Backend, Ffn, KernelError};
+    use crate::backend::{Ffn, KernelError};
     use crate::bytes::MatView;
     use crate::cpu::CpuBackend;
+    use crate::prelude::*;
 
     fn expert(h: usize, inter: usize) -> Ffn<MatView> {
         let m = |r: usize, c: usize| MatView::from_f32(r, c, &vec![0.01; r * c]);

@@ -3,8 +3,10 @@
 //! Each output element is reduced by `simd::dot_tile` in the canonical order, and work is split across
 //! threads by output column or row only, so a row's bits never depend on the batch or the thread count.
 
-use crate::backend::{KernelError, Pick, RopeParams, Segment};
+pub use crate::backend::rope_inv_freq;
+use crate::backend::{KernelError, Pick, RopeParams};
 use crate::bytes::{Dtype, MatView};
+use crate::shape::check_len;
 use crate::simd::{self, Level, WRow};
 use rayon::prelude::*;
 
@@ -144,13 +146,6 @@ pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, width: usize, out: &mut [f32
     out.par_chunks_mut(width).zip(x.par_chunks(width)).for_each(|(o, r)| rmsnorm_row(r, weight, eps, o));
 }
 
-/// Inverse frequency of rotary pair `i`, as transformers computes it in float32:
-/// `1 / theta ^ (2i / head_dim)`.
-pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
-    let e = (2 * i) as f32 / head_dim as f32;
-    1.0 / ((theta as f32) as f64).powf(e as f64) as f32
-}
-
 /// Per-head RMSNorm then RoPE (half-split or interleaved pairs) of one row `x` `[heads * head_dim]` at
 /// `pos`.
 pub fn qk_norm_rope_row(x: &mut [f32], norm: &[f32], eps: f32, rope: RopeParams, pos: usize) {
@@ -171,30 +166,6 @@ pub fn qk_norm_rope_row(x: &mut [f32], norm: &[f32], eps: f32, rope: RopeParams,
             head[ib] = b * c + a * s;
         }
     }
-}
-
-/// Absolute position of every row of a call, from its segments. Errors on overlapping or missing rows.
-pub fn row_positions(segs: &[Segment], rows: usize) -> Result<Vec<usize>, KernelError> {
-    let mut pos = vec![usize::MAX; rows];
-    for s in segs {
-        if s.first_row + s.rows > rows {
-            return Err(KernelError::Segments(format!(
-                "segment rows {}..{} past {rows}",
-                s.first_row,
-                s.first_row + s.rows
-            )));
-        }
-        for i in 0..s.rows {
-            if pos[s.first_row + i] != usize::MAX {
-                return Err(KernelError::Segments(format!("row {} is in two segments", s.first_row + i)));
-            }
-            pos[s.first_row + i] = s.start_pos + i;
-        }
-    }
-    if pos.contains(&usize::MAX) {
-        return Err(KernelError::Segments("a row belongs to no segment".into()));
-    }
-    Ok(pos)
 }
 
 /// `silu(g) * u` elementwise into `g`, split across threads; silu(v) = v / (1 + exp(-v)).
@@ -221,8 +192,4 @@ pub fn greedy_row(row: &[f32]) -> Pick {
         }
     }
     Pick { token: best as u32, nonfinite }
-}
-
-pub(crate) fn check_len(kernel: &'static str, what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
-    if got == want { Ok(()) } else { Err(KernelError::Shape { kernel, what, got, want }) }
 }

@@ -7,8 +7,7 @@ use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaKv, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::{KernelError, Segment};
-use crate::cpu::attention::check_caches;
-use crate::cpu::ops::{check_len, row_positions};
+use crate::shape::{check_cache_state, check_caches, check_len, row_positions};
 
 /// Scratch floats one launch of the partial kernel may fill (256 MiB): a call whose rows need more is split into
 /// launches of fewer rows, which changes no row's arithmetic.
@@ -34,25 +33,6 @@ fn geometry(kernel: &'static str, heads: usize, kv_heads: usize, width: usize) -
         });
     }
     Ok((width / kv_heads, heads / kv_heads))
-}
-
-/// Every cache a segment names must have the call's row width and hold exactly `start_pos` rows.
-fn check_caches_state(
-    kernel: &'static str,
-    segs: &[Segment],
-    width: usize,
-    cache: impl Fn(usize) -> (usize, usize),
-) -> Result<(), KernelError> {
-    for s in segs {
-        let (w, held) = cache(s.cache);
-        if w != width {
-            return Err(KernelError::Shape { kernel, what: "KV cache width", got: w, want: width });
-        }
-        if held != s.start_pos {
-            return Err(KernelError::KeyCount { cache: s.cache, start: s.start_pos, held });
-        }
-    }
-    Ok(())
 }
 
 fn u32_of(v: usize, what: &str) -> Result<u64, KernelError> {
@@ -84,7 +64,7 @@ pub(crate) fn attention(
     check_len("attention", "v", v.len(), n_rows * width)?;
     check_len("attention", "out", out.len(), n_rows * heads * hd)?;
     let pos = row_positions(segs, n_rows)?;
-    check_caches_state("attention", segs, width, |i| (caches[i].width, caches[i].len))?;
+    check_cache_state("attention", segs, width, |i| (caches[i].width, caches[i].len))?;
     let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
     for &k in &keys {
         u32_of(k, "key count")?;
@@ -146,7 +126,7 @@ pub(crate) fn kv_append(
     let n_rows = segs.iter().map(|s| s.first_row + s.rows).max().unwrap_or(0);
     check_len("kv_append", "k", k.len(), n_rows * width)?;
     check_len("kv_append", "v", v.len(), n_rows * width)?;
-    check_caches_state("kv_append", segs, width, |i| (caches[i].width, caches[i].len))?;
+    check_cache_state("kv_append", segs, width, |i| (caches[i].width, caches[i].len))?;
     append(be, k, v, segs, caches).map_err(|e| e.kernel("kv_append"))
 }
 
@@ -214,7 +194,7 @@ pub(crate) fn block_attention(
     check_len("block_attention", "v", v.len(), n_rows * width)?;
     check_len("block_attention", "out", out.len(), n_rows * heads * hd)?;
     row_positions(segs, n_rows)?;
-    check_caches_state("block_attention", segs, width, |i| (caches[i].width, caches[i].len))?;
+    check_cache_state("block_attention", segs, width, |i| (caches[i].width, caches[i].len))?;
     let mut desc = vec![0u64; 4 * n_rows];
     let mut keys = vec![0usize; n_rows];
     for s in segs {

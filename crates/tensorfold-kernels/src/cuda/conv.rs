@@ -5,10 +5,9 @@ use super::device::{Arg, BLOCK, GRID_YZ, Mem, Src};
 use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaConv, f32_bytes};
 use super::{CudaBackend, CudaError};
+use crate::backend::KEEP_ROWS;
 use crate::backend::{KernelError, Segment};
-use crate::cpu::attention::check_caches;
-use crate::cpu::conv::KEEP_ROWS;
-use crate::cpu::ops::{check_len, row_positions};
+use crate::shape::{ConvLens, check_conv};
 
 /// `out[t, c] = C[t, c] * (sum_i w[c, i] * Bx[t - taps + 1 + i, c] + bias[c])` for each segment's rows, rows before
 /// the segment from its stream's state; then each state holds its segment's last `taps - 1` rows of `B * x`, and a
@@ -24,28 +23,11 @@ pub(crate) fn short_conv(
     states: &mut [&mut CudaConv],
     out: &mut CudaBuf,
 ) -> Result<(), KernelError> {
-    let rows = out.len() / width.max(1);
-    check_len("short_conv", "bcx", bcx.len(), rows * 3 * width)?;
-    check_len("short_conv", "out", out.len(), rows * width)?;
-    row_positions(segs, rows)?;
-    check_caches(segs, states.len())?;
-    let taps = weight.len() / width.max(1);
-    check_len("short_conv", "weight", weight.len(), taps * width)?;
-    if let Some(b) = bias {
-        check_len("short_conv", "bias", b.len(), width)?;
-    }
-    for s in segs {
-        let st = &states[s.cache];
-        if st.width != width || st.taps != taps || taps == 0 {
-            let got = st.hist() * st.width;
-            return Err(KernelError::Shape {
-                kernel: "short_conv",
-                what: "conv state",
-                got,
-                want: taps.saturating_sub(1) * width,
-            });
-        }
-    }
+    let lens = ConvLens { bcx: bcx.len(), out: out.len(), weight: weight.len(), bias: bias.map(CudaBuf::len) };
+    let (rows, taps) = check_conv(lens, width, segs, states.len(), |i| {
+        let st = &states[i];
+        (st.width, st.taps, st.hist() * st.width)
+    })?;
     let call = Call { bcx, width, taps, weight, bias, rows };
     launch(be, &call, segs, states, out).map_err(|e| e.kernel("short_conv"))
 }

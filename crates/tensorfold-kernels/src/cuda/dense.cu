@@ -82,7 +82,7 @@ __device__ __forceinline__ float load_w1(const Mat& m, u64 row, int k, int i) {
 // loads issued before the first multiply) and multiplied in the same increasing order whatever U, R or C: U puts
 // more loads in flight, C reuses each x load over C columns, and neither changes a bit. The one-row kernels (R = 1)
 // take U = 8, C = 1; the RT-row tiles U = 1, C = CT (their registers go to the rows and columns).
-// `rev` walks the lane's chunks backwards: only the planted FAULT_LINEAR_BATCH_ORDER sets it.
+// `rev` walks the lane's chunks backwards: only a planted fault (the contract's batch-order control) sets it.
 template <int DT, int V, int NW, int R, int U, int C>
 __device__ __forceinline__ void tile_dot(const Mat& m0, const Mat& m1, u64 row, int nc, int k, const float* const* xs,
                                          int nr, float* a0, float* a1, bool rev) {

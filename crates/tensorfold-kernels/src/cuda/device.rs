@@ -46,10 +46,10 @@ pub const KEY_CHUNK: usize = 256;
 pub const GRID_YZ: usize = 65535;
 
 mod blocks;
-mod lane;
+mod stream_host;
 
-use lane::{Lane, Staging, keep_pool_memory};
-pub(crate) use lane::{graphs_setting, part_setting, pdl_setting};
+use stream_host::{Staging, StreamHost, keep_pool_memory};
+pub(crate) use stream_host::{graphs_setting, part_setting, pdl_setting};
 
 const COMMON: &str = include_str!("common.cuh");
 
@@ -89,7 +89,28 @@ impl Src {
         }
     }
 
+    /// The shipped module text: the `.cu` file with its planted-fault blocks stripped at build time (build.rs,
+    /// `strip.rs`), so what production compiles carries no fault.
     fn body(self) -> &'static str {
+        match self {
+            Src::Rows => include_str!(concat!(env!("OUT_DIR"), "/shipped/rows.cu")),
+            Src::Dense => include_str!(concat!(env!("OUT_DIR"), "/shipped/dense.cu")),
+            Src::Rope => include_str!(concat!(env!("OUT_DIR"), "/shipped/rope.cu")),
+            Src::Attention => include_str!(concat!(env!("OUT_DIR"), "/shipped/attention.cu")),
+            Src::Conv => include_str!(concat!(env!("OUT_DIR"), "/shipped/conv.cu")),
+            Src::Moe => include_str!(concat!(env!("OUT_DIR"), "/shipped/moe.cu")),
+            Src::Sample => include_str!(concat!(env!("OUT_DIR"), "/shipped/sample.cu")),
+        }
+    }
+
+    /// The text NVRTC compiles: `common.cuh` then the module (its planted-fault blocks stripped).
+    pub fn source(self) -> String {
+        format!("{COMMON}\n{}", self.body())
+    }
+
+    /// The whole `.cu` file, its `FAULT_*` blocks included (the contract's planted builds).
+    #[cfg(feature = "planted-faults")]
+    fn planted_body(self) -> &'static str {
         match self {
             Src::Rows => include_str!("rows.cu"),
             Src::Dense => include_str!("dense.cu"),
@@ -101,19 +122,20 @@ impl Src {
         }
     }
 
-    /// The text NVRTC compiles: `common.cuh` then the module.
-    pub fn source(self) -> String {
-        format!("{COMMON}\n{}", self.body())
+    /// The text a planted build compiles (with a `-DFAULT_*` define): `common.cuh` then the whole module.
+    #[cfg(feature = "planted-faults")]
+    pub fn planted_source(self) -> String {
+        format!("{COMMON}\n{}", self.planted_body())
     }
-}
 
-/// A planted fault: module `src` compiled with `-D<define>` (the contract's controls; production never sets one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Plant {
-    /// The module the fault lives in.
-    pub src: Src,
-    /// The preprocessor symbol that switches it on (e.g. `FAULT_LINEAR_DROP_LAST`).
-    pub define: &'static str,
+    /// The text compiled for `define`: `source` without one, `planted_source` with one (the contract's builds only).
+    fn source_for(self, define: Option<&'static str>) -> String {
+        match define {
+            #[cfg(feature = "planted-faults")]
+            Some(_) => self.planted_source(),
+            _ => self.source(),
+        }
+    }
 }
 
 /// A kernel argument: every kernel parameter is a pointer, a 64-bit integer, a 32-bit integer or an f32.
@@ -138,7 +160,7 @@ pub struct Mem {
     pub ptr: u64,
     /// Size in bytes.
     pub bytes: usize,
-    lane: Arc<Mutex<Lane>>,
+    host: Arc<Mutex<StreamHost>>,
 }
 
 impl Drop for Mem {
@@ -147,7 +169,7 @@ impl Drop for Mem {
         // The free (CudaSlice's drop) needs this context current on the dropping thread, which may never have
         // launched anything.
         let _ = slice.context().bind_to_thread();
-        lock(&self.lane).release(slice);
+        lock(&self.host).release(slice);
     }
 }
 
@@ -174,7 +196,7 @@ pub struct Dev {
     /// Everything that touches the stream: the staging arena, the queue of deferred operations and the graphs.
     /// Held while an operation is recorded or issued, so no thread's work of this device lands inside another's
     /// capture (work enqueued through [`Dev::stream`] is outside it: see there).
-    lane: Arc<Mutex<Lane>>,
+    host: Arc<Mutex<StreamHost>>,
     /// Device copies of constant u64 tables (a MoE layer's expert table), keyed by their contents.
     consts: Mutex<HashMap<Vec<u64>, Mem>>,
     /// With `TENSORFOLD_CUDA_PROFILE` set: kernel names by function handle, and (launches, seconds) by name.
@@ -260,7 +282,7 @@ impl Dev {
         let arena = Staging::new(&stream);
         let deferred = graphs && profile.is_none() && arena.is_some();
         let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
-        let lane = Lane::new(arena, deferred, part);
+        let host = StreamHost::new(arena, deferred, part);
         Ok(Arc::new(Dev {
             ctx,
             stream,
@@ -270,7 +292,7 @@ impl Dev {
             modules: Mutex::default(),
             error: Mutex::default(),
             consts: Mutex::default(),
-            lane: Arc::new(Mutex::new(lane)),
+            host: Arc::new(Mutex::new(host)),
             profile,
             fused: std::env::var_os("TENSORFOLD_CUDA_UNFUSED").is_none(),
             r1_rows,
@@ -294,7 +316,7 @@ impl Dev {
     /// device's flushes on that thread, and work another thread enqueued during one would join the graph.
     pub fn stream(&self) -> Result<sys::CUstream, CudaError> {
         self.bind()?;
-        self.flush(&mut lock(&self.lane))?;
+        self.flush(&mut lock(&self.host))?;
         Ok(self.stream.cu_stream())
     }
 
@@ -305,7 +327,7 @@ impl Dev {
         }
         self.bind()?;
         // Stream-ordered and issued now, ahead of queued work (which runs before any later use of the memory).
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         if l.reclaim.must_flush() {
             // Memory freed behind the queue comes back only after a flush.
             self.flush(&mut l)?;
@@ -316,11 +338,11 @@ impl Dev {
             None => self.fresh(&mut l, size)?,
         };
         let ptr = slice.device_ptr(&self.stream).0;
-        Ok(Some(Mem { slice: Some(slice), ptr, bytes, lane: self.lane.clone() }))
+        Ok(Some(Mem { slice: Some(slice), ptr, bytes, host: self.host.clone() }))
     }
 
     /// `size` new bytes from the driver; out of memory, the cached blocks go back first and it tries once more.
-    fn fresh(&self, l: &mut Lane, size: usize) -> Result<CudaSlice<u8>, CudaError> {
+    fn fresh(&self, l: &mut StreamHost, size: usize) -> Result<CudaSlice<u8>, CudaError> {
         // SAFETY: every launcher writes memory (copy, memset or kernel) before anything reads it.
         match unsafe { self.stream.alloc::<u8>(size) } {
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -377,6 +399,7 @@ impl Dev {
 
     /// Sets the wide-tile override (`None`: the defaults) and returns the one before: the contract checks the wide
     /// tiles at widths under the defaults.
+    #[cfg(feature = "planted-faults")]
     pub fn set_wide_rows(&self, rows: Option<usize>) -> Option<usize> {
         let was = self.wide_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
         (was != UNSET).then_some(was)
@@ -421,7 +444,7 @@ impl Dev {
 
     /// The module from the disk cache when a stored image loads, else compiled by NVRTC (and stored).
     fn load(&self, src: Src, define: Option<&'static str>) -> Result<Arc<CudaModule>, CudaError> {
-        let source = src.source();
+        let source = src.source_for(define);
         let opts = nvrtc::options(&self.arch, define);
         let key = nvrtc::cache_key(&source, &self.arch, &opts);
         if let Some(dir) = &self.cache
@@ -475,7 +498,7 @@ impl Dev {
         let op = Op::Launch { func, grid, block, smem, args: (0, slots.len() as u32) };
         let (synced, evented) = self.profiled();
         if !synced && !evented {
-            let mut l = lock(&self.lane);
+            let mut l = lock(&self.host);
             if l.deferred() {
                 l.queue.launch(func, grid, block, smem, &slots);
                 if l.part > 0 && l.queue.ops.len() >= l.part {
@@ -487,11 +510,11 @@ impl Dev {
             // SAFETY: each launcher passes exactly its kernel's parameters in order with matching sizes; pointers
             // are live allocations of this context (or null where the kernel never reads them), and the kernels
             // stay in the bounds their launchers checked.
-            return unsafe { graphs::issue(self.target(&l), &op, &slots) };
+            return unsafe { graphs::issue(self.issuer(&l), &op, &slots) };
         }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = match synced {
-            true => Some((self.drain(&mut lock(&self.lane))?, std::time::Instant::now()).1),
+            true => Some((self.drain(&mut lock(&self.host))?, std::time::Instant::now()).1),
             false => None,
         };
         let before = match evented {
@@ -499,10 +522,10 @@ impl Dev {
             false => None,
         };
         // SAFETY: as above. A profiled kernel runs alone (no programmatic overlap with the one before).
-        let alone = graphs::Target { stream: self.stream.cu_stream(), arena: std::ptr::null(), pdl: false };
+        let alone = graphs::Issuer { stream: self.stream.cu_stream(), arena: std::ptr::null(), pdl: false };
         unsafe { graphs::issue(alone, &op, &slots) }?;
         if let (Some(p), Some(t0)) = (&self.profile, t0) {
-            self.drain(&mut lock(&self.lane))?;
+            self.drain(&mut lock(&self.host))?;
             lock(p).timed(func, t0.elapsed().as_secs_f64());
         }
         if let (Some(p), Some(before)) = (&self.profile, before) {
@@ -568,7 +591,7 @@ impl Drop for Dev {
         // Queued copies may still read the staging arena, which is freed with the Dev.
         let _ = self.sync();
         // Graphs name kernels of this device's modules, which its fields unload next.
-        lock(&self.lane).graphs.clear();
+        lock(&self.host).graphs.clear();
     }
 }
 

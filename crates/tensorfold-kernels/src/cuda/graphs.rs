@@ -71,7 +71,7 @@ impl Queue {
 /// launch may start while the kernel before it finishes (programmatic dependent launch, sm_90 on: each kernel waits
 /// at its entry for the one before, `PDL_ENTRY` in common.cuh, so the results are the same bits).
 #[derive(Clone, Copy)]
-pub(crate) struct Target {
+pub(crate) struct Issuer {
     pub(crate) stream: sys::CUstream,
     pub(crate) arena: *const u8,
     pub(crate) pdl: bool,
@@ -82,7 +82,7 @@ pub(crate) struct Target {
 /// # Safety
 /// Every address in `op` must be a live allocation of the stream's context holding the sizes recorded (the
 /// launchers check); `t.arena` must hold `at + bytes` bytes that stay unchanged until the copy has run.
-pub(crate) unsafe fn issue(t: Target, op: &Op, args: &[u64]) -> Result<(), CudaError> {
+pub(crate) unsafe fn issue(t: Issuer, op: &Op, args: &[u64]) -> Result<(), CudaError> {
     match *op {
         Op::Launch { func, grid, block, smem, args: (a, n) } => {
             let slots = &args[a as usize..(a + n) as usize];
@@ -148,7 +148,8 @@ unsafe fn launch_pdl(
         .map_err(|e| driver("cuLaunchKernelEx", e))
 }
 
-/// A planted fault of the graph machinery (the contract's `cuda.graphs` controls; production never sets one).
+/// A planted fault of the graph machinery (the contract's `cuda.graphs` controls; feature `planted-faults`).
+#[cfg(feature = "planted-faults")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GraphFault {
     /// A capture records the kernels only: the staged copies are issued once, before it, so a replay reuses the
@@ -209,6 +210,7 @@ pub(crate) struct Graphs<E> {
     /// Why the driver last refused a capture.
     pub(crate) refusal: Option<String>,
     /// A planted fault (the contract's controls only).
+    #[cfg(feature = "planted-faults")]
     pub(crate) fault: Option<GraphFault>,
 }
 
@@ -252,6 +254,7 @@ impl<E> Default for Graphs<E> {
             last: HashMap::new(),
             misses: Vec::new(),
             refusal: None,
+            #[cfg(feature = "planted-faults")]
             fault: None,
         }
     }
@@ -276,9 +279,8 @@ impl<E> Graphs<E> {
             self.stats.graph_ops += q.ops.len() as u64;
             return Plan::Replay(key);
         }
-        if self.fault == Some(GraphFault::ReplayByLength)
-            && let Some((&k, _)) = self.cached.iter().find(|(_, c)| c.ops.len() == q.ops.len())
-        {
+        #[cfg(feature = "planted-faults")]
+        if let Some(k) = self.planted_replay(q) {
             self.stats.replays += 1;
             return Plan::Replay(k);
         }
@@ -294,6 +296,13 @@ impl<E> Graphs<E> {
         self.stats.eager += 1;
         self.note_miss(q, slot);
         Plan::Eager
+    }
+
+    /// The planted [`GraphFault::ReplayByLength`]: any held graph of as many operations as `q`.
+    #[cfg(feature = "planted-faults")]
+    fn planted_replay(&self, q: &Queue) -> Option<u64> {
+        let by_length = self.fault == Some(GraphFault::ReplayByLength);
+        by_length.then(|| self.cached.iter().find(|(_, c)| c.ops.len() == q.ops.len()).map(|(&k, _)| k)).flatten()
     }
 
     /// Keeps where `q` differs from the last sequence issued one by one at its part position (a measuring aid).
@@ -392,23 +401,38 @@ pub(crate) enum Refusal {
 ///
 /// # Safety
 /// As [`issue`] for every op of `q`; the stream's context is bound on this thread.
-pub(crate) unsafe fn capture(t: Target, q: &Queue, fault: Option<GraphFault>) -> Result<Exec, Refusal> {
-    let stream = t.stream;
-    let kernels_only = fault == Some(GraphFault::KernelsOnly);
-    let copy = |op: &&Op| matches!(op, Op::Htod { .. });
-    if kernels_only {
-        // SAFETY: per this function's contract (the planted fault: copies issued now, left out of the graph).
-        for op in q.ops.iter().filter(copy) {
-            unsafe { issue(t, op, &q.args) }.map_err(Refusal::Begin)?;
-        }
+pub(crate) unsafe fn capture(t: Issuer, q: &Queue) -> Result<Exec, Refusal> {
+    // SAFETY: per this function's contract.
+    unsafe { capture_ops(t, q, |_| true) }
+}
+
+/// The planted [`GraphFault::KernelsOnly`]: the staged copies issued now, the capture recording the kernels only.
+///
+/// # Safety
+/// As [`capture`].
+#[cfg(feature = "planted-faults")]
+pub(crate) unsafe fn capture_kernels_only(t: Issuer, q: &Queue) -> Result<Exec, Refusal> {
+    let copy = |op: &Op| matches!(op, Op::Htod { .. });
+    for op in q.ops.iter().filter(|op| copy(op)) {
+        // SAFETY: per this function's contract.
+        unsafe { issue(t, op, &q.args) }.map_err(Refusal::Begin)?;
     }
+    // SAFETY: per this function's contract.
+    unsafe { capture_ops(t, q, |op| !copy(op)) }
+}
+
+/// [`capture`] of the ops of `q` that `recorded` keeps.
+///
+/// # Safety
+/// As [`capture`].
+unsafe fn capture_ops(t: Issuer, q: &Queue, recorded: impl Fn(&Op) -> bool) -> Result<Exec, Refusal> {
+    let stream = t.stream;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: the stream is live.
     unsafe { result::stream::begin_capture(stream, mode) }
         .map_err(|e| Refusal::Begin(driver("cuStreamBeginCapture", e)))?;
     // SAFETY: per this function's contract.
-    let recorded =
-        q.ops.iter().filter(|op| !(kernels_only && copy(op))).try_for_each(|op| unsafe { issue(t, op, &q.args) });
+    let recorded = q.ops.iter().filter(|op| recorded(op)).try_for_each(|op| unsafe { issue(t, op, &q.args) });
     // SAFETY: the stream is capturing (begun above).
     let ended = unsafe { result::stream::end_capture(stream) };
     if let Err(e) = recorded {

@@ -16,15 +16,22 @@ mod moe;
 pub mod nccl;
 pub mod nvrtc;
 mod ops;
+#[cfg(feature = "planted-faults")]
+mod planted;
 mod profile;
+#[cfg(test)]
+mod strip;
 mod trait_impl;
 mod types;
 
 pub use nccl::NcclCollective;
 pub use types::{CudaBuf, CudaConv, CudaKv, CudaMat};
 
-pub(crate) use device::{Plant, Src};
+pub use device::Src;
+#[cfg(feature = "planted-faults")]
 pub use graphs::GraphFault;
+#[cfg(feature = "planted-faults")]
+pub use planted::Plant;
 
 use crate::backend::KernelError;
 use cudarc::driver::CudaFunction;
@@ -114,7 +121,8 @@ impl CudaError {
 #[derive(Clone)]
 pub struct CudaBackend {
     pub(crate) dev: Arc<Dev>,
-    /// A planted fault (the contract's controls only).
+    /// A planted fault (the contract's controls only: feature `planted-faults`).
+    #[cfg(feature = "planted-faults")]
     pub(crate) plant: Option<Plant>,
 }
 
@@ -124,7 +132,7 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         // A binding the driver lacks makes cudarc panic; a backend that cannot open must still be a named error.
         match std::panic::catch_unwind(|| Dev::open(ordinal)) {
-            Ok(r) => r.map(|dev| Self { dev, plant: None }),
+            Ok(r) => r.map(Self::on),
             Err(p) => {
                 let msg =
                     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
@@ -152,14 +160,21 @@ impl CudaBackend {
         &self.dev.arch
     }
 
-    /// The same device with `plant` compiled into its module (the contract's controls).
-    pub(crate) fn planted(&self, plant: Plant) -> Self {
-        Self { dev: self.dev.clone(), plant: Some(plant) }
+    /// A backend on `dev`, with no planted fault.
+    fn on(dev: Arc<Dev>) -> Self {
+        Self {
+            dev,
+            #[cfg(feature = "planted-faults")]
+            plant: None,
+        }
     }
 
-    /// Kernel `name` of module `src`, with this backend's planted fault when it lives in `src`.
+    /// Kernel `name` of module `src` (with the contract's planted fault when one lives in `src`).
     pub(crate) fn func(&self, src: Src, name: &str) -> Result<CudaFunction, CudaError> {
+        #[cfg(feature = "planted-faults")]
         let define = self.plant.filter(|p| p.src == src).map(|p| p.define);
+        #[cfg(not(feature = "planted-faults"))]
+        let define = None;
         self.dev.function(src, define, name)
     }
 
@@ -169,8 +184,8 @@ impl CudaBackend {
     }
 
     /// Launch limits of kernels `names` of module `src` (registers, static shared memory, local memory, threads),
-    /// one line each; a kernel that cannot be loaded says why.
-    pub(crate) fn limits(&self, src: Src, names: &[&str]) -> Vec<String> {
+    /// one line each; a kernel that cannot be loaded says why (the contract's report).
+    pub fn limits(&self, src: Src, names: &[&str]) -> Vec<String> {
         names.iter().map(|n| self.dev.limits(src, n).unwrap_or_else(|e| format!("{n}: {e}"))).collect()
     }
 
@@ -214,11 +229,6 @@ impl CudaBackend {
         let mut s = vec![0f32; c.hist() * c.width];
         self.dev.dtoh(&mut s, c.state_ptr()?)?;
         Ok(s)
-    }
-
-    /// Runs the embedding without its host check of the ids (the contract's "clamps out-of-range ids" control).
-    pub(crate) fn embed_unchecked(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) -> Result<(), CudaError> {
-        ops::embed_unchecked(self, table, ids, out)
     }
 }
 
@@ -270,15 +280,38 @@ mod tests {
             return;
         }
         for src in Src::ALL {
-            let text = src.source();
-            let defines = faults_of(&text);
-            for define in std::iter::once(None).chain(defines.iter().map(|d| Some(d.as_str()))) {
-                let opts = nvrtc::options("sm_90", define);
+            #[cfg_attr(not(feature = "planted-faults"), allow(unused_mut))]
+            let mut builds: Vec<(Option<String>, String)> = vec![(None, src.source())];
+            #[cfg(feature = "planted-faults")]
+            builds.extend(faults_of(&src.planted_source()).into_iter().map(|d| (Some(d), src.planted_source())));
+            for (define, text) in builds {
+                let opts = nvrtc::options("sm_90", define.as_deref());
                 match nvrtc::compile(src.name(), &text, "sm_90", &opts) {
                     Ok(nvrtc::Image::Cubin(b)) => assert!(!b.is_empty()),
                     Ok(nvrtc::Image::Ptx(p)) => assert!(p.contains(".entry")),
                     Err(e) => panic!("{} with {define:?}: {e}", src.name()),
                 }
+            }
+        }
+    }
+
+    /// What production compiles names no planted fault; with the contract's feature, the planted text is the same
+    /// file with its fault blocks in (stripping them gives the shipped text back, line for line).
+    #[test]
+    fn the_shipped_kernel_text_carries_no_planted_fault() {
+        for src in Src::ALL {
+            let shipped = src.source();
+            assert!(faults_of(&shipped).is_empty(), "{}: {:?}", src.name(), faults_of(&shipped));
+            #[cfg(feature = "planted-faults")]
+            {
+                let planted = src.planted_source();
+                assert!(!faults_of(&planted).is_empty(), "{} plants no fault", src.name());
+                assert_eq!(strip::strip_faults(&planted), shipped, "{}", src.name());
+                assert_eq!(planted.lines().count(), shipped.lines().count());
+                // A planted build never reads a shipped module from the kernel cache, nor the other way round.
+                let define = faults_of(&planted).remove(0);
+                let (plain, fault) = (nvrtc::options("sm_90", None), nvrtc::options("sm_90", Some(&define)));
+                assert_ne!(nvrtc::cache_key(&shipped, "sm_90", &plain), nvrtc::cache_key(&planted, "sm_90", &fault));
             }
         }
     }

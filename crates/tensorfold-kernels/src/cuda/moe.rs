@@ -11,29 +11,6 @@ use crate::backend::{Ffn, MoeParams};
 /// Threads of the plan kernel's single block.
 const PLAN_THREADS: u32 = 1024;
 
-/// The MoE block over `x` `[rows, hidden]` into `out` `[rows, hidden]`: [`route_experts`] (routing, then every
-/// expert), [`combine`] (the steps expert parallelism runs apart).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn moe(
-    be: &CudaBackend,
-    x: &CudaBuf,
-    rows: usize,
-    gate: &CudaMat,
-    expert_bias: Option<&CudaBuf>,
-    all: &[Ffn<CudaMat>],
-    p: MoeParams,
-    out: &mut CudaBuf,
-) -> Result<(), CudaError> {
-    let (h, ne) = (gate.cols, gate.rows);
-    expect(x.len() == mul(rows, h)? && out.len() == x.len(), || format!("moe: x/out are not [{rows}, {h}]"))?;
-    expect(all.len() == ne, || format!("moe: {} experts for a router of {ne}", all.len()))?;
-    let kk = p.top_k.min(ne);
-    let (mut sel, mut wts) = (be.buf(mul(rows, kk)?)?, be.buf(mul(rows, kk)?)?);
-    let mut y = be.buf(mul(mul(rows, kk)?, h)?)?;
-    route_experts(be, x, rows, gate, expert_bias, all, p, (&mut sel, &mut wts), &mut y)?;
-    combine(be, &y, &wts, rows, kk, out)
-}
-
 /// Routing: the router linear, then `moe_route` (a warp a row) into `sel` `[rows, k]` (expert ids as f32) and `wts`
 /// `[rows, k]`, `k = min(top_k, experts)`.
 #[allow(clippy::too_many_arguments)]

@@ -4,9 +4,10 @@
 use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB, WTM};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
+use crate::backend::rope_inv_freq;
 use crate::backend::{Ffn, KernelError, Pick, RopeParams, Segment};
 use crate::bytes::{Dtype, MatView};
-use crate::cpu::ops::{check_len, rope_inv_freq, row_positions};
+use crate::shape::{check_len, row_positions};
 
 /// Threads of the greedy kernel's block (rows.cu's `GREEDY_THREADS`).
 const GREEDY_THREADS: u32 = 1024;

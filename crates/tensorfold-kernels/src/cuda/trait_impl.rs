@@ -4,8 +4,9 @@
 
 use super::types::{CudaBuf, CudaConv, CudaKv, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError, attention, conv, draw, moe, ops};
-use crate::backend::{Backend, Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
+use crate::backend::{Ffn, KernelError, MoeParams, Pick, RopeParams, Segment};
 use crate::bytes::MatView;
+use crate::prelude::*;
 use crate::sample::{DrawSpec, SampleError};
 
 impl CudaBackend {
@@ -27,15 +28,11 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Memory for CudaBackend {
     type Buf = CudaBuf;
     type Mat = CudaMat;
     type Kv = CudaKv;
     type Conv = CudaConv;
-
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
 
     fn upload_mat(&self, m: &MatView) -> Result<CudaMat, KernelError> {
         ops::upload_mat(self, m).map_err(|e| e.kernel("upload_mat"))
@@ -92,6 +89,32 @@ impl Backend for CudaBackend {
         host
     }
 
+    fn mat_rows(&self, m: &CudaMat) -> usize {
+        m.rows
+    }
+
+    fn concat(&self, parts: &[&CudaBuf]) -> CudaBuf {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let r = self.buf(len).and_then(|out| {
+            let mut at = out.ptr()?;
+            for p in parts.iter().filter(|p| !p.is_empty()) {
+                let bytes = f32_bytes(p.len())?;
+                self.dev.dtod(at, p.ptr()?, bytes)?;
+                at += bytes as u64;
+            }
+            Ok(out)
+        });
+        match r {
+            Ok(b) => b,
+            Err(e) => {
+                self.dev.note("concat", Err(e));
+                CudaBuf { mem: None, len }
+            }
+        }
+    }
+}
+
+impl StreamState for CudaBackend {
     fn new_kv(&self, width: usize) -> CudaKv {
         CudaKv::new(self.dev.clone(), width)
     }
@@ -129,50 +152,12 @@ impl Backend for CudaBackend {
     fn conv_drop_window(&self, c: &mut CudaConv) {
         (c.window, c.window_rows) = (None, None);
     }
+}
 
+impl Ops for CudaBackend {
     fn embed(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) -> Result<(), KernelError> {
         self.dev.take("embed")?;
         ops::embed(self, table, ids, out)
-    }
-
-    fn embed_held(
-        &self,
-        table: &CudaMat,
-        ids: &[u32],
-        held: &CudaBuf,
-        from: &[(usize, usize)],
-        out: &mut CudaBuf,
-    ) -> Result<(), KernelError> {
-        self.dev.take("embed_held")?;
-        ops::embed_held(self, table, ids, held, from, out)
-    }
-
-    fn check(&self) -> Result<(), KernelError> {
-        self.dev.take("check")
-    }
-
-    fn mat_rows(&self, m: &CudaMat) -> usize {
-        m.rows
-    }
-
-    fn concat(&self, parts: &[&CudaBuf]) -> CudaBuf {
-        let len = parts.iter().map(|p| p.len()).sum();
-        let r = self.buf(len).and_then(|out| {
-            let mut at = out.ptr()?;
-            for p in parts.iter().filter(|p| !p.is_empty()) {
-                let bytes = f32_bytes(p.len())?;
-                self.dev.dtod(at, p.ptr()?, bytes)?;
-                at += bytes as u64;
-            }
-            Ok(out)
-        });
-        match r {
-            Ok(b) => b,
-            Err(e) => {
-                self.dev.note("concat", Err(e));
-                CudaBuf { mem: None, len }
-            }
-        }
     }
 
     fn rmsnorm(&self, x: &CudaBuf, weight: &CudaBuf, eps: f32, width: usize, out: &mut CudaBuf) {
@@ -322,20 +307,6 @@ impl Backend for CudaBackend {
         self.settle("swiglu", r, out);
     }
 
-    fn moe(
-        &self,
-        x: &CudaBuf,
-        rows: usize,
-        gate: &CudaMat,
-        expert_bias: Option<&CudaBuf>,
-        experts: &[Ffn<CudaMat>],
-        p: MoeParams,
-        out: &mut CudaBuf,
-    ) {
-        let r = moe::moe(self, x, rows, gate, expert_bias, experts, p, out);
-        self.settle("moe", r, out);
-    }
-
     fn moe_route(
         &self,
         x: &CudaBuf,
@@ -412,21 +383,19 @@ impl Backend for CudaBackend {
         moe::combine_add_rmsnorm(self, (y, wts), rows, k, acc, norm, width, out)
             .map_err(|e| e.kernel("moe_combine_add_rmsnorm"))
     }
+}
 
-    fn copy_bandwidth(&self) -> f64 {
-        self.dev.copy_bandwidth().unwrap_or(f64::NAN)
-    }
-
-    fn memory_high(&self) -> Option<(usize, usize)> {
-        self.dev.pool_high().ok()
-    }
-
-    fn take_profile(&self) -> Option<String> {
-        self.dev.take_profile()
-    }
-
-    fn graph_report(&self) -> Option<String> {
-        Some(self.dev.graph_report())
+impl Sampling for CudaBackend {
+    fn embed_held(
+        &self,
+        table: &CudaMat,
+        ids: &[u32],
+        held: &CudaBuf,
+        from: &[(usize, usize)],
+        out: &mut CudaBuf,
+    ) -> Result<(), KernelError> {
+        self.dev.take("embed_held")?;
+        ops::embed_held(self, table, ids, held, from, out)
     }
 
     fn draw_rows(&self, logits: &CudaBuf, vocab: usize, specs: &[DrawSpec]) -> Vec<Result<u32, SampleError>> {
@@ -467,5 +436,31 @@ impl Backend for CudaBackend {
                 flagged()
             }
         }
+    }
+}
+
+impl Diagnostics for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn check(&self) -> Result<(), KernelError> {
+        self.dev.take("check")
+    }
+
+    fn copy_bandwidth(&self) -> f64 {
+        self.dev.copy_bandwidth().unwrap_or(f64::NAN)
+    }
+
+    fn memory_high(&self) -> Option<(usize, usize)> {
+        self.dev.pool_high().ok()
+    }
+
+    fn take_profile(&self) -> Option<String> {
+        self.dev.take_profile()
+    }
+
+    fn graph_report(&self) -> Option<String> {
+        Some(self.dev.graph_report())
     }
 }

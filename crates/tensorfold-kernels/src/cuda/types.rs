@@ -3,8 +3,8 @@
 
 use super::CudaError;
 use super::device::{CT, Dev, Mem, WPB, WTN};
+use crate::backend::KEEP_ROWS;
 use crate::bytes::Dtype;
-use crate::cpu::conv::KEEP_ROWS;
 use std::sync::Arc;
 
 /// Bytes of `n` f32 values, refusing sizes past the address space.

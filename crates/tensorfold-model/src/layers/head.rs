@@ -9,7 +9,7 @@ use tensorfold_kernels::{Backend, KernelError};
 
 /// Held-draft ids for the embedding: the blocks' words on the device (`[block, streams, 3]`) and the `(row, pick)`
 /// pairs of [`crate::batch::HeldIds::picks`].
-pub(crate) type HeldWords<'a, B> = (&'a <B as Backend>::Buf, &'a [(usize, usize)]);
+pub(crate) type HeldWords<'a, B> = (&'a <B as tensorfold_kernels::backend::Memory>::Buf, &'a [(usize, usize)]);
 
 impl<B: Backend> Weights<B> {
     /// The output projection `[vocab, h]`: `lm_head`, or the embedding when tied.

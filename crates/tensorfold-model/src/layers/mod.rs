@@ -72,7 +72,7 @@ pub(crate) struct Acts<B: Backend> {
 
 /// The norm fused after a feed-forward's residual add: the next layer's operator norm and eps, `None` after the
 /// last layer.
-pub(crate) type NextNorm<'a, B> = Option<(&'a <B as Backend>::Buf, f32)>;
+pub(crate) type NextNorm<'a, B> = Option<(&'a <B as tensorfold_kernels::backend::Memory>::Buf, f32)>;
 
 impl<B: Backend> LayerWeights<B> {
     /// Layer `i` over every row: the mixer on `acts.normed` (reading and advancing each stream's layer-`i` state),

@@ -148,6 +148,7 @@ impl<S: Block> Reclaim<S> {
     }
 
     /// Deferral switched on or off (before the device allocates anything).
+    #[cfg(feature = "planted-faults")]
     pub(crate) fn set_deferred(&mut self, deferred: bool) {
         self.deferred = deferred;
     }

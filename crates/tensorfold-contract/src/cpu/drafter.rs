@@ -1,13 +1,13 @@
 //! Contract entry of the DSpark drafter's attention kernels: the context append and the non-causal block
 //! attention over each stream's context K/V plus its own block, several streams a call.
 
-use super::cases::*;
-use super::{Claim, Fault, Gate, Kernel, Scale};
-use crate::backend::Segment;
-use crate::cpu::{CpuKv, attention};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::backend::Segment;
+use tensorfold_kernels::cpu::{CpuKv, attention};
 
-pub fn kernels() -> Vec<Box<dyn Kernel>> {
+pub fn kernels() -> Vec<Box<dyn Entry>> {
     vec![Box::new(BlockAttention)]
 }
 
@@ -24,7 +24,7 @@ impl BlockAttention {
     /// Appends `ctx` rows to each stream's cache (kv_append), then runs the block pass (with a planted fault).
     #[allow(clippy::too_many_arguments)]
     fn call(
-        fault: Option<&str>,
+        fault: Option<BlockAttentionFault>,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -32,7 +32,7 @@ impl BlockAttention {
         segs: &[Segment],
         caches: &[CpuKv],
         out: &mut [f32],
-    ) -> Result<(), crate::KernelError> {
+    ) -> Result<(), tensorfold_kernels::KernelError> {
         let (heads, kvh, hd) = shape;
         let refs: Vec<&CpuKv> = caches.iter().collect();
         attention::block_attention(q, k, v, heads, kvh, segs, &refs, out)?;
@@ -40,9 +40,9 @@ impl BlockAttention {
         let w = kvh * hd;
         for s in segs {
             for r in s.first_row..s.first_row + s.rows {
-                // "causal-block": a row sees block rows up to itself; "reads-first-stream": stream 0's context.
+                // BlockAttentionFault::CausalBlock: a row sees block rows up to itself; BlockAttentionFault::ReadsFirstStream: stream 0's context.
                 let (cache, rows) = match f {
-                    "reads-first-stream" => (&caches[0], s.rows),
+                    BlockAttentionFault::ReadsFirstStream => (&caches[0], s.rows),
                     _ => (&caches[s.cache], r - s.first_row + 1),
                 };
                 let block = attention::BlockKv { k: &k[s.first_row * w..], v: &v[s.first_row * w..], rows, width: w };
@@ -66,6 +66,14 @@ impl BlockAttention {
     }
 }
 
+faults! {
+    /// The planted controls of `cpu.block_attention`.
+    enum BlockAttentionFault {
+        CausalBlock = ("causal-block", "a block row sees only the block rows up to itself"),
+        ReadsFirstStream = ("reads-first-stream", "every block attends over the first stream's context"),
+    }
+}
+
 impl Kernel for BlockAttention {
     fn name(&self) -> &'static str {
         "cpu.block_attention"
@@ -80,13 +88,8 @@ impl Kernel for BlockAttention {
         let (h, kv, hd, b, ctx) = shape(scale);
         vec![format!("{h} heads, {kv} KV heads of {hd}; blocks of {b} over 4 streams holding {ctx:?} context rows")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "causal-block", what: "a block row sees only the block rows up to itself" },
-            Fault { name: "reads-first-stream", what: "every block attends over the first stream's context" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = BlockAttentionFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let (heads, kvh, hd, bs, held) = shape(scale);
         let kw = kvh * hd;
         // Contexts built through kv_append (the drafter's absorb), checked against their source rows.
@@ -138,7 +141,7 @@ impl Kernel for BlockAttention {
             let seg = [Segment { first_row: 0, rows: bs, start_pos: s.start_pos, cache: 0 }];
             let one_cache = [caches[s.cache].clone()];
             let mut one = vec![0f32; bs * heads * hd];
-            let cache_fault = if fault == Some("reads-first-stream") { None } else { fault };
+            let cache_fault = if fault == Some(BlockAttentionFault::ReadsFirstStream) { None } else { fault };
             let _ = Self::call(
                 cache_fault,
                 &q[a * heads * hd..b * heads * hd],
@@ -164,7 +167,7 @@ impl Kernel for BlockAttention {
                 &[&caches[0], &caches[1]],
                 &mut vec![0f32; bs * heads * hd]
             ),
-            Err(crate::KernelError::KeyCount { .. })
+            Err(tensorfold_kernels::KernelError::KeyCount { .. })
         );
         let unchanged = caches.iter().zip(&held).all(|(c, &n)| c.len() == n);
         gates.push(Gate::new(

@@ -1,25 +1,26 @@
 //! CUDA contract entry of the keyed draw (sample.cu): the host's `sample::draw` as reference, row invariance, edges.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale};
 use super::{Planted, device_gate, limits, rd, up, with_fault};
-use crate::backend::{Backend, DRAWN_GREEDY, drawn_words};
-use crate::cuda::{CudaBackend, Src, draw::draw_rows};
-use crate::sample::{DrawSpec, SampleError, SamplingParams, draw, greedy_pick};
+use crate::cases::*;
+use crate::{Claim, Gate, Kernel, Scale};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::backend::{DRAWN_GREEDY, drawn_words};
+use tensorfold_kernels::cuda::{CudaBackend, Src};
+use tensorfold_kernels::prelude::*;
+use tensorfold_kernels::sample::{DrawSpec, SampleError, SamplingParams, draw, greedy_pick};
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn crate::contract::Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn crate::Entry>> {
     vec![Box::new(Draw(be.clone()))]
 }
 
 struct Draw(CudaBackend);
 
-pub(super) const DRAW_PLANTS: &[Planted] = &[
-    ("noise-one-log", Src::Sample, "FAULT_DRAW_NOISE_ONE_LOG"),
-    ("nucleus-short", Src::Sample, "FAULT_DRAW_NUCLEUS_SHORT"),
-    ("wrong-position", Src::Sample, "FAULT_DRAW_WRONG_POSITION"),
-    ("top-k-off", Src::Sample, "FAULT_DRAW_TOPK_OFF"),
-    ("all-to-host", Src::Sample, "FAULT_DRAW_ALL_HOST"),
+pub(super) const DRAW_PLANTS: &[Planted<DrawFault>] = &[
+    (DrawFault::NoiseOneLog, Src::Sample, "FAULT_DRAW_NOISE_ONE_LOG"),
+    (DrawFault::NucleusShort, Src::Sample, "FAULT_DRAW_NUCLEUS_SHORT"),
+    (DrawFault::WrongPosition, Src::Sample, "FAULT_DRAW_WRONG_POSITION"),
+    (DrawFault::TopKOff, Src::Sample, "FAULT_DRAW_TOPK_OFF"),
+    (DrawFault::AllToHost, Src::Sample, "FAULT_DRAW_ALL_HOST"),
 ];
 
 /// The parameter sets every vocabulary is drawn under (seeds and positions vary by row).
@@ -46,6 +47,17 @@ fn row(rng: &mut StdRng, v: usize, r: usize) -> Vec<f32> {
     uniform(rng, v).into_iter().map(|x| if r.is_multiple_of(2) { 3.0 * x } else { 40.0 * x.powi(7) }).collect()
 }
 
+faults! {
+    /// The planted controls of `cuda.draw`.
+    enum DrawFault {
+        NoiseOneLog = ("noise-one-log", "the Gumbel noise is -log(u), one log short"),
+        NucleusShort = ("nucleus-short", "the top-p nucleus loses its last token"),
+        WrongPosition = ("wrong-position", "the draw is keyed one position late"),
+        TopKOff = ("top-k-off", "top-k is ignored when top-p is off"),
+        AllToHost = ("all-to-host", "every top-p row is handed back to the host"),
+    }
+}
+
 impl Kernel for Draw {
     fn name(&self) -> &'static str {
         "cuda.draw"
@@ -66,16 +78,8 @@ impl Kernel for Draw {
         let v = if scale == Scale::Served { "65536 and 128000" } else { "1000 and 3000" };
         vec![format!("{v} logits a row, 11 parameter sets x 4 rows")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "noise-one-log", what: "the Gumbel noise is -log(u), one log short" },
-            Fault { name: "nucleus-short", what: "the top-p nucleus loses its last token" },
-            Fault { name: "wrong-position", what: "the draw is keyed one position late" },
-            Fault { name: "top-k-off", what: "top-k is ignored when top-p is off" },
-            Fault { name: "all-to-host", what: "every top-p row is handed back to the host" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = DrawFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, DRAW_PLANTS, fault);
         let vocabs: &[usize] = if scale == Scale::Served { &[65_536, 128_000] } else { &[1000, 3000] };
         let mut gates = Vec::new();
@@ -92,7 +96,7 @@ impl Kernel for Draw {
             let flat: Vec<f32> = rows.concat();
             let want: Vec<Result<u32, SampleError>> =
                 rows.iter().zip(&specs).map(|(r, s)| draw(&s.params, s.position, r)).collect();
-            let got = draw_rows(&be, &up(&be, &flat), v, &specs);
+            let got = be.draw_rows_counted(&up(&be, &flat), v, &specs);
             let (got, on_host) =
                 got.unwrap_or_else(|e| (vec![Err(SampleError::Device(e.to_string())); specs.len()], 0));
             let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
@@ -108,7 +112,7 @@ impl Kernel for Draw {
             gates.push(kept_on_device(&be, &flat, &rows, &specs, v));
             let single: usize = (0..rows.len())
                 .filter(|&i| {
-                    draw_rows(&be, &up(&be, &rows[i]), v, &specs[i..=i]).map(|d| d.0) != Ok(vec![got[i].clone()])
+                    be.draw_rows_counted(&up(&be, &rows[i]), v, &specs[i..=i]).map(|d| d.0) != Ok(vec![got[i].clone()])
                 })
                 .count();
             gates.push(invariance_gate(&format!("{v} logits, each row alone against the batch"), single));
@@ -175,7 +179,7 @@ fn edges(be: &CudaBackend) -> Gate {
     };
     let same = |row: &[f32], p: SamplingParams, position: u64| {
         let spec = DrawSpec { params: p, position };
-        draw_rows(be, &up(be, row), row.len(), &[spec]).map(|d| d.0) == Ok(vec![draw(&p, position, row)])
+        be.draw_rows_counted(&up(be, row), row.len(), &[spec]).map(|d| d.0) == Ok(vec![draw(&p, position, row)])
     };
     let nan = with(300, 1.0, &[(200, f32::NAN), (37, f32::NEG_INFINITY)]);
     let ties = with(100, 2.0, &[(90, 3.0)]);

@@ -1,16 +1,17 @@
 //! CUDA contract entries of the positional and stateful row kernels: q/k norm + RoPE at segment-table positions,
 //! and the short conv over several streams' states (with the rollback window).
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, device_gate, limits, poisoned, rd, split, up, with_fault};
-use crate::KernelError;
-use crate::backend::{Backend, RopeParams, Segment};
-use crate::cpu::{CpuConv, conv, ops};
-use crate::cuda::{CudaBackend, CudaBuf, CudaConv, Src};
+use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::KernelError;
+use tensorfold_kernels::backend::{RopeParams, Segment};
+use tensorfold_kernels::cpu::{CpuConv, conv, ops};
+use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaConv, Src};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(QkRope(be.clone())), Box::new(ShortConv(be.clone()))]
 }
 
@@ -21,11 +22,23 @@ fn positions(segs: &[Segment]) -> Vec<(usize, usize)> {
 
 struct QkRope(CudaBackend);
 
-pub(super) const ROPE_PLANTS: &[Planted] = &[
-    ("wrong-pairs", Src::Rope, "FAULT_ROPE_PAIRS"),
-    ("position-off-by-one", Src::Rope, "FAULT_ROPE_POS"),
-    ("pair-shares-weight", Src::Rope, "FAULT_ROPE_PAIR_NORM"),
+pub(super) const ROPE_PLANTS: &[Planted<QkRopeFault>] = &[
+    (QkRopeFault::WrongPairs, Src::Rope, "FAULT_ROPE_PAIRS"),
+    (QkRopeFault::PositionOffByOne, Src::Rope, "FAULT_ROPE_POS"),
+    (QkRopeFault::PairSharesWeight, Src::Rope, "FAULT_ROPE_PAIR_NORM"),
 ];
+
+faults! {
+    /// The planted controls of `cuda.qk_norm_rope`.
+    enum QkRopeFault {
+        WrongPairs = ("wrong-pairs", "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back"),
+        PositionOffByOne = ("position-off-by-one", "rotates by position + 1"),
+        PairSharesWeight = (
+            "pair-shares-weight",
+            "the one-launch q and k form norms the key heads with the query weight",
+        ),
+    }
+}
 
 impl Kernel for QkRope {
     fn name(&self) -> &'static str {
@@ -46,17 +59,8 @@ impl Kernel for QkRope {
         let h = if scale == Scale::Served { "32 heads x 64 and 8 heads x 64" } else { "4 heads x 16 and 3 heads x 40" };
         vec![format!("{h}; 4 streams, positions up to 127999, theta 1e6")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "wrong-pairs", what: "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back" },
-            Fault { name: "position-off-by-one", what: "rotates by position + 1" },
-            Fault {
-                name: "pair-shares-weight",
-                what: "the one-launch q and k form norms the key heads with the query weight",
-            },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = QkRopeFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, ROPE_PLANTS, fault);
         let heads_set: &[(usize, usize)] =
             if scale == Scale::Served { &[(32, 64), (8, 64)] } else { &[(4, 16), (3, 40)] };
@@ -155,9 +159,9 @@ impl QkRope {
 
 struct ShortConv(CudaBackend);
 
-pub(super) const CONV_PLANTS: &[Planted] = &[
-    ("reads-first-stream", Src::Conv, "FAULT_CONV_FIRST_STREAM"),
-    ("state-not-advanced", Src::Conv, "FAULT_CONV_NO_ADVANCE"),
+pub(super) const CONV_PLANTS: &[Planted<ShortConvFault>] = &[
+    (ShortConvFault::ReadsFirstStream, Src::Conv, "FAULT_CONV_FIRST_STREAM"),
+    (ShortConvFault::StateNotAdvanced, Src::Conv, "FAULT_CONV_NO_ADVANCE"),
 ];
 
 /// One short_conv call's fixed inputs.
@@ -243,6 +247,15 @@ impl ConvCase {
     }
 }
 
+faults! {
+    /// The planted controls of `cuda.short_conv`.
+    enum ShortConvFault {
+        ReadsFirstStream = ("reads-first-stream", "every stream reads the first stream's conv state"),
+        StateNotAdvanced = ("state-not-advanced", "the conv state is left where it was after the call"),
+        KeepAtWindowEnd = ("keep-at-window-end", "a rolled-back window leaves the state at the window's end"),
+    }
+}
+
 impl Kernel for ShortConv {
     fn name(&self) -> &'static str {
         "cuda.short_conv"
@@ -262,14 +275,8 @@ impl Kernel for ShortConv {
         let w = if scale == Scale::Served { "width 2048 (6144-wide B,C,x input)" } else { "width 24" };
         vec![format!("{w}, 3 taps, 4 streams")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "reads-first-stream", what: "every stream reads the first stream's conv state" },
-            Fault { name: "state-not-advanced", what: "the conv state is left where it was after the call" },
-            Fault { name: "keep-at-window-end", what: "a rolled-back window leaves the state at the window's end" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = ShortConvFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, CONV_PLANTS, fault);
         let (width, taps) = (if scale == Scale::Served { 2048 } else { 24 }, 3);
         let hist = taps - 1;
@@ -344,14 +351,14 @@ impl ShortConv {
     }
 
     /// A mismatched state is refused; states advanced; a 5-row window kept to 2 rows equals a 2-row call.
-    fn edges(be: &CudaBackend, case: &ConvCase, fault: Option<&str>, advanced: bool) -> Gate {
+    fn edges(be: &CudaBackend, case: &ConvCase, fault: Option<ShortConvFault>, advanced: bool) -> Gate {
         let seg = |rows| [Segment { first_row: 0, rows, start_pos: 0, cache: 0 }];
         let mut wrong = [be.new_conv(case.width, case.taps + 1)];
         let refused = matches!(case.call(be, 0, &seg(1), &mut wrong), Err(KernelError::Shape { .. }));
         let (mut w5, mut w2) = (vec![case.states(be).swap_remove(0)], vec![case.states(be).swap_remove(0)]);
         let ran = case.call(be, 0, &seg(5), &mut w5).is_ok() && case.call(be, 0, &seg(2), &mut w2).is_ok();
         let kept = match fault {
-            Some("keep-at-window-end") => Ok(()),
+            Some(ShortConvFault::KeepAtWindowEnd) => Ok(()),
             _ => be.conv_keep(&mut w5[0], 2),
         };
         let (s5, s2) = (be.conv_to_host(&w5[0]).unwrap_or_default(), be.conv_to_host(&w2[0]).unwrap_or_default());

@@ -1,18 +1,27 @@
 //! Contract entries of the row-wise CPU kernels: the canonical dot, linear, embedding, RMSNorm, MoE, greedy.
 
-use super::cases::*;
-use super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use crate::backend::MoeParams;
-use crate::bytes::MatView;
-use crate::cpu::{CpuBackend, moe, ops};
-use crate::simd::{self, Level, WRow};
+use crate::cases::*;
+use crate::shared::{RMS_EPS, greedy_gates, rmsnorm_gates};
+use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::Pick;
+use tensorfold_kernels::backend::MoeParams;
+use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::cpu::{CpuBackend, moe, ops};
+use tensorfold_kernels::simd::{self, Level, WRow};
 
-pub fn kernels() -> Vec<Box<dyn Kernel>> {
+pub fn kernels() -> Vec<Box<dyn Entry>> {
     vec![Box::new(Dot), Box::new(Linear), Box::new(Embed), Box::new(RmsNorm), Box::new(Moe), Box::new(Greedy)]
 }
 
 struct Dot;
+faults! {
+    /// The planted controls of `cpu.dot`.
+    enum DotFault {
+        SequentialFold = ("sequential-fold", "the SIMD paths sum products in one sequential f32 accumulator"),
+    }
+}
+
 impl Kernel for Dot {
     fn name(&self) -> &'static str {
         "cpu.dot"
@@ -28,10 +37,8 @@ impl Kernel for Dot {
     fn shapes(&self, _: Scale) -> Vec<String> {
         vec!["k in 1, 15, 16, 17, 64, 1536, 2048, 6144".into()]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[Fault { name: "sequential-fold", what: "the SIMD paths sum products in one sequential f32 accumulator" }]
-    }
-    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = DotFault;
+    fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let mut gates = Vec::new();
         for k in [1, 15, 16, 17, 64, 1536, 2048, 6144] {
             let w = uniform(rng, k);
@@ -104,14 +111,14 @@ fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
 
 struct Linear;
 impl Linear {
-    fn call(fault: Option<&str>, x: &[f32], rows: usize, w: &MatView, out: &mut [f32]) {
+    fn call(fault: Option<LinearFault>, x: &[f32], rows: usize, w: &MatView, out: &mut [f32]) {
         match fault {
-            Some("dropped-last-column") => {
+            Some(LinearFault::DroppedLastColumn) => {
                 let mut x = x.to_vec();
                 x.chunks_mut(w.cols).for_each(|r| r[w.cols - 1] = 0.0);
                 ops::linear(&x, rows, w, None, out)
             }
-            Some("batch-dependent-order") if rows > 1 => {
+            Some(LinearFault::BatchDependentOrder) if rows > 1 => {
                 for r in 0..rows {
                     for j in 0..w.rows {
                         out[r * w.rows + j] = (0..w.cols).map(|c| x[r * w.cols + c] * w.get(j, c)).sum();
@@ -122,6 +129,14 @@ impl Linear {
         }
     }
 }
+faults! {
+    /// The planted controls of `cpu.linear`.
+    enum LinearFault {
+        DroppedLastColumn = ("dropped-last-column", "the last input column is skipped"),
+        BatchDependentOrder = ("batch-dependent-order", "calls of several rows reduce in a plain sequential order"),
+    }
+}
+
 impl Kernel for Linear {
     fn name(&self) -> &'static str {
         "cpu.linear"
@@ -135,13 +150,8 @@ impl Kernel for Linear {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         linear_shapes(scale).iter().map(|(n, k, d)| format!("[{n},{k}] {d}")).collect()
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "dropped-last-column", what: "the last input column is skipped" },
-            Fault { name: "batch-dependent-order", what: "calls of several rows reduce in a plain sequential order" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = LinearFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let mut gates = Vec::new();
         for (n, k, dtype) in linear_shapes(scale) {
             let w = match dtype {
@@ -182,6 +192,14 @@ impl Kernel for Linear {
 }
 
 struct Embed;
+faults! {
+    /// The planted controls of `cpu.embed`.
+    enum EmbedFault {
+        OffByOneRow = ("off-by-one-row", "gathers row id + 1"),
+        ClampsOutOfRange = ("clamps-out-of-range", "an id past the table reads the last row instead of failing"),
+    }
+}
+
 impl Kernel for Embed {
     fn name(&self) -> &'static str {
         "cpu.embed"
@@ -195,21 +213,16 @@ impl Kernel for Embed {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         vec![if scale == Scale::Served { "[128000,2048] bf16".into() } else { "[1000,64] bf16".into() }]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "off-by-one-row", what: "gathers row id + 1" },
-            Fault { name: "clamps-out-of-range", what: "an id past the table reads the last row instead of failing" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = EmbedFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let (v, h) = if scale == Scale::Served { (128_000, 2048) } else { (1000, 64) };
         let t = bf16_mat(rng, v, h, 1.0);
-        let call = |ids: &[u32], out: &mut [f32]| -> Result<(), crate::KernelError> {
+        let call = |ids: &[u32], out: &mut [f32]| -> Result<(), tensorfold_kernels::KernelError> {
             match fault {
-                Some("off-by-one-row") => {
+                Some(EmbedFault::OffByOneRow) => {
                     ops::embed(&t, &ids.iter().map(|i| (i + 1).min(v as u32 - 1)).collect::<Vec<_>>(), out)
                 }
-                Some("clamps-out-of-range") => {
+                Some(EmbedFault::ClampsOutOfRange) => {
                     ops::embed(&t, &ids.iter().map(|&i| i.min(v as u32 - 1)).collect::<Vec<_>>(), out)
                 }
                 _ => ops::embed(&t, ids, out),
@@ -234,7 +247,8 @@ impl Kernel for Embed {
                     .sum::<usize>()
             })
             .sum();
-        let refused = matches!(call(&[v as u32], &mut one), Err(crate::KernelError::TokenOutOfRange { .. }));
+        let refused =
+            matches!(call(&[v as u32], &mut one), Err(tensorfold_kernels::KernelError::TokenOutOfRange { .. }));
         vec![
             Gate::new(
                 "reference",
@@ -248,6 +262,14 @@ impl Kernel for Embed {
 }
 
 struct RmsNorm;
+faults! {
+    /// The planted controls of `cpu.rmsnorm`.
+    enum RmsNormFault {
+        EpsDropped = ("eps-dropped", "eps is not added before the rsqrt"),
+        MeanOverWidthMinusOne = ("mean-over-width-minus-one", "the mean divides by width - 1"),
+    }
+}
+
 impl Kernel for RmsNorm {
     fn name(&self) -> &'static str {
         "cpu.rmsnorm"
@@ -261,17 +283,12 @@ impl Kernel for RmsNorm {
     fn shapes(&self, _: Scale) -> Vec<String> {
         vec!["width 2048 (hidden), 64 (head), 6144, 33".into()]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "eps-dropped", what: "eps is not added before the rsqrt" },
-            Fault { name: "mean-over-width-minus-one", what: "the mean divides by width - 1" },
-        ]
-    }
-    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
-        let eps = 1e-5f32;
+    type Fault = RmsNormFault;
+    fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
+        let eps = RMS_EPS;
         let call = |x: &[f32], w: &[f32], width: usize, out: &mut [f32]| match fault {
-            Some("eps-dropped") => ops::rmsnorm(x, w, 0.0, width, out),
-            Some("mean-over-width-minus-one") => {
+            Some(RmsNormFault::EpsDropped) => ops::rmsnorm(x, w, 0.0, width, out),
+            Some(RmsNormFault::MeanOverWidthMinusOne) => {
                 for (o, r) in out.chunks_mut(width).zip(x.chunks(width)) {
                     let ss = simd::dot(r, WRow::F32(r));
                     let s = 1.0 / (ss / (width - 1) as f32 + eps).sqrt();
@@ -280,36 +297,13 @@ impl Kernel for RmsNorm {
             }
             _ => ops::rmsnorm(x, w, eps, width, out),
         };
-        let mut gates = Vec::new();
-        for width in [2048, 64, 6144, 33] {
-            let w: Vec<f32> = uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect();
-            let x = uniform(rng, 33 * width);
-            let mut out = vec![0f32; 33 * width];
-            call(&x, &w, width, &mut out);
-            let mut err = 0f64;
-            for r in 0..33 {
-                let xr = wide(&x[r * width..(r + 1) * width]);
-                let s = 1.0 / (dot64(&xr, &xr) / width as f64 + eps as f64).sqrt();
-                let want: Vec<f64> = xr.iter().zip(&w).map(|(v, w)| v * s * *w as f64).collect();
-                err = err.max(max_err(&out[r * width..(r + 1) * width], &want, max_abs(&want)));
-            }
-            gates.push(reference_gate(&format!("width {width}"), err, 2e-6));
-            let mut inv = 0;
-            for wd in WIDTHS {
-                let mut o = vec![0f32; wd * width];
-                call(&x[..wd * width], &w, width, &mut o);
-                for r in 0..wd {
-                    let mut one = vec![0f32; width];
-                    call(&x[r * width..(r + 1) * width], &w, width, &mut one);
-                    inv += bit_diffs(&o[r * width..(r + 1) * width], &one);
-                }
-            }
-            gates.push(invariance_gate(&format!("width {width}"), inv));
-        }
-        let mut zero = vec![1f32; 64];
-        call(&[0.0; 64], &[1.0; 64], 64, &mut zero);
-        gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
-        merge(gates)
+        // NaN first, as the CUDA suite's outputs: an element the kernel fails to write fails its check.
+        let out = |x: &[f32], w: &[f32], width: usize| {
+            let mut o = vec![f32::NAN; x.len()];
+            call(x, w, width, &mut o);
+            o
+        };
+        merge(rmsnorm_gates(rng, &out))
     }
 }
 
@@ -322,6 +316,18 @@ fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize)> {
 }
 
 struct Moe;
+faults! {
+    /// The planted controls of `cpu.moe`.
+    enum MoeFault {
+        SelectWithoutBias = ("select-without-bias", "experts are selected by the score alone, ignoring expert_bias"),
+        WeightWithBias = ("weight-with-bias", "selected experts are weighted by score + expert_bias"),
+        ForgottenOffset = (
+            "forgotten-offset",
+            "an expert-parallel rank numbers its experts from 0, not from its first expert",
+        ),
+    }
+}
+
 impl Kernel for Moe {
     fn name(&self) -> &'static str {
         "cpu.moe"
@@ -335,20 +341,8 @@ impl Kernel for Moe {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         moe_shapes(scale).iter().map(|(h, e, i, k)| format!("hidden {h}, {e} experts of {i}, top-{k}, bf16")).collect()
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault {
-                name: "select-without-bias",
-                what: "experts are selected by the score alone, ignoring expert_bias",
-            },
-            Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
-            Fault {
-                name: "forgotten-offset",
-                what: "an expert-parallel rank numbers its experts from 0, not from its first expert",
-            },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = MoeFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let mut gates = Vec::new();
         let p = MoeParams { top_k: 4, norm_topk_prob: true, routed_scaling_factor: 1.5 };
         for (h, ne, inter, k) in moe_shapes(scale) {
@@ -357,8 +351,8 @@ impl Kernel for Moe {
             let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
             let ex = moe_experts(rng, h, ne, inter, false);
             let call = |x: &[f32], rows: usize, out: &mut [f32]| match fault {
-                Some("select-without-bias") => moe::moe(x, rows, &gate, None, &ex, p, out),
-                Some("weight-with-bias") => {
+                Some(MoeFault::SelectWithoutBias) => moe::moe(x, rows, &gate, None, &ex, p, out),
+                Some(MoeFault::WeightWithBias) => {
                     // Weighting by score + bias: fold the bias into the weights after routing.
                     let mut logits = vec![0f32; rows * ne];
                     ops::linear(x, rows, &gate, None, &mut logits);
@@ -399,7 +393,7 @@ impl Kernel for Moe {
             gates.push(invariance_gate(&format!("hidden {h}"), inv));
             let mut want = vec![0f32; 5 * h];
             moe::moe(&x[..5 * h], 5, &gate, Some(&bias), &ex, p, &mut want);
-            let forget = fault == Some("forgotten-offset");
+            let forget = fault == Some(MoeFault::ForgottenOffset);
             let r = shard_diffs(&CpuBackend, (&x[..5 * h], 5, h), &gate, Some(&bias), &ex, p, &want, forget);
             gates.push(shard_gate(&format!("hidden {h}, {ne} experts"), r));
         }
@@ -415,6 +409,14 @@ impl Kernel for Moe {
 }
 
 struct Greedy;
+faults! {
+    /// The planted controls of `cpu.greedy`.
+    enum GreedyFault {
+        TiesToHigherId = ("ties-to-higher-id", "a tie goes to the higher id"),
+        NanNotFlagged = ("nan-not-flagged", "a NaN logit is skipped without flagging the row"),
+    }
+}
+
 impl Kernel for Greedy {
     fn name(&self) -> &'static str {
         "cpu.greedy"
@@ -428,73 +430,21 @@ impl Kernel for Greedy {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         vec![if scale == Scale::Served { "128000 and 65536 logits a row".into() } else { "1000 logits a row".into() }]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "ties-to-higher-id", what: "a tie goes to the higher id" },
-            Fault { name: "nan-not-flagged", what: "a NaN logit is skipped without flagging the row" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
-        let call = |row: &[f32]| -> crate::Pick {
+    type Fault = GreedyFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
+        let call = |row: &[f32]| -> Pick {
             let mut p = ops::greedy_row(row);
             match fault {
-                Some("ties-to-higher-id") => {
+                Some(GreedyFault::TiesToHigherId) => {
                     let best = row[p.token as usize];
                     p.token = row.iter().rposition(|v| *v == best).unwrap_or(0) as u32;
                 }
-                Some("nan-not-flagged") => p.nonfinite = row.iter().any(|v| v.is_infinite()),
+                Some(GreedyFault::NanNotFlagged) => p.nonfinite = row.iter().any(|v| v.is_infinite()),
                 _ => {}
             }
             p
         };
-        let vocabs: &[usize] = if scale == Scale::Served { &[128_000, 65_536] } else { &[1000] };
-        let mut gates = Vec::new();
-        for &v in vocabs {
-            let rows: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, v)).collect();
-            let wrong = rows.iter().filter(|r| {
-                let mut best = 0;
-                for (i, x) in r.iter().enumerate() {
-                    if *x > r[best] {
-                        best = i;
-                    }
-                }
-                let p = call(r);
-                p.token as usize != best || p.nonfinite
-            });
-            gates.push(Gate::new("reference", wrong.count() == 0, format!("{v} logits: 33 random rows")));
-            let flat: Vec<f32> = rows.concat();
-            let inv: usize = WIDTHS
-                .iter()
-                .map(|&w| flat[..w * v].chunks(v).zip(&rows).filter(|(a, b)| call(a) != call(b)).count())
-                .sum();
-            gates.push(invariance_gate(&format!("{v} logits"), inv));
-        }
-        let mut tie = vec![0f32; 16];
-        tie[3] = 5.0;
-        tie[9] = 5.0;
-        let mut nan = vec![1f32; 16];
-        nan[5] = f32::NAN;
-        let mut inf = vec![1f32; 16];
-        inf[2] = f32::INFINITY;
-        let mut ninf = vec![1f32; 16];
-        ninf[0] = f32::NEG_INFINITY;
-        let cases = [
-            (call(&tie) == crate::Pick { token: 3, nonfinite: false }, "tie goes to the lower id"),
-            (call(&nan).nonfinite, "NaN flags the row"),
-            (call(&inf).nonfinite, "+inf flags the row"),
-            (call(&ninf).nonfinite, "-inf flags the row"),
-            (call(&[2.0; 16]).token == 0, "all equal picks id 0"),
-        ];
-        let failed: Vec<&str> = cases.iter().filter(|c| !c.0).map(|c| c.1).collect();
-        gates.push(Gate::new(
-            "edges",
-            failed.is_empty(),
-            if failed.is_empty() {
-                "ties, NaN, +inf, -inf, all equal".into()
-            } else {
-                format!("failed: {}", failed.join(", "))
-            },
-        ));
-        merge(gates)
+        let pick = |flat: &[f32], v: usize| -> Vec<Pick> { flat.chunks(v.max(1)).map(call).collect() };
+        merge(greedy_gates(scale, rng, &pick))
     }
 }

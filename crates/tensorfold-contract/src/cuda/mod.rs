@@ -11,13 +11,13 @@ mod mixers;
 mod moe;
 mod rows;
 
-use super::{Gate, Kernel};
-use crate::backend::Backend;
-use crate::cuda::{CudaBackend, CudaBuf, Plant, Src};
+use crate::{Entry, FaultKind, Gate};
+use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, Plant, Src};
+use tensorfold_kernels::prelude::*;
 
 /// Every CUDA kernel under contract, on `be`'s device.
-pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
-    let mut v: Vec<Box<dyn Kernel>> = Vec::new();
+pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
+    let mut v: Vec<Box<dyn Entry>> = Vec::new();
     v.extend(dense::kernels(be));
     v.extend(rows::kernels(be));
     v.extend(mixers::kernels(be));
@@ -28,11 +28,12 @@ pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
     v
 }
 
-/// A fault planted by compiling module `.1` with `-D.2`, under the control name `.0`.
-pub(super) type Planted = (&'static str, Src, &'static str);
+/// A fault planted by compiling module `.1` with `-D.2`, for the control `.0`.
+pub(super) type Planted<F> = (F, Src, &'static str);
 
-/// The backend a gate run uses: `base`, or `base` with the named fault's define compiled into its module.
-pub(super) fn with_fault(base: &CudaBackend, plants: &[Planted], fault: Option<&str>) -> CudaBackend {
+/// The backend a gate run uses: `base`, or `base` with `fault`'s define compiled into its module (a fault with no
+/// define is planted on the host by the entry's gates).
+pub(super) fn with_fault<F: FaultKind>(base: &CudaBackend, plants: &[Planted<F>], fault: Option<F>) -> CudaBackend {
     match fault.and_then(|f| plants.iter().find(|p| p.0 == f)) {
         Some(&(_, src, define)) => base.planted(Plant { src, define }),
         None => base.clone(),
@@ -42,7 +43,7 @@ pub(super) fn with_fault(base: &CudaBackend, plants: &[Planted], fault: Option<&
 /// Gate `device`: no device failure was left unreported by the gates' calls (reporting clears it, so the next
 /// entry starts clean).
 pub(super) fn device_gate(be: &CudaBackend) -> Gate {
-    match be.dev.take("contract") {
+    match be.take_error("contract") {
         Ok(()) => Gate::new("device", true, "no device error"),
         Err(e) => Gate::new("device", false, e.to_string()),
     }
@@ -99,14 +100,14 @@ pub(super) struct WideAt<'a>(&'a CudaBackend, Option<usize>);
 
 impl<'a> WideAt<'a> {
     pub(super) fn new(be: &'a CudaBackend) -> Self {
-        let was = be.dev.set_wide_rows(Some(WIDE_AT));
+        let was = be.set_wide_rows(Some(WIDE_AT));
         WideAt(be, was)
     }
 }
 
 impl Drop for WideAt<'_> {
     fn drop(&mut self) {
-        self.0.dev.set_wide_rows(self.1);
+        self.0.set_wide_rows(self.1);
     }
 }
 /// The widest of [`CUDA_WIDTHS`]: the gates make this many input rows.
@@ -122,61 +123,35 @@ pub(super) fn cyclic(x: &[f32], k: usize) -> Vec<f32> {
 // The widest call must take the wide tiles and end in a partial tile; the one-row calls' widths must not.
 const _: () = assert!(MAX_WIDTH >= WIDE_AT && DISTINCT < WIDE_AT && !MAX_WIDTH.is_multiple_of(32));
 
-/// Splits `rows` rows over `streams` streams as contiguous segments at positions `starts` (stream i gets a share;
-/// some may get none), as the CPU contract's multi-stream tables.
-pub(super) fn split(rows: usize, streams: usize, starts: &[usize]) -> Vec<crate::backend::Segment> {
-    let mut segs = Vec::new();
-    let mut first = 0;
-    for (s, &start_pos) in starts.iter().enumerate().take(streams) {
-        let n = if s + 1 == streams { rows - first } else { (rows - first).min(rows.div_ceil(streams) + s % 2) };
-        if n > 0 {
-            segs.push(crate::backend::Segment { first_row: first, rows: n, start_pos, cache: s });
-        }
-        first += n;
-    }
-    segs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_planted_define_is_tested_by_its_module_source() {
+        fn named<F: FaultKind>(p: &[Planted<F>]) -> Vec<(&'static str, Src, &'static str)> {
+            p.iter().map(|&(f, src, define)| (f.name(), src, define)).collect()
+        }
         let all = [
-            attention::ATTN_PLANTS,
-            attention::BLOCK_PLANTS,
-            dense::LINEAR_PLANTS,
-            dense::SWIGLU_PLANTS,
-            mixers::ROPE_PLANTS,
-            mixers::CONV_PLANTS,
-            moe::MOE_PLANTS,
-            rows::EMBED_PLANTS,
-            rows::RMS_PLANTS,
-            rows::ROWS_PLANTS,
-            rows::GREEDY_PLANTS,
-            draw::DRAW_PLANTS,
+            named(attention::ATTN_PLANTS),
+            named(attention::BLOCK_PLANTS),
+            named(dense::LINEAR_PLANTS),
+            named(dense::SWIGLU_PLANTS),
+            named(mixers::ROPE_PLANTS),
+            named(mixers::CONV_PLANTS),
+            named(moe::MOE_PLANTS),
+            named(rows::EMBED_PLANTS),
+            named(rows::RMS_PLANTS),
+            named(rows::ROWS_PLANTS),
+            named(rows::GREEDY_PLANTS),
+            named(draw::DRAW_PLANTS),
         ];
-        for &(name, src, define) in all.iter().flat_map(|p| p.iter()) {
+        for &(name, src, define) in all.iter().flatten() {
             assert!(
-                src.source().contains(&format!("#ifdef {define}\n")),
+                src.planted_source().contains(&format!("#ifdef {define}\n")),
                 "{name}: {define} is not in {}.cu",
                 src.name()
             );
-        }
-    }
-
-    #[test]
-    fn split_covers_every_row_once_in_order() {
-        for rows in [1, 2, 3, 8, 16, 33] {
-            let segs = split(rows, 4, &[5, 0, 700, 3]);
-            let mut next = 0;
-            for s in &segs {
-                assert_eq!(s.first_row, next);
-                assert!(s.rows > 0);
-                next += s.rows;
-            }
-            assert_eq!(next, rows);
         }
     }
 }

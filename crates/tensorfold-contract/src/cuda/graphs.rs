@@ -1,13 +1,13 @@
 //! CUDA contract entry of the graph machinery (`cuda/graphs.rs`): a queued sequence run again with new data must be
 //! replayed from its graph with that data, and a different sequence of the same length must never replay it.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale};
-use crate::backend::Backend;
-use crate::cuda::{CudaBackend, GraphFault};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
+use tensorfold_kernels::cuda::{CudaBackend, GraphFault};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Graphs(be.clone()))]
 }
 
@@ -47,6 +47,14 @@ fn reference(x: &[f32], y: &[f32], b: bool) -> Vec<f32> {
         .collect()
 }
 
+faults! {
+    /// The planted controls of `cuda.graphs`.
+    enum GraphsFault {
+        KernelsOnly = ("kernels-only", "a capture leaves the staged copies out of the graph"),
+        ReplayByLength = ("replay-by-length", "any held graph of as many operations replays"),
+    }
+}
+
 impl Kernel for Graphs {
     fn name(&self) -> &'static str {
         "cuda.graphs"
@@ -66,26 +74,21 @@ impl Kernel for Graphs {
     fn shapes(&self, _: Scale) -> Vec<String> {
         vec![format!("2 uploads of [{N}] + {ADDS} adds, run 4 times with new data, then a sequence of as many ops")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "kernels-only", what: "a capture leaves the staged copies out of the graph" },
-            Fault { name: "replay-by-length", what: "any held graph of as many operations replays" },
-        ]
-    }
-    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = GraphsFault;
+    fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         // A device of its own: its graph cache and block cache start empty, a planted fault stays in it, and graphs
         // run in parts of 64 whatever TENSORFOLD_CUDA_GRAPHS / _GRAPH_OPS say (a part under 22 would split B).
-        let be = match CudaBackend::new(self.0.dev.ordinal()) {
+        let be = match CudaBackend::new(self.0.ordinal()) {
             Ok(be) => be,
             Err(e) => return vec![Gate::new("open", false, format!("opening a second device handle: {e}"))],
         };
-        if !be.dev.force_graphs(64) {
+        if !be.force_graphs(64) {
             let why = "graphs cannot run here (TENSORFOLD_CUDA_PROFILE is set, or no page-locked arena)";
             return vec![Gate::new("replayed", false, why)];
         }
         match fault {
-            Some("kernels-only") => be.dev.plant_graph_fault(GraphFault::KernelsOnly),
-            Some("replay-by-length") => be.dev.plant_graph_fault(GraphFault::ReplayByLength),
+            Some(GraphsFault::KernelsOnly) => be.plant_graph_fault(GraphFault::KernelsOnly),
+            Some(GraphsFault::ReplayByLength) => be.plant_graph_fault(GraphFault::ReplayByLength),
             _ => {}
         }
         let mut diffs = Vec::new();
@@ -93,7 +96,7 @@ impl Kernel for Graphs {
             let (x, y) = (uniform(rng, N), uniform(rng, N));
             diffs.push(bit_diffs(&sequence(&be, &x, &y, b), &reference(&x, &y, b)));
         }
-        let (replays, captures) = be.dev.graph_counts();
+        let (replays, captures) = be.graph_counts();
         let exercised = captures >= 1 && replays >= 2;
         vec![
             Gate::new(

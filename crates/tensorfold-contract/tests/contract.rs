@@ -1,6 +1,6 @@
 //! The kernel contract at small shapes: every kernel passes every gate and every planted control turns a gate red.
 
-use tensorfold_kernels::contract::{Scale, check, controls, registry, summary_line};
+use tensorfold_contract::{Scale, check, controls, registry, summary_line};
 
 #[test]
 fn every_kernel_passes_and_every_planted_control_goes_red() {

@@ -1,14 +1,16 @@
 //! CUDA contract entries of the row kernels: embedding, RMSNorm, add and row gather, and the greedy pick.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
 use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
-use crate::KernelError;
-use crate::backend::{Backend, Pick};
-use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use crate::cases::*;
+use crate::shared::{RMS_EPS, greedy_gates, rmsnorm_gates};
+use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::KernelError;
+use tensorfold_kernels::backend::Pick;
+use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![
         Box::new(Embed(be.clone())),
         Box::new(RmsNorm(be.clone())),
@@ -19,12 +21,28 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
 
 struct Embed(CudaBackend);
 
-pub(super) const EMBED_PLANTS: &[Planted] = &[
-    ("off-by-one-row", Src::Rows, "FAULT_EMBED_OFF_BY_ONE"),
-    ("clamps-out-of-range", Src::Rows, "FAULT_EMBED_CLAMP"),
-    ("drawn-stride-ignored", Src::Rows, "FAULT_EMBED_STRIDE_IGNORED"),
-    ("held-pick-before", Src::Rows, "FAULT_EMBED_HELD_PREV"),
+pub(super) const EMBED_PLANTS: &[Planted<EmbedFault>] = &[
+    (EmbedFault::OffByOneRow, Src::Rows, "FAULT_EMBED_OFF_BY_ONE"),
+    (EmbedFault::ClampsOutOfRange, Src::Rows, "FAULT_EMBED_CLAMP"),
+    (EmbedFault::DrawnStrideIgnored, Src::Rows, "FAULT_EMBED_STRIDE_IGNORED"),
+    (EmbedFault::HeldPickBefore, Src::Rows, "FAULT_EMBED_HELD_PREV"),
 ];
+
+faults! {
+    /// The planted controls of `cuda.embed`.
+    enum EmbedFault {
+        OffByOneRow = ("off-by-one-row", "gathers row id + 1"),
+        ClampsOutOfRange = (
+            "clamps-out-of-range",
+            "the host check is skipped and the kernel reads the last row for an id past the table",
+        ),
+        DrawnStrideIgnored = (
+            "drawn-stride-ignored",
+            "ids a draw left on the device are read one word apart, not three",
+        ),
+        HeldPickBefore = ("held-pick-before", "a held row embeds the pick before its own"),
+    }
+}
 
 impl Kernel for Embed {
     fn name(&self) -> &'static str {
@@ -45,28 +63,15 @@ impl Kernel for Embed {
         let t = if scale == Scale::Served { "[128000,2048] bf16" } else { "[1000,64] bf16" };
         vec![t.into(), "[500,64] q8 (groups of 16)".into()]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "off-by-one-row", what: "gathers row id + 1" },
-            Fault {
-                name: "clamps-out-of-range",
-                what: "the host check is skipped and the kernel reads the last row for an id past the table",
-            },
-            Fault {
-                name: "drawn-stride-ignored",
-                what: "ids a draw left on the device are read one word apart, not three",
-            },
-            Fault { name: "held-pick-before", what: "a held row embeds the pick before its own" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = EmbedFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, EMBED_PLANTS, fault);
         let (v, h) = if scale == Scale::Served { (128_000, 2048) } else { (1000, 64) };
         let t = bf16_mat(rng, v, h, 1.0);
         let tm = be.upload_mat(&t).expect("upload the table");
         let call = |ids: &[u32], out: &mut CudaBuf| -> Result<(), KernelError> {
             match fault {
-                Some("clamps-out-of-range") => be
+                Some(EmbedFault::ClampsOutOfRange) => be
                     .embed_unchecked(&tm, ids, out)
                     .map_err(|e| KernelError::Device { kernel: "embed", message: e.to_string() }),
                 _ => be.embed(&tm, ids, out),
@@ -144,7 +149,7 @@ fn drawn_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize
 }
 
 /// Gate `held ids`: `embed_held` gives `embed`'s rows for a round whose rows 1, 2, 5 and 30 to 32 take held picks
-/// (words in [`crate::backend::Backend::draw_into`]'s layout, picks out of order), the other rows their host ids; a
+/// (words in [`tensorfold_kernels::backend::Sampling::draw_into`]'s layout, picks out of order), the other rows their host ids; a
 /// held id past the table gives a NaN row, a pick past the words is refused by name.
 fn held_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize, h: usize) -> Gate {
     let rows = [1usize, 2, 5, 30, 31, 32];
@@ -175,11 +180,20 @@ fn held_ids(be: &CudaBackend, tm: &CudaMat, ids: &[u32], want: &[f32], v: usize,
 
 struct RmsNorm(CudaBackend);
 
-pub(super) const RMS_PLANTS: &[Planted] = &[
-    ("eps-dropped", Src::Rows, "FAULT_RMS_NO_EPS"),
-    ("mean-over-width-minus-one", Src::Rows, "FAULT_RMS_WIDTH_M1"),
-    ("fused-norm-before-add", Src::Rows, "FAULT_ADDNORM_PRE"),
+pub(super) const RMS_PLANTS: &[Planted<RmsNormFault>] = &[
+    (RmsNormFault::EpsDropped, Src::Rows, "FAULT_RMS_NO_EPS"),
+    (RmsNormFault::MeanOverWidthMinusOne, Src::Rows, "FAULT_RMS_WIDTH_M1"),
+    (RmsNormFault::FusedNormBeforeAdd, Src::Rows, "FAULT_ADDNORM_PRE"),
 ];
+
+faults! {
+    /// The planted controls of `cuda.rmsnorm`.
+    enum RmsNormFault {
+        EpsDropped = ("eps-dropped", "eps is not added before the rsqrt"),
+        MeanOverWidthMinusOne = ("mean-over-width-minus-one", "the mean divides by width - 1"),
+        FusedNormBeforeAdd = ("fused-norm-before-add", "add_rmsnorm sums the squares of the residual before the add"),
+    }
+}
 
 impl Kernel for RmsNorm {
     fn name(&self) -> &'static str {
@@ -199,49 +213,16 @@ impl Kernel for RmsNorm {
     fn shapes(&self, _: Scale) -> Vec<String> {
         vec!["width 2048 (hidden), 64 (head), 6144, 33".into()]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "eps-dropped", what: "eps is not added before the rsqrt" },
-            Fault { name: "mean-over-width-minus-one", what: "the mean divides by width - 1" },
-            Fault {
-                name: "fused-norm-before-add",
-                what: "add_rmsnorm sums the squares of the residual before the add",
-            },
-        ]
-    }
-    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = RmsNormFault;
+    fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, RMS_PLANTS, fault);
-        let eps = 1e-5f32;
-        let call = |x: &[f32], w: &CudaBuf, width: usize| -> Vec<f32> {
+        let call = |x: &[f32], w: &[f32], width: usize| -> Vec<f32> {
             let mut o = poisoned(&be, x.len());
-            be.rmsnorm(&up(&be, x), w, eps, width, &mut o);
+            be.rmsnorm(&up(&be, x), &up(&be, w), RMS_EPS, width, &mut o);
             rd(&be, &o)
         };
-        let mut gates = Vec::new();
-        for width in [2048, 64, 6144, 33] {
-            let wh: Vec<f32> = uniform(rng, width).iter().map(|v| 1.0 + 0.2 * v).collect();
-            let w = up(&be, &wh);
-            let x = uniform(rng, 33 * width);
-            let out = call(&x, &w, width);
-            let mut err = 0f64;
-            for r in 0..33 {
-                let xr = wide(&x[r * width..(r + 1) * width]);
-                let s = 1.0 / (dot64(&xr, &xr) / width as f64 + eps as f64).sqrt();
-                let want: Vec<f64> = xr.iter().zip(&wh).map(|(v, w)| v * s * *w as f64).collect();
-                err = err.max(max_err(&out[r * width..(r + 1) * width], &want, max_abs(&want)));
-            }
-            gates.push(reference_gate(&format!("width {width}"), err, 2e-6));
-            let one: Vec<Vec<f32>> = (0..33).map(|r| call(&x[r * width..(r + 1) * width], &w, width)).collect();
-            let mut inv = 0;
-            for wd in WIDTHS {
-                let o = call(&x[..wd * width], &w, width);
-                inv += (0..wd).map(|r| bit_diffs(&o[r * width..(r + 1) * width], &one[r])).sum::<usize>();
-            }
-            gates.push(invariance_gate(&format!("width {width}"), inv));
-        }
-        let zero = call(&[0.0; 64], &up(&be, &[1.0; 64]), 64);
-        gates.push(Gate::new("edges", zero.iter().all(|v| *v == 0.0), "a zero row normalizes to zeros (finite)"));
-        gates.push(fused_gate(&be, rng, eps));
+        let mut gates = rmsnorm_gates(rng, &call);
+        gates.push(fused_gate(&be, rng, RMS_EPS));
         gates.push(device_gate(&be));
         merge(gates)
     }
@@ -269,7 +250,15 @@ fn fused_gate(be: &CudaBackend, rng: &mut StdRng, eps: f32) -> Gate {
 
 struct Rows(CudaBackend);
 
-pub(super) const ROWS_PLANTS: &[Planted] = &[("gather-off-by-one", Src::Rows, "FAULT_GATHER_OFF_BY_ONE")];
+pub(super) const ROWS_PLANTS: &[Planted<RowsFault>] =
+    &[(RowsFault::GatherOffByOne, Src::Rows, "FAULT_GATHER_OFF_BY_ONE")];
+
+faults! {
+    /// The planted controls of `cuda.rows`.
+    enum RowsFault {
+        GatherOffByOne = ("gather-off-by-one", "gather_rows copies row index + 1"),
+    }
+}
 
 impl Kernel for Rows {
     fn name(&self) -> &'static str {
@@ -289,10 +278,8 @@ impl Kernel for Rows {
     fn shapes(&self, _: Scale) -> Vec<String> {
         vec!["[40, 2048] add; 33 of 40 rows gathered".into()]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[Fault { name: "gather-off-by-one", what: "gather_rows copies row index + 1" }]
-    }
-    fn gates(&self, _: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = RowsFault;
+    fn gates(&self, _: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, ROWS_PLANTS, fault);
         let (n, w) = (40, 2048);
         let (x, y) = (uniform(rng, n * w), uniform(rng, n * w));
@@ -315,7 +302,7 @@ impl Kernel for Rows {
             })
             .sum();
         let bad = rd(&be, &be.gather_rows(&xb, w, &[n]));
-        let refused = bad.iter().all(|v| v.is_nan()) && be.dev.take("gather_rows").is_err();
+        let refused = bad.iter().all(|v| v.is_nan()) && be.take_error("gather_rows").is_err();
         // concat (held drafts' words): the parts' values in order, an empty part included.
         let parts = [up(&be, &x[..3 * w]), up(&be, &[]), up(&be, &y[..5])];
         let joined = rd(&be, &be.concat(&parts.iter().collect::<Vec<_>>()));
@@ -342,8 +329,18 @@ impl Kernel for Rows {
 
 struct Greedy(CudaBackend);
 
-pub(super) const GREEDY_PLANTS: &[Planted] =
-    &[("ties-to-higher-id", Src::Rows, "FAULT_GREEDY_TIES_HIGH"), ("nan-not-flagged", Src::Rows, "FAULT_GREEDY_NAN")];
+pub(super) const GREEDY_PLANTS: &[Planted<GreedyFault>] = &[
+    (GreedyFault::TiesToHigherId, Src::Rows, "FAULT_GREEDY_TIES_HIGH"),
+    (GreedyFault::NanNotFlagged, Src::Rows, "FAULT_GREEDY_NAN"),
+];
+
+faults! {
+    /// The planted controls of `cuda.greedy`.
+    enum GreedyFault {
+        TiesToHigherId = ("ties-to-higher-id", "a tie goes to the higher id"),
+        NanNotFlagged = ("nan-not-flagged", "a NaN logit is skipped without flagging the row"),
+    }
+}
 
 impl Kernel for Greedy {
     fn name(&self) -> &'static str {
@@ -361,72 +358,15 @@ impl Kernel for Greedy {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         vec![if scale == Scale::Served { "128000 and 65536 logits a row".into() } else { "1000 logits a row".into() }]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "ties-to-higher-id", what: "a tie goes to the higher id" },
-            Fault { name: "nan-not-flagged", what: "a NaN logit is skipped without flagging the row" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = GreedyFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, GREEDY_PLANTS, fault);
         let pick = |rows: &[f32], v: usize| -> Vec<Pick> { be.greedy(&up(&be, rows), v) };
-        let vocabs: &[usize] = if scale == Scale::Served { &[128_000, 65_536] } else { &[1000] };
-        let mut gates = Vec::new();
-        for &v in vocabs {
-            let rows: Vec<Vec<f32>> = (0..33).map(|_| uniform(rng, v)).collect();
-            let flat: Vec<f32> = rows.concat();
-            let got = pick(&flat, v);
-            let wrong = rows
-                .iter()
-                .enumerate()
-                .filter(|(i, r)| {
-                    let best = (0..v).fold(0, |b, j| if r[j] > r[b] { j } else { b });
-                    got.get(*i).is_none_or(|p| p.token as usize != best || p.nonfinite)
-                })
-                .count();
-            gates.push(Gate::new("reference", wrong == 0, format!("{v} logits: 33 random rows, {wrong} wrong")));
-            let one: Vec<Pick> = rows
-                .iter()
-                .map(|r| pick(r, v).first().copied().unwrap_or(Pick { token: 0, nonfinite: true }))
-                .collect();
-            let inv: usize =
-                WIDTHS.iter().map(|&w| pick(&flat[..w * v], v).iter().zip(&one).filter(|(a, b)| a != b).count()).sum();
-            gates.push(invariance_gate(&format!("{v} logits"), inv));
-        }
-        gates.push(edges(&pick));
+        let mut gates = greedy_gates(scale, rng, &pick);
         gates.push(device_gate(&be));
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
         limits(&self.0, Src::Rows, &["greedy"])
     }
-}
-
-/// Ties (inside one thread's stride and across threads), NaN, infinities, all equal, all non-finite.
-fn edges(pick: &dyn Fn(&[f32], usize) -> Vec<Pick>) -> Gate {
-    let one = |row: &[f32]| pick(row, row.len()).first().copied().unwrap_or(Pick { token: u32::MAX, nonfinite: false });
-    let with = |n: usize, base: f32, set: &[(usize, f32)]| {
-        let mut r = vec![base; n];
-        set.iter().for_each(|&(i, v)| r[i] = v);
-        r
-    };
-    let cases = [
-        (one(&with(16, 0.0, &[(3, 5.0), (9, 5.0)])) == Pick { token: 3, nonfinite: false }, "tie goes to the lower id"),
-        (
-            one(&with(1000, 0.0, &[(700, 5.0), (3, 5.0)])) == Pick { token: 3, nonfinite: false },
-            "tie across threads goes to the lower id",
-        ),
-        (one(&with(16, 1.0, &[(5, f32::NAN)])).nonfinite, "NaN flags the row"),
-        (one(&with(16, 1.0, &[(2, f32::INFINITY)])).nonfinite, "+inf flags the row"),
-        (one(&with(16, 1.0, &[(0, f32::NEG_INFINITY)])).nonfinite, "-inf flags the row"),
-        (one(&[2.0; 16]).token == 0, "all equal picks id 0"),
-        (one(&[f32::NEG_INFINITY; 300]) == Pick { token: 0, nonfinite: true }, "all -inf: id 0, flagged"),
-    ];
-    let failed: Vec<&str> = cases.iter().filter(|c| !c.0).map(|c| c.1).collect();
-    let detail = if failed.is_empty() {
-        "ties, NaN, +inf, -inf, all equal, all -inf".to_string()
-    } else {
-        format!("failed: {}", failed.join(", "))
-    };
-    Gate::new("edges", failed.is_empty(), detail)
 }

@@ -1,9 +1,10 @@
 //! Shared pieces of the contract's gates: random inputs, float64 helpers, bit comparisons.
 
-use crate::backend::{Ffn, MoeParams};
-use crate::bytes::MatView;
-use crate::contract::Gate;
+use crate::Gate;
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::backend::{Ffn, MoeParams, Segment};
+use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::prelude::*;
 
 /// `n` values uniform in `[-1, 1)`.
 pub fn uniform(rng: &mut StdRng, n: usize) -> Vec<f32> {
@@ -161,12 +162,59 @@ pub fn moe64(x: &[f64], gate: &MatView, bias: &[f32], ex: &[Ffn<MatView>], p: Mo
     out
 }
 
+/// Splits `rows` rows over `streams` streams as contiguous segments at positions `starts` (stream i gets a share;
+/// some may get none): the multi-stream segment tables of both suites.
+pub fn split(rows: usize, streams: usize, starts: &[usize]) -> Vec<Segment> {
+    let mut segs = Vec::new();
+    let mut first = 0;
+    for (s, &start_pos) in starts.iter().enumerate().take(streams) {
+        let n = if s + 1 == streams { rows - first } else { (rows - first).min(rows.div_ceil(streams) + s % 2) };
+        if n > 0 {
+            segs.push(Segment { first_row: first, rows: n, start_pos, cache: s });
+        }
+        first += n;
+    }
+    segs
+}
+
+/// One MoE layer's weights on a backend (the CUDA suite's `cuda.moe`; the CPU suite checks `cpu::moe` directly): the router `gate` `[experts, hidden]`, its `expert_bias`, the experts.
+#[cfg(feature = "cuda")]
+pub struct MoeLayer<'a, B: Backend> {
+    /// Hidden width.
+    pub hidden: usize,
+    /// Router `[experts, hidden]`.
+    pub gate: &'a B::Mat,
+    /// `expert_bias` `[experts]`, when the checkpoint has one.
+    pub bias: Option<&'a B::Buf>,
+    /// The experts, in id order.
+    pub experts: &'a [Ffn<B::Mat>],
+}
+
+/// The LFM2-MoE block over the `Backend` seam, as the forward composes it on one device: routing and every expert
+/// ([`Ops::moe_route_experts`]), then the rank-order combine ([`Ops::moe_combine`]) of `x` `[rows, hidden]`
+/// into `out` `[rows, hidden]`. Errors: the backend's.
+#[cfg(feature = "cuda")]
+pub fn moe<B: Backend>(
+    be: &B,
+    x: &B::Buf,
+    rows: usize,
+    layer: &MoeLayer<B>,
+    p: MoeParams,
+    out: &mut B::Buf,
+) -> Result<(), tensorfold_kernels::KernelError> {
+    let k = p.top_k.min(layer.experts.len());
+    let h = layer.hidden;
+    let (mut sel, mut wts, mut y) = (be.scratch(rows * k), be.scratch(rows * k), be.scratch(rows * k * h));
+    be.moe_route_experts(x, rows, layer.gate, layer.bias, layer.experts, p, (&mut sel, &mut wts), &mut y)?;
+    be.moe_combine(&y, &wts, rows, k, out)
+}
+
 /// Expert parallelism's MoE on one device: `rows` rows of `x` routed once, each of 2 and 3 ranks' `moe_experts` over
 /// its contiguous share (told it starts at expert 0 when `forget_offset`, the planted fault), the ranks' `y` summed in
 /// rank order, then the combine. Returns the bit differences against `want` (the one-call `moe` output), over both
 /// world sizes, and the elements of the sum that had more than one nonzero contributor.
 #[allow(clippy::too_many_arguments)]
-pub fn shard_diffs<B: crate::Backend>(
+pub fn shard_diffs<B: Backend>(
     be: &B,
     (x, rows, h): (&[f32], usize, usize),
     gate: &B::Mat,
@@ -186,7 +234,7 @@ pub fn shard_diffs<B: crate::Backend>(
     for world in [2, 3] {
         let mut sum = vec![0f32; rows * k * h];
         let mut nonzero = vec![0u8; sum.len()];
-        for r in crate::collective::expert_ranges(ex.len(), world).expect("a split") {
+        for r in tensorfold_kernels::collective::expert_ranges(ex.len(), world).expect("a split") {
             let first = if forget_offset { 0 } else { r.start };
             let mut y = be.zeros(rows * k * h);
             if be.moe_experts(&xd, rows, &sel, k, &ex[r], first, ex.len(), &mut y).is_err() {
@@ -217,4 +265,23 @@ pub fn shard_gate(shape: &str, (diffs, shared): (usize, usize)) -> Gate {
              {shared} elements with two contributors"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn split_covers_every_row_once_in_order() {
+        for rows in [1, 2, 3, 8, 16, 33] {
+            let segs = split(rows, 4, &[5, 0, 700, 3]);
+            let mut next = 0;
+            for s in &segs {
+                assert_eq!(s.first_row, next);
+                assert!(s.rows > 0);
+                next += s.rows;
+            }
+            assert_eq!(next, rows);
+        }
+    }
 }

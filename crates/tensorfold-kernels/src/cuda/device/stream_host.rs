@@ -9,8 +9,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result, sys}
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// The stream's host side (see [`Dev`]'s `lane`).
-pub(super) struct Lane {
+/// The stream's host side (see [`Dev`]'s `host`).
+pub(super) struct StreamHost {
     /// Page-locked staging for small host-to-device copies; `None` when it could not be had.
     pub(super) arena: Option<Staging>,
     /// Operations recorded since the last flush (only while `deferred`).
@@ -18,7 +18,7 @@ pub(super) struct Lane {
     /// Captured graphs and the flush counters.
     pub(super) graphs: Graphs<Exec>,
     /// Dropped memory: kept for reuse or given back, never before queued operations that may use it are issued.
-    /// Its `deferred` flag is the device's (see [`Lane::deferred`]).
+    /// Its `deferred` flag is the device's (see [`StreamHost::deferred`]).
     pub(super) reclaim: Reclaim<CudaSlice<u8>>,
     /// Queued operations (launches, copies, memsets) that make a part: a launch that brings the queue to this many
     /// flushes it (as its own graph), so the device runs one part while the host records the next; 0: only when
@@ -43,10 +43,10 @@ pub(super) struct HostTimes {
     flush_s: f64,
 }
 
-impl Lane {
+impl StreamHost {
     pub(super) fn new(arena: Option<Staging>, deferred: bool, part: usize) -> Self {
         let (queue, graphs, reclaim) = (Queue::default(), Graphs::default(), Reclaim::new(deferred));
-        Lane { arena, queue, graphs, reclaim, part, parts: 0, times: HostTimes::default() }
+        StreamHost { arena, queue, graphs, reclaim, part, parts: 0, times: HostTimes::default() }
     }
 
     /// Stream operations are queued until something waits for them, then replayed as graphs (`graphs.rs`). Off with
@@ -82,6 +82,22 @@ impl Lane {
     }
 }
 
+/// Captures `q` into a graph (`graphs::capture`), or with the contract's planted [`graphs::GraphFault::KernelsOnly`]
+/// the kernels only.
+///
+/// # Safety
+/// As `graphs::capture`.
+unsafe fn capture(g: &Graphs<Exec>, t: graphs::Issuer, q: &Queue) -> Result<Exec, Refusal> {
+    #[cfg(feature = "planted-faults")]
+    if g.fault == Some(graphs::GraphFault::KernelsOnly) {
+        // SAFETY: per this function's contract.
+        return unsafe { graphs::capture_kernels_only(t, q) };
+    }
+    let _ = g;
+    // SAFETY: per this function's contract.
+    unsafe { graphs::capture(t, q) }
+}
+
 impl Dev {
     /// Copies `src` to device address `dst` (which must hold `size_of_val(src)` bytes). Small copies (a call's
     /// segment tables) go through the page-locked arena, so they queue (or join a graph) without the driver staging
@@ -92,7 +108,7 @@ impl Dev {
         }
         self.bind()?;
         let bytes = std::mem::size_of_val(src);
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         let Some(at) = l.put(src) else {
             self.flush(&mut l)?;
             // SAFETY: `dst` holds the bytes (callers size it); a copy from pageable memory is staged before this
@@ -106,7 +122,7 @@ impl Dev {
             return Ok(());
         }
         // SAFETY: `dst` holds `bytes` (callers size it); the staged bytes stay untouched until the copy has run.
-        unsafe { graphs::issue(self.target(&l), &op, &[]) }
+        unsafe { graphs::issue(self.issuer(&l), &op, &[]) }
     }
 
     /// Device memory holding `data` for the launches recorded next (a call's segment table, token ids, positions),
@@ -121,7 +137,7 @@ impl Dev {
             return Ok(None);
         }
         self.bind()?;
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         let Some(at) = l.put(data) else {
             drop(l);
             return self.upload(data);
@@ -130,16 +146,16 @@ impl Dev {
         let ptr = mirror + at as u64;
         if !l.deferred() {
             // SAFETY: the mirror holds the arena's range; the staged bytes stay put until the next rewind.
-            unsafe { graphs::issue(self.target(&l), &Op::Htod { dst: ptr, at, bytes }, &[]) }?;
+            unsafe { graphs::issue(self.issuer(&l), &Op::Htod { dst: ptr, at, bytes }, &[]) }?;
         }
-        Ok(Some(Mem { slice: None, ptr, bytes, lane: self.lane.clone() }))
+        Ok(Some(Mem { slice: None, ptr, bytes, host: self.host.clone() }))
     }
 
     /// Copies device bytes at `src` into `dst`, then waits for the stream (so `dst` is ready and every earlier
     /// kernel's failure surfaces here).
     pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
         self.bind()?;
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         self.flush(&mut l)?;
         if !dst.is_empty() {
             // A copy to pageable memory returns only when it is done: it waits for the queue like a sync.
@@ -177,28 +193,28 @@ impl Dev {
     /// As [`graphs::issue`].
     pub(super) unsafe fn record(&self, op: Op) -> Result<(), CudaError> {
         self.bind()?;
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         if l.deferred() {
             l.queue.ops.push(op);
             return Ok(());
         }
         // SAFETY: per this function's contract.
-        unsafe { graphs::issue(self.target(&l), &op, &[]) }
+        unsafe { graphs::issue(self.issuer(&l), &op, &[]) }
     }
 
-    /// Where this device issues: its stream, the lane's arena, and programmatic dependent launch when on.
-    pub(super) fn target(&self, l: &Lane) -> graphs::Target {
-        graphs::Target { stream: self.stream.cu_stream(), arena: l.arena_ptr(), pdl: self.pdl }
+    /// Where this device issues: its stream, the host side's arena, and programmatic dependent launch when on.
+    pub(super) fn issuer(&self, l: &StreamHost) -> graphs::Issuer {
+        graphs::Issuer { stream: self.stream.cu_stream(), arena: l.arena_ptr(), pdl: self.pdl }
     }
 
     /// Waits for every operation queued so far.
     pub fn sync(&self) -> Result<(), CudaError> {
         self.bind()?;
-        self.settle(&mut lock(&self.lane))
+        self.settle(&mut lock(&self.host))
     }
 
     /// [`Dev::drain`], then rewinds the arena: nothing reads it any more, and staged addresses end here.
-    pub(super) fn settle(&self, l: &mut Lane) -> Result<(), CudaError> {
+    pub(super) fn settle(&self, l: &mut StreamHost) -> Result<(), CudaError> {
         self.drain(l)?;
         if let Some(a) = l.arena.as_mut() {
             (a.at, a.sent) = (0, 0);
@@ -209,7 +225,7 @@ impl Dev {
 
     /// Issues the queue and waits for the stream, keeping the arena (a wait inside a launcher: an allocation out of
     /// memory, a profiled launch).
-    pub(super) fn drain(&self, l: &mut Lane) -> Result<(), CudaError> {
+    pub(super) fn drain(&self, l: &mut StreamHost) -> Result<(), CudaError> {
         self.flush(l)?;
         let t = std::time::Instant::now();
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?;
@@ -219,7 +235,7 @@ impl Dev {
     }
 
     /// Issues the queued operations: a cached graph's replay, a capture, or one by one (`graphs.rs` decides).
-    pub(super) fn flush(&self, l: &mut Lane) -> Result<(), CudaError> {
+    pub(super) fn flush(&self, l: &mut StreamHost) -> Result<(), CudaError> {
         if l.queue.ops.is_empty() {
             return Ok(());
         }
@@ -232,12 +248,12 @@ impl Dev {
             l.queue.ops.insert(0, op);
             st.sent = st.at;
         }
-        let (target, raw) = (self.target(l), self.stream.cu_stream());
-        let Lane { queue, graphs, .. } = l;
+        let (issuer, raw) = (self.issuer(l), self.stream.cu_stream());
+        let StreamHost { queue, graphs, .. } = l;
         let one_by_one = |q: &Queue| {
             // SAFETY: every op was recorded by a launcher that checked its addresses and sizes; the arena's bytes
             // stay put until the next settle.
-            q.ops.iter().try_for_each(|op| unsafe { graphs::issue(target, op, &q.args) })
+            q.ops.iter().try_for_each(|op| unsafe { graphs::issue(issuer, op, &q.args) })
         };
         let r = match graphs.plan(queue, l.parts) {
             Plan::Eager => one_by_one(queue),
@@ -246,7 +262,7 @@ impl Dev {
                 None => one_by_one(queue),
             },
             // SAFETY: as above; the context was bound by the caller.
-            Plan::Capture(key) => match unsafe { graphs::capture(target, queue, graphs.fault) } {
+            Plan::Capture(key) => match unsafe { capture(graphs, issuer, queue) } {
                 Ok(exec) => {
                     let r = exec.launch(raw);
                     graphs.keep(key, queue, exec);
@@ -272,21 +288,24 @@ impl Dev {
 
     /// Plants a fault in this device's graph machinery (the contract's `cuda.graphs` controls only; open a device
     /// of its own for it).
+    #[cfg(feature = "planted-faults")]
     pub fn plant_graph_fault(&self, f: graphs::GraphFault) {
-        lock(&self.lane).graphs.fault = Some(f);
+        lock(&self.host).graphs.fault = Some(f);
     }
 
     /// `(replays, captures)`: flushes replayed and captured since the device opened.
+    #[cfg(feature = "planted-faults")]
     pub fn graph_counts(&self) -> (u64, u64) {
-        let l = lock(&self.lane);
+        let l = lock(&self.host);
         (l.graphs.stats.replays, l.graphs.stats.captures)
     }
 
     /// Turns deferral on with parts of `part` operations, whatever the environment said (the contract's
     /// `cuda.graphs` entry, on a device of its own, before it allocates anything). False where graphs cannot run:
     /// under a profile or without a page-locked arena.
+    #[cfg(feature = "planted-faults")]
     pub fn force_graphs(&self, part: usize) -> bool {
-        let mut l = lock(&self.lane);
+        let mut l = lock(&self.host);
         if self.profile.is_some() || l.arena.is_none() {
             return false;
         }
@@ -298,7 +317,7 @@ impl Dev {
     /// What the deferred queue did since the device opened (flushes replayed, captured, issued one by one), or
     /// that it is off.
     pub fn graph_report(&self) -> String {
-        let l = lock(&self.lane);
+        let l = lock(&self.host);
         let (s, t) = (l.graphs.stats, l.times);
         let per = |secs: f64, n: u64| secs * 1e6 / n.max(1) as f64;
         let host = format!(

@@ -3,13 +3,21 @@
 //! at every served shape on fresh random inputs; 3 row invariance (each row's bits at widths 1, 2, 3, 8,
 //! 16, 33 equal the one-row call's); 4 edge cases. A control is red when at least one gate fails with the
 //! fault planted; a control that stays green is a gate that cannot see that fault.
+//!
+//! The CPU suite (`cpu/`) plants its faults by wrapping the real kernel; the CUDA suite (`cuda/`, feature `cuda`)
+//! compiles them into the kernels through `tensorfold-kernels`' `planted-faults` feature, which only this crate
+//! turns on. Each kernel names its faults by an enum (`faults!`); the reports carry their names.
 
+#[macro_use]
+mod faults;
 mod cases;
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod dense;
-mod drafter;
-mod mixers;
+mod shared;
+
+pub use cpu::registry;
+pub use faults::{Fault, FaultKind};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -33,15 +41,6 @@ impl std::fmt::Display for Claim {
             Claim::Bound(x) => write!(f, "within {x}"),
         }
     }
-}
-
-/// A deliberate fault a kernel's gates must catch.
-#[derive(Clone, Copy, Debug)]
-pub struct Fault {
-    /// Short name.
-    pub name: &'static str,
-    /// What the planted code does wrong.
-    pub what: &'static str,
 }
 
 /// One gate's verdict.
@@ -71,8 +70,10 @@ pub enum Scale {
     Served,
 }
 
-/// A kernel under contract.
+/// A kernel under contract, with its planted faults as the enum [`Kernel::Fault`].
 pub trait Kernel: Sync {
+    /// The kernel's planted controls.
+    type Fault: FaultKind;
     /// Registry name, e.g. `cpu.linear`.
     fn name(&self) -> &'static str;
     /// Backend.
@@ -85,10 +86,8 @@ pub trait Kernel: Sync {
     fn reference(&self) -> &'static str;
     /// Shapes served at `scale`, for the report.
     fn shapes(&self, scale: Scale) -> Vec<String>;
-    /// Planted controls.
-    fn faults(&self) -> &'static [Fault];
     /// Gates 2 to 4 (and any kernel-specific gate) with `fault` planted, or none.
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate>;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate>;
     /// Launch limits of the kernel's device functions (registers, shared memory, threads), read after the gates
     /// ran; empty for the CPU.
     fn limits(&self) -> Vec<String> {
@@ -96,13 +95,51 @@ pub trait Kernel: Sync {
     }
 }
 
-/// Every registered kernel.
-pub fn registry() -> Vec<Box<dyn Kernel>> {
-    let mut v: Vec<Box<dyn Kernel>> = Vec::new();
-    v.extend(dense::kernels());
-    v.extend(mixers::kernels());
-    v.extend(drafter::kernels());
-    v
+/// A registered kernel whatever its fault enum (every [`Kernel`] is one): what [`check`] and [`controls`] run.
+pub trait Entry: Sync {
+    /// Registry name.
+    fn name(&self) -> &'static str;
+    /// Backend.
+    fn backend(&self) -> &'static str;
+    /// The claim.
+    fn claim(&self) -> Claim;
+    /// The reference.
+    fn reference(&self) -> &'static str;
+    /// Shapes served at `scale`.
+    fn shapes(&self, scale: Scale) -> Vec<String>;
+    /// The planted controls, in order.
+    fn faults(&self) -> Vec<Fault>;
+    /// The gates with the `fault`-th control of [`Entry::faults`] planted, or none.
+    fn gates_with(&self, scale: Scale, fault: Option<usize>, rng: &mut StdRng) -> Vec<Gate>;
+    /// Launch limits.
+    fn limits(&self) -> Vec<String>;
+}
+
+impl<K: Kernel> Entry for K {
+    fn name(&self) -> &'static str {
+        Kernel::name(self)
+    }
+    fn backend(&self) -> &'static str {
+        Kernel::backend(self)
+    }
+    fn claim(&self) -> Claim {
+        Kernel::claim(self)
+    }
+    fn reference(&self) -> &'static str {
+        Kernel::reference(self)
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        Kernel::shapes(self, scale)
+    }
+    fn faults(&self) -> Vec<Fault> {
+        K::Fault::ALL.iter().map(|f| f.describe()).collect()
+    }
+    fn gates_with(&self, scale: Scale, fault: Option<usize>, rng: &mut StdRng) -> Vec<Gate> {
+        self.gates(scale, fault.map(|i| K::Fault::ALL[i]), rng)
+    }
+    fn limits(&self) -> Vec<String> {
+        Kernel::limits(self)
+    }
 }
 
 /// A kernel's report.
@@ -143,9 +180,9 @@ pub struct ControlReport {
 }
 
 /// Runs `gates` for `k`, turning a panic into a failed `runs` gate (gate 1).
-fn run_gates(k: &dyn Kernel, scale: Scale, fault: Option<&'static str>, seed: u64) -> Vec<Gate> {
+fn run_gates(k: &dyn Entry, scale: Scale, fault: Option<usize>, seed: u64) -> Vec<Gate> {
     let mut rng = StdRng::seed_from_u64(seed);
-    match catch_unwind(AssertUnwindSafe(|| k.gates(scale, fault, &mut rng))) {
+    match catch_unwind(AssertUnwindSafe(|| k.gates_with(scale, fault, &mut rng))) {
         Ok(mut g) => {
             g.insert(0, Gate::new("runs", true, "no panic"));
             g
@@ -158,7 +195,7 @@ fn run_gates(k: &dyn Kernel, scale: Scale, fault: Option<&'static str>, seed: u6
 }
 
 /// Checks one kernel (no fault).
-pub fn check(k: &dyn Kernel, scale: Scale, seed: u64) -> KernelReport {
+pub fn check(k: &dyn Entry, scale: Scale, seed: u64) -> KernelReport {
     let gates = run_gates(k, scale, None, seed);
     KernelReport {
         name: k.name(),
@@ -172,20 +209,17 @@ pub fn check(k: &dyn Kernel, scale: Scale, seed: u64) -> KernelReport {
 }
 
 /// Plants each of `k`'s faults and records which gates went red.
-pub fn controls(k: &dyn Kernel, scale: Scale, seed: u64) -> Vec<ControlReport> {
+pub fn controls(k: &dyn Entry, scale: Scale, seed: u64) -> Vec<ControlReport> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let out = k
         .faults()
-        .iter()
-        .map(|f| ControlReport {
+        .into_iter()
+        .enumerate()
+        .map(|(i, fault)| ControlReport {
             kernel: k.name(),
-            fault: *f,
-            red_gates: run_gates(k, scale, Some(f.name), seed)
-                .into_iter()
-                .filter(|g| !g.pass)
-                .map(|g| g.name)
-                .collect(),
+            fault,
+            red_gates: run_gates(k, scale, Some(i), seed).into_iter().filter(|g| !g.pass).map(|g| g.name).collect(),
         })
         .collect();
     std::panic::set_hook(hook);

@@ -1,15 +1,16 @@
 //! CUDA contract entry of the MoE block: device routing, expert tiles grouped by expert, the rank-order combine.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale};
 use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, wide_names, with_fault};
-use crate::backend::{Backend, Ffn, MoeParams};
-use crate::bytes::MatView;
-use crate::cuda::{CudaBackend, CudaMat, Src};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
+use tensorfold_kernels::backend::{Ffn, MoeParams};
+use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::cuda::{CudaBackend, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Moe(be.clone()))]
 }
 
@@ -32,13 +33,13 @@ fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
 
 struct Moe(CudaBackend);
 
-pub(super) const MOE_PLANTS: &[Planted] = &[
-    ("select-without-bias", Src::Moe, "FAULT_MOE_NO_BIAS"),
-    ("weight-with-bias", Src::Moe, "FAULT_MOE_WEIGHT_BIAS"),
-    ("plan-unowned", Src::Moe, "FAULT_MOE_PLAN_ALL"),
-    ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
-    ("fused-combine-reversed", Src::Rows, "FAULT_COMBINE_FUSED_REVERSE"),
-    ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
+pub(super) const MOE_PLANTS: &[Planted<MoeFault>] = &[
+    (MoeFault::SelectWithoutBias, Src::Moe, "FAULT_MOE_NO_BIAS"),
+    (MoeFault::WeightWithBias, Src::Moe, "FAULT_MOE_WEIGHT_BIAS"),
+    (MoeFault::PlanUnowned, Src::Moe, "FAULT_MOE_PLAN_ALL"),
+    (MoeFault::OneRowOrder, Src::Dense, "FAULT_LINEAR_R1_ORDER"),
+    (MoeFault::FusedCombineReversed, Src::Rows, "FAULT_COMBINE_FUSED_REVERSE"),
+    (MoeFault::WideTree, Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
 ];
 
 /// One shape's device weights and host references.
@@ -55,8 +56,11 @@ impl MoeCase {
     fn call(&self, be: &CudaBackend, x: &[f32], rows: usize, p: MoeParams, bias: bool) -> Vec<f32> {
         let mut o = poisoned(be, rows * self.h);
         let b = bias.then(|| up(be, &self.bias));
-        be.moe(&up(be, x), rows, &self.dgate, b.as_ref(), &self.dex, p, &mut o);
-        rd(be, &o)
+        let layer = MoeLayer { hidden: self.h, gate: &self.dgate, bias: b.as_ref(), experts: &self.dex };
+        match moe(be, &up(be, x), rows, &layer, p, &mut o) {
+            Ok(()) => rd(be, &o),
+            Err(_) => vec![f32::NAN; rows * self.h],
+        }
     }
 
     /// Worst error over rows `0..rows` of `out` against the float64 reference, relative to each row's largest output.
@@ -68,6 +72,27 @@ impl MoeCase {
                 max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want))
             })
             .fold(0.0, f64::max)
+    }
+}
+
+faults! {
+    /// The planted controls of `cuda.moe`.
+    enum MoeFault {
+        SelectWithoutBias = ("select-without-bias", "experts are selected by the score alone, ignoring expert_bias"),
+        WeightWithBias = ("weight-with-bias", "selected experts are weighted by score + expert_bias"),
+        PlanUnowned = (
+            "plan-unowned",
+            "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own",
+        ),
+        OneRowOrder = (
+            "one-row-order",
+            "the one-row expert kernels multiply each group of in-flight chunks in reverse",
+        ),
+        FusedCombineReversed = (
+            "fused-combine-reversed",
+            "the combine fused with the residual add and norm sums the ranks from the last",
+        ),
+        WideTree = ("wide-tree", "the wide expert tiles fold the lane classes in lane order"),
     }
 }
 
@@ -90,29 +115,8 @@ impl Kernel for Moe {
             .map(|(h, e, i, k, d)| format!("hidden {h}, {e} experts of {i}, top-{k}, {d}"))
             .collect()
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault {
-                name: "select-without-bias",
-                what: "experts are selected by the score alone, ignoring expert_bias",
-            },
-            Fault { name: "weight-with-bias", what: "selected experts are weighted by score + expert_bias" },
-            Fault {
-                name: "plan-unowned",
-                what: "the expert plan gives an expert-parallel rank's assignments of other ranks' experts to its own",
-            },
-            Fault {
-                name: "one-row-order",
-                what: "the one-row expert kernels multiply each group of in-flight chunks in reverse",
-            },
-            Fault {
-                name: "fused-combine-reversed",
-                what: "the combine fused with the residual add and norm sums the ranks from the last",
-            },
-            Fault { name: "wide-tree", what: "the wide expert tiles fold the lane classes in lane order" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = MoeFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, MOE_PLANTS, fault);
         let _wide = WideAt::new(&be);
         let mut gates = Vec::new();

@@ -1,15 +1,16 @@
 //! CUDA contract entries of the dense kernels: the linear (every dtype and chunk form, and several in one launch) and the fused SwiGLU FFN.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale};
 use super::{CUDA_WIDTHS, DISTINCT, MAX_WIDTH, Planted, cyclic, dense_names, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, warp_dot_bound, wide_names, with_fault};
-use crate::backend::{Backend, Ffn};
-use crate::bytes::MatView;
-use crate::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
+use tensorfold_kernels::backend::Ffn;
+use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Linear(be.clone())), Box::new(Swiglu(be.clone()))]
 }
 
@@ -48,12 +49,12 @@ fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
 
 struct Linear(CudaBackend);
 
-pub(super) const LINEAR_PLANTS: &[Planted] = &[
-    ("dropped-last-column", Src::Dense, "FAULT_LINEAR_DROP_LAST"),
-    ("batch-dependent-order", Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
-    ("one-row-order", Src::Dense, "FAULT_LINEAR_R1_ORDER"),
-    ("multi-skips-block", Src::Dense, "FAULT_LINEAR_MULTI_OFFSET"),
-    ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
+pub(super) const LINEAR_PLANTS: &[Planted<LinearFault>] = &[
+    (LinearFault::DroppedLastColumn, Src::Dense, "FAULT_LINEAR_DROP_LAST"),
+    (LinearFault::BatchDependentOrder, Src::Dense, "FAULT_LINEAR_BATCH_ORDER"),
+    (LinearFault::OneRowOrder, Src::Dense, "FAULT_LINEAR_R1_ORDER"),
+    (LinearFault::MultiSkipsBlock, Src::Dense, "FAULT_LINEAR_MULTI_OFFSET"),
+    (LinearFault::WideTree, Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
 ];
 
 impl Linear {
@@ -140,6 +141,20 @@ impl Linear {
     }
 }
 
+faults! {
+    /// The planted controls of `cuda.linear`.
+    enum LinearFault {
+        DroppedLastColumn = ("dropped-last-column", "the last input column is skipped"),
+        BatchDependentOrder = ("batch-dependent-order", "calls of several rows walk each lane's chunks in reverse"),
+        OneRowOrder = (
+            "one-row-order",
+            "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
+        ),
+        MultiSkipsBlock = ("multi-skips-block", "the one-launch form skips the last matrix's first block"),
+        WideTree = ("wide-tree", "the wide tiles fold the lane classes in lane order, not the butterfly's"),
+    }
+}
+
 impl Kernel for Linear {
     fn name(&self) -> &'static str {
         "cuda.linear"
@@ -156,22 +171,8 @@ impl Kernel for Linear {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         linear_shapes(scale).iter().map(|(n, k, d)| format!("[{n},{k}] {d}")).collect()
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "dropped-last-column", what: "the last input column is skipped" },
-            Fault { name: "batch-dependent-order", what: "calls of several rows walk each lane's chunks in reverse" },
-            Fault {
-                name: "one-row-order",
-                what: "the one-row kernels multiply each group of in-flight chunks in reverse (their own order)",
-            },
-            Fault { name: "multi-skips-block", what: "the one-launch form skips the last matrix's first block" },
-            Fault {
-                name: "wide-tree",
-                what: "the wide tiles fold the lane classes in lane order, not the butterfly's",
-            },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = LinearFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, LINEAR_PLANTS, fault);
         let _wide = WideAt::new(&be);
         let mut gates = Vec::new();
@@ -204,8 +205,10 @@ fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
 
 struct Swiglu(CudaBackend);
 
-pub(super) const SWIGLU_PLANTS: &[Planted] =
-    &[("up-gate-swapped", Src::Dense, "FAULT_SWIGLU_SWAPPED"), ("wide-tree", Src::Dense, "FAULT_LINEAR_WIDE_TREE")];
+pub(super) const SWIGLU_PLANTS: &[Planted<SwigluFault>] = &[
+    (SwigluFault::UpGateSwapped, Src::Dense, "FAULT_SWIGLU_SWAPPED"),
+    (SwigluFault::WideTree, Src::Dense, "FAULT_LINEAR_WIDE_TREE"),
+];
 
 /// An FFN of `kind`; q8 quantizes each matrix in the first of groups 64, 32, 16 or the whole row that divides it
 /// (as `--drafter-bits 8` does).
@@ -232,6 +235,14 @@ fn swiglu64(x: &[f64], f: &Ffn<MatView>) -> Vec<f64> {
     (0..f.w2.rows).map(|j| dot64(&a, &row64(&f.w2, j))).collect()
 }
 
+faults! {
+    /// The planted controls of `cuda.swiglu`.
+    enum SwigluFault {
+        UpGateSwapped = ("up-gate-swapped", "silu is applied to the up projection instead of the gate"),
+        WideTree = ("wide-tree", "the wide gate-up tiles fold the lane classes in lane order"),
+    }
+}
+
 impl Kernel for Swiglu {
     fn name(&self) -> &'static str {
         "cuda.swiglu"
@@ -248,13 +259,8 @@ impl Kernel for Swiglu {
     fn shapes(&self, scale: Scale) -> Vec<String> {
         swiglu_shapes(scale).iter().map(|(h, i, d)| format!("hidden {h}, width {i}, {d}")).collect()
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "up-gate-swapped", what: "silu is applied to the up projection instead of the gate" },
-            Fault { name: "wide-tree", what: "the wide gate-up tiles fold the lane classes in lane order" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = SwigluFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, SWIGLU_PLANTS, fault);
         let _wide = WideAt::new(&be);
         let mut gates = Vec::new();

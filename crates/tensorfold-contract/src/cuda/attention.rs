@@ -1,15 +1,16 @@
 //! CUDA contract entries of the attention kernels: causal attention with its K/V append over a 4-stream segment
 //! table, and the drafter's context append with the non-causal block attention.
 
-use super::super::cases::*;
-use super::super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use super::{Planted, device_gate, limits, poisoned, rd, split, up, with_fault};
-use crate::KernelError;
-use crate::backend::{Backend, Segment};
-use crate::cuda::{CudaBackend, CudaKv, Src};
+use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::KernelError;
+use tensorfold_kernels::backend::Segment;
+use tensorfold_kernels::cuda::{CudaBackend, CudaKv, Src};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Kernel>> {
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Attention(be.clone())), Box::new(BlockAttention(be.clone()))]
 }
 
@@ -50,11 +51,11 @@ fn rows_of(x: &[f32], w: usize, a: usize, b: usize) -> impl Iterator<Item = &[f3
 
 struct Attention(CudaBackend);
 
-pub(super) const ATTN_PLANTS: &[Planted] = &[
-    ("reads-first-stream", Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
-    ("skips-newest-key", Src::Attention, "FAULT_ATTN_SKIP_NEWEST"),
-    ("batch-dependent-chunk-order", Src::Attention, "FAULT_ATTN_BATCH_ORDER"),
-    ("append-skipped", Src::Attention, "FAULT_ATTN_NO_APPEND"),
+pub(super) const ATTN_PLANTS: &[Planted<AttentionFault>] = &[
+    (AttentionFault::ReadsFirstStream, Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
+    (AttentionFault::SkipsNewestKey, Src::Attention, "FAULT_ATTN_SKIP_NEWEST"),
+    (AttentionFault::BatchDependentChunkOrder, Src::Attention, "FAULT_ATTN_BATCH_ORDER"),
+    (AttentionFault::AppendSkipped, Src::Attention, "FAULT_ATTN_NO_APPEND"),
 ];
 
 /// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
@@ -118,6 +119,22 @@ impl AttnCase {
     }
 }
 
+faults! {
+    /// The planted controls of `cuda.attention`.
+    enum AttentionFault {
+        ReadsFirstStream = ("reads-first-stream", "every row attends over the first stream's KV rows"),
+        SkipsNewestKey = ("skips-newest-key", "a row attends keys [0, pos) (a wrong key count)"),
+        BatchDependentChunkOrder = (
+            "batch-dependent-chunk-order",
+            "calls of several rows combine a row's key chunks in reverse",
+        ),
+        AppendSkipped = (
+            "append-skipped",
+            "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten",
+        ),
+    }
+}
+
 impl Kernel for Attention {
     fn name(&self) -> &'static str {
         "cuda.attention"
@@ -135,21 +152,8 @@ impl Kernel for Attention {
         let (h, kv, hd, keys, long) = attn_shape(scale);
         vec![format!("{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys; one stream of {long} keys")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "reads-first-stream", what: "every row attends over the first stream's KV rows" },
-            Fault { name: "skips-newest-key", what: "a row attends keys [0, pos) (a wrong key count)" },
-            Fault {
-                name: "batch-dependent-chunk-order",
-                what: "calls of several rows combine a row's key chunks in reverse",
-            },
-            Fault {
-                name: "append-skipped",
-                what: "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten",
-            },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = AttentionFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, ATTN_PLANTS, fault);
         let (heads, kvh, hd, held, long) = attn_shape(scale);
         let kw = kvh * hd;
@@ -250,9 +254,9 @@ impl Attention {
 
 struct BlockAttention(CudaBackend);
 
-pub(super) const BLOCK_PLANTS: &[Planted] = &[
-    ("causal-block", Src::Attention, "FAULT_BLOCK_CAUSAL"),
-    ("reads-first-stream", Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
+pub(super) const BLOCK_PLANTS: &[Planted<BlockAttentionFault>] = &[
+    (BlockAttentionFault::CausalBlock, Src::Attention, "FAULT_BLOCK_CAUSAL"),
+    (BlockAttentionFault::ReadsFirstStream, Src::Attention, "FAULT_ATTN_FIRST_STREAM"),
 ];
 
 /// (heads, kv_heads, head_dim, block, context rows per stream): the released 24B drafter's shape when served.
@@ -260,6 +264,14 @@ fn block_shape(scale: Scale) -> (usize, usize, usize, usize, Vec<usize>) {
     match scale {
         Scale::Served => (32, 8, 64, 9, vec![0, 1, 700, 4095]),
         Scale::Quick => (4, 2, 16, 4, vec![0, 1, 9, 300]),
+    }
+}
+
+faults! {
+    /// The planted controls of `cuda.block_attention`.
+    enum BlockAttentionFault {
+        CausalBlock = ("causal-block", "a block row sees only the block rows up to itself"),
+        ReadsFirstStream = ("reads-first-stream", "every block attends over the first stream's context"),
     }
 }
 
@@ -280,13 +292,8 @@ impl Kernel for BlockAttention {
         let (h, kv, hd, b, ctx) = block_shape(scale);
         vec![format!("{h} heads, {kv} KV heads of {hd}; blocks of {b} over 4 streams holding {ctx:?} context rows")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "causal-block", what: "a block row sees only the block rows up to itself" },
-            Fault { name: "reads-first-stream", what: "every block attends over the first stream's context" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = BlockAttentionFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, BLOCK_PLANTS, fault);
         let (heads, kvh, hd, bs, held) = block_shape(scale);
         let kw = kvh * hd;

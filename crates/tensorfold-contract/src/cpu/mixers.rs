@@ -1,31 +1,27 @@
 //! Contract entries of the stateful and positional CPU kernels: q/k norm + RoPE, attention and the short
 //! conv over a segment table (several streams in one call, each reading only its own state).
 
-use super::cases::*;
-use super::{Claim, Fault, Gate, Kernel, Scale, WIDTHS};
-use crate::backend::{Backend, RopeParams, Segment};
-use crate::cpu::{CpuBackend, CpuConv, CpuKv, attention, conv, ops};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
+use tensorfold_kernels::backend::{RopeParams, Segment};
+use tensorfold_kernels::cpu::{CpuBackend, CpuConv, CpuKv, attention, conv, ops};
+use tensorfold_kernels::prelude::*;
 
-pub fn kernels() -> Vec<Box<dyn Kernel>> {
+pub fn kernels() -> Vec<Box<dyn Entry>> {
     vec![Box::new(QkRope), Box::new(Attention), Box::new(ShortConv)]
 }
 
-/// Splits `rows` rows over `streams` streams as contiguous segments (stream i gets a share; some may get none).
-fn split(rows: usize, streams: usize, starts: &[usize]) -> Vec<Segment> {
-    let mut segs = Vec::new();
-    let mut first = 0;
-    for (s, &start_pos) in starts.iter().enumerate().take(streams) {
-        let n = if s + 1 == streams { rows - first } else { (rows - first).min(rows.div_ceil(streams) + s % 2) };
-        if n > 0 {
-            segs.push(Segment { first_row: first, rows: n, start_pos, cache: s });
-        }
-        first += n;
+struct QkRope;
+
+faults! {
+    /// The planted controls of `cpu.qk_norm_rope`.
+    enum QkRopeFault {
+        WrongPairs = ("wrong-pairs", "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back"),
+        PositionOffByOne = ("position-off-by-one", "rotates by position + 1"),
     }
-    segs
 }
 
-struct QkRope;
 impl Kernel for QkRope {
     fn name(&self) -> &'static str {
         "cpu.qk_norm_rope"
@@ -42,13 +38,8 @@ impl Kernel for QkRope {
             Scale::Quick => vec!["4 heads x 16, positions up to 127999, theta 1e6".into()],
         }
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "wrong-pairs", what: "rotates the other pairing: (2i, 2i+1) for (i, i + hd/2) and back" },
-            Fault { name: "position-off-by-one", what: "rotates by position + 1" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = QkRopeFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let heads_set: &[(usize, usize)] = if scale == Scale::Served { &[(32, 64), (8, 64)] } else { &[(4, 16)] };
         let eps = 1e-5f32;
         let mut gates = Vec::new();
@@ -76,12 +67,12 @@ impl Kernel for QkRope {
                     .collect();
                 let mut v = x.to_vec();
                 match fault {
-                    Some("position-off-by-one") => {
+                    Some(QkRopeFault::PositionOffByOne) => {
                         let segs: Vec<Segment> =
                             segs.iter().map(|s| Segment { start_pos: s.start_pos + 1, ..*s }).collect();
                         CpuBackend.qk_norm_rope(&mut v, heads, &norm, eps, rope, &segs).expect("valid segments");
                     }
-                    Some("wrong-pairs") => {
+                    Some(QkRopeFault::WrongPairs) => {
                         let other = RopeParams { interleaved: !rope.interleaved, ..rope };
                         CpuBackend.qk_norm_rope(&mut v, heads, &norm, eps, other, &segs).expect("valid segments");
                     }
@@ -152,7 +143,7 @@ struct Attention;
 impl Attention {
     #[allow(clippy::too_many_arguments)]
     fn call(
-        fault: Option<&str>,
+        fault: Option<AttentionFault>,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -160,7 +151,7 @@ impl Attention {
         segs: &[Segment],
         caches: &mut [CpuKv],
         out: &mut [f32],
-    ) -> Result<(), crate::KernelError> {
+    ) -> Result<(), tensorfold_kernels::KernelError> {
         let (heads, kvh, hd) = shape;
         let mut refs: Vec<&mut CpuKv> = caches.iter_mut().collect();
         attention::attention(q, k, v, heads, kvh, segs, &mut refs, out)?;
@@ -169,7 +160,7 @@ impl Attention {
             for r in s.first_row..s.first_row + s.rows {
                 let p = s.start_pos + r - s.first_row;
                 let (cache, keys) = match f {
-                    "reads-first-stream" => (&caches[0], (p + 1).min(caches[0].len())),
+                    AttentionFault::ReadsFirstStream => (&caches[0], (p + 1).min(caches[0].len())),
                     _ => (&caches[s.cache], p),
                 };
                 for h in 0..heads {
@@ -189,6 +180,14 @@ impl Attention {
         Ok(())
     }
 }
+faults! {
+    /// The planted controls of `cpu.attention`.
+    enum AttentionFault {
+        ReadsFirstStream = ("reads-first-stream", "every row attends over the first stream's KV rows"),
+        SkipsNewestKey = ("skips-newest-key", "a row attends keys [0, pos) (a wrong key count)"),
+    }
+}
+
 impl Kernel for Attention {
     fn name(&self) -> &'static str {
         "cpu.attention"
@@ -203,13 +202,8 @@ impl Kernel for Attention {
         let (h, kv, hd, keys) = attn_shape(scale);
         vec![format!("{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys; one stream of 32768 keys")]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "reads-first-stream", what: "every row attends over the first stream's KV rows" },
-            Fault { name: "skips-newest-key", what: "a row attends keys [0, pos) (a wrong key count)" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = AttentionFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let (heads, kvh, hd, held) = attn_shape(scale);
         let kw = kvh * hd;
         let base: Vec<CpuKv> =
@@ -285,7 +279,7 @@ impl Kernel for Attention {
         let mut c = base.clone();
         let refused = matches!(
             Self::call(fault, &q[..heads * hd], &k[..kw], &v[..kw], shape, &bad, &mut c, &mut vec![0f32; heads * hd]),
-            Err(crate::KernelError::KeyCount { .. })
+            Err(tensorfold_kernels::KernelError::KeyCount { .. })
         );
         let long = if scale == Scale::Served { 32_767 } else { 300 };
         let mut lc = vec![CpuKv { width: kw, k: uniform(rng, long * kw), v: uniform(rng, long * kw) }];
@@ -322,7 +316,7 @@ struct ShortConv;
 impl ShortConv {
     #[allow(clippy::too_many_arguments)]
     fn call(
-        fault: Option<&str>,
+        fault: Option<ShortConvFault>,
         bcx: &[f32],
         width: usize,
         w: &[f32],
@@ -330,21 +324,30 @@ impl ShortConv {
         segs: &[Segment],
         states: &mut [CpuConv],
         out: &mut [f32],
-    ) -> Result<(), crate::KernelError> {
+    ) -> Result<(), tensorfold_kernels::KernelError> {
         let before: Vec<CpuConv> = states.to_vec();
-        if fault == Some("reads-first-stream") {
+        if fault == Some(ShortConvFault::ReadsFirstStream) {
             for s in states.iter_mut().skip(1) {
                 s.state = before[0].state.clone();
             }
         }
         let mut refs: Vec<&mut CpuConv> = states.iter_mut().collect();
         conv::short_conv(bcx, width, w, Some(b), segs, &mut refs, out)?;
-        if fault == Some("state-not-advanced") {
+        if fault == Some(ShortConvFault::StateNotAdvanced) {
             states.clone_from_slice(&before);
         }
         Ok(())
     }
 }
+faults! {
+    /// The planted controls of `cpu.short_conv`.
+    enum ShortConvFault {
+        ReadsFirstStream = ("reads-first-stream", "every stream reads the first stream's conv state"),
+        StateNotAdvanced = ("state-not-advanced", "the conv state is left where it was after the call"),
+        KeepAtWindowEnd = ("keep-at-window-end", "a rolled-back window leaves the state at the window's end"),
+    }
+}
+
 impl Kernel for ShortConv {
     fn name(&self) -> &'static str {
         "cpu.short_conv"
@@ -362,14 +365,8 @@ impl Kernel for ShortConv {
             "width 24, 3 taps, 4 streams".into()
         }]
     }
-    fn faults(&self) -> &'static [Fault] {
-        &[
-            Fault { name: "reads-first-stream", what: "every stream reads the first stream's conv state" },
-            Fault { name: "state-not-advanced", what: "the conv state is left where it was after the call" },
-            Fault { name: "keep-at-window-end", what: "a rolled-back window leaves the state at the window's end" },
-        ]
-    }
-    fn gates(&self, scale: Scale, fault: Option<&'static str>, rng: &mut StdRng) -> Vec<Gate> {
+    type Fault = ShortConvFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let (width, taps) = (if scale == Scale::Served { 2048 } else { 24 }, 3);
         let hist = taps - 1;
         let base: Vec<CpuConv> =
@@ -462,7 +459,7 @@ impl Kernel for ShortConv {
         conv::short_conv(&bcx[..6 * width], width, &w, Some(&b), &seg2, &mut [&mut w2[0]], &mut sink[..2 * width])
             .expect("valid");
         let kept = match fault {
-            Some("keep-at-window-end") => Ok(()),
+            Some(ShortConvFault::KeepAtWindowEnd) => Ok(()),
             _ => w5[0].keep(2),
         };
         let rolled = kept.is_ok() && bit_diffs(&w5[0].state, &w2[0].state) == 0;

@@ -1,0 +1,17 @@
+//! The CPU suite: every kernel of the CPU backend, its faults planted by wrapping the real kernel (so the backend
+//! carries no fault switches).
+
+mod dense;
+mod drafter;
+mod mixers;
+
+use crate::Entry;
+
+/// Every registered CPU kernel.
+pub fn registry() -> Vec<Box<dyn Entry>> {
+    let mut v: Vec<Box<dyn Entry>> = Vec::new();
+    v.extend(dense::kernels());
+    v.extend(mixers::kernels());
+    v.extend(drafter::kernels());
+    v
+}
