@@ -16,7 +16,14 @@ fn main() {
     for m in MODULES {
         let path = format!("src/cuda/{m}.cu");
         println!("cargo:rerun-if-changed={path}");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // The tensor-core linears share dense.cu's module (and its helpers).
+        if m == "dense" {
+            let tc = "src/cuda/dense_tc.cu";
+            println!("cargo:rerun-if-changed={tc}");
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(tc).unwrap_or_else(|e| panic!("{tc}: {e}")));
+        }
         std::fs::write(out.join(format!("{m}.cu")), strip::strip_faults(&text)).expect("write the shipped source");
     }
 }

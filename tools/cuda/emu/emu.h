@@ -48,6 +48,31 @@ inline float shfl_from(float v, int src) {
   yield();
   return wslots[w][ph][(unsigned)src & 31u];
 }
+// mma.sync.m16n8k16.row.col f32.bf16.bf16.f32 by its definition: every lane posts its fragments, then computes its
+// four outputs d[i] += sum over the 16 k slots in slot order (exact bf16 products, f32 adds). The device's internal
+// order differs; the emulation checks the kernels' logic (which slot holds which element, invariance), not bits.
+inline unsigned mslots[32][2][32][6];
+inline float mma_half(unsigned v, int k) { unsigned b = (k & 1) ? (v >> 16) : (v & 0xffffu); float f; b <<= 16; memcpy(&f, &b, 4); return f; }
+inline void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  unsigned l = lin(), w = l / 32, lane = l % 32, ph = g_cur->phase++ & 1;
+  for (int i = 0; i < 4; i++) mslots[w][ph][lane][i] = a[i];
+  mslots[w][ph][lane][4] = b0;
+  mslots[w][ph][lane][5] = b1;
+  yield();
+  unsigned (*s)[6] = mslots[w][ph];
+  int g = (int)lane / 4, t = (int)lane % 4;
+  for (int i = 0; i < 4; i++) {
+    int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 16; k++) {
+      float av = mma_half(s[4 * (row % 8) + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+      float bv = mma_half(s[4 * col + (k % 8) / 2][4 + (k >= 8 ? 1 : 0)], k);
+      float p = av * bv;
+      acc = acc + p;
+    }
+    d[i] = acc;
+  }
+}
 inline void syncwarp() { g_cur->phase++; yield(); }
 inline void entry() { g_fn(); g_cur->done = true; live--; if (live > 0 && bar_count == live) { bar_count = 0; bar_result = bar_or; bar_or = 0; release_pending = true; } }
 
@@ -127,6 +152,9 @@ inline void __syncthreads() { emu::sync_or(0); }
 inline int __syncthreads_or(int p) { return emu::sync_or(p != 0); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline void tfemu_mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) { emu::mma_16816(d, a, b0, b1); }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }

@@ -9,12 +9,18 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "../../../crates/tensorfold-kernels/src/cuda/")
 MODULES = ["rows", "dense", "rope", "attention", "conv", "moe", "sample"]
+# Files a module's text holds after common.cuh (cuda/device.rs's `Src::body`): the tensor-core linears share dense's.
+PARTS = {"dense": ["dense", "dense_tc"]}
+
+
+def module_text(mod):
+    return "\n".join(open(SRC + f + ".cu").read() for f in PARTS.get(mod, [mod]))
 ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)\s*\(')
 
 
 def unit(mod, define, out):
     """Writes and compiles one variant; returns (tag, kernels) or raises with the compiler's message."""
-    text = open(SRC + "common.cuh").read() + "\n" + open(SRC + mod + ".cu").read()
+    text = open(SRC + "common.cuh").read() + "\n" + module_text(mod)
     flags = ["-D" + define] if define else []
     pre = subprocess.run(["cpp", "-P"] + flags, input=text, capture_output=True, text=True, check=True).stdout
     names = ENTRY.findall(pre)
@@ -41,7 +47,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     jobs = []
     for mod in MODULES:
-        text = open(SRC + "common.cuh").read() + open(SRC + mod + ".cu").read()
+        text = open(SRC + "common.cuh").read() + module_text(mod)
         jobs += [(mod, d, out) for d in [None] + sorted(set(re.findall(r"\bFAULT_[A-Z0-9_]+", text)))]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         for tag, n in pool.map(lambda j: unit(*j), jobs):

@@ -5,6 +5,7 @@
 
 mod attention;
 mod dense;
+mod dense_tc;
 mod draw;
 mod graphs;
 mod mixers;
@@ -19,6 +20,7 @@ use tensorfold_kernels::prelude::*;
 pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     let mut v: Vec<Box<dyn Entry>> = Vec::new();
     v.extend(dense::kernels(be));
+    v.extend(dense_tc::kernels(be));
     v.extend(rows::kernels(be));
     v.extend(mixers::kernels(be));
     v.extend(attention::kernels(be));
@@ -137,6 +139,7 @@ mod tests {
             named(attention::BLOCK_PLANTS),
             named(dense::LINEAR_PLANTS),
             named(dense::SWIGLU_PLANTS),
+            named(dense_tc::TC_PLANTS),
             named(mixers::ROPE_PLANTS),
             named(mixers::CONV_PLANTS),
             named(moe::MOE_PLANTS),

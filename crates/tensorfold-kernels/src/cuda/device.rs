@@ -13,7 +13,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Threads of every block the launchers use, except the combine, plan and greedy kernels (which say their own).
@@ -42,6 +42,11 @@ pub const WIDE_SLOTS: usize = 32;
 pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
 pub const KEY_CHUNK: usize = 256;
+/// Rows and columns a block of the wide tensor-core linear covers (dense_tc.cu's `TCM`, `TCN`).
+pub const TCM: usize = 64;
+pub const TCN: usize = 128;
+/// K segments of the tensor-core chain, one warp each in the narrow form (dense_tc.cu's `TC_SEGS`).
+pub const TC_SEGS: usize = 4;
 /// Largest grid y or z dimension.
 pub const GRID_YZ: usize = 65535;
 
@@ -58,7 +63,7 @@ const COMMON: &str = include_str!("common.cuh");
 pub enum Src {
     /// `rows.cu`: embed, rmsnorm, add, gather, greedy.
     Rows,
-    /// `dense.cu`: linear, SwiGLU gate-up, MoE expert tiles.
+    /// `dense.cu` then `dense_tc.cu`: linear (CUDA cores and tensor cores), SwiGLU gate-up, MoE expert tiles.
     Dense,
     /// `rope.cu`: q/k norm and rotary embedding.
     Rope,
@@ -89,7 +94,7 @@ impl Src {
         }
     }
 
-    /// The shipped module text: the `.cu` file with its planted-fault blocks stripped at build time (build.rs,
+    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` after it) with its planted-fault blocks stripped at build time (build.rs,
     /// `strip.rs`), so what production compiles carries no fault.
     fn body(self) -> &'static str {
         match self {
@@ -113,7 +118,7 @@ impl Src {
     fn planted_body(self) -> &'static str {
         match self {
             Src::Rows => include_str!("rows.cu"),
-            Src::Dense => include_str!("dense.cu"),
+            Src::Dense => concat!(include_str!("dense.cu"), "\n", include_str!("dense_tc.cu")),
             Src::Rope => include_str!("rope.cu"),
             Src::Attention => include_str!("attention.cu"),
             Src::Conv => include_str!("conv.cu"),
@@ -216,6 +221,27 @@ pub struct Dev {
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
     /// gap between the two. Off under a profile (each kernel is timed alone).
     pub pdl: bool,
+    /// `TENSORFOLD_CUDA_TENSOR_CORES=1` (sm_80 and later), or the contract's [`Dev::set_tensor_cores`]: bf16
+    /// matrices with k % 32 == 0 run the tensor-core linears (dense_tc.cu) at every width. Their bits differ from
+    /// the CUDA-core forms' (another fixed order, the same bound), so the setting holds for the process: a row's
+    /// bits never depend on the call. Off by default until the decode forms match the CUDA cores' speed.
+    tensor_cores: AtomicBool,
+}
+
+/// The `TENSORFOLD_CUDA_TENSOR_CORES` setting: `1` on, `0` or unset off; anything else is refused by name, as is
+/// `1` on a device without bf16 tensor cores (before sm_80).
+pub(crate) fn tensor_cores_setting(v: Option<String>, major: i32) -> Result<bool, CudaError> {
+    let name = "TENSORFOLD_CUDA_TENSOR_CORES";
+    match v.as_deref().map(str::trim) {
+        None | Some("0") => Ok(false),
+        Some("1") if major >= 8 => Ok(true),
+        Some("1") => {
+            Err(CudaError::Setting { name, value: "1".into(), want: "0 (this device has no bf16 tensor cores)" })
+        }
+        Some(_) => {
+            Err(CudaError::Setting { name, value: v.unwrap_or_default(), want: "0 (off, the default) or 1 (on)" })
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -282,6 +308,7 @@ impl Dev {
         let arena = Staging::new(&stream);
         let deferred = graphs && profile.is_none() && arena.is_some();
         let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
+        let tensor_cores = tensor_cores_setting(std::env::var("TENSORFOLD_CUDA_TENSOR_CORES").ok(), major)?;
         let host = StreamHost::new(arena, deferred, part);
         Ok(Arc::new(Dev {
             ctx,
@@ -298,6 +325,7 @@ impl Dev {
             r1_rows,
             wide_rows,
             pdl,
+            tensor_cores: AtomicBool::new(tensor_cores),
         }))
     }
 
@@ -403,6 +431,17 @@ impl Dev {
     pub fn set_wide_rows(&self, rows: Option<usize>) -> Option<usize> {
         let was = self.wide_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
         (was != UNSET).then_some(was)
+    }
+
+    /// Whether bf16 matrices with k % 32 == 0 run the tensor-core linears (the mode is the process's: see `TENSORFOLD_CUDA_TENSOR_CORES`).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(Ordering::Relaxed)
+    }
+
+    /// Sets the tensor-core mode and returns the one before: the contract checks both forms in one process.
+    #[cfg(feature = "planted-faults")]
+    pub fn set_tensor_cores(&self, on: bool) -> bool {
+        self.tensor_cores.swap(on, Ordering::Relaxed)
     }
 
     fn wide_override(&self) -> Option<usize> {

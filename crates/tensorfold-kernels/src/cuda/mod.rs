@@ -353,6 +353,16 @@ mod tests {
         assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_PDL", .. }), "{e}");
     }
 
+    #[test]
+    fn tensor_cores_are_off_unless_set_to_1_on_a_device_that_has_them() {
+        use device::tensor_cores_setting as tc;
+        assert_eq!((tc(None, 9), tc(Some("0".into()), 9), tc(Some(" 1".into()), 9)), (Ok(false), Ok(false), Ok(true)));
+        let e = tc(Some("1".into()), 7).unwrap_err();
+        assert!(e.to_string().contains("no bf16 tensor cores"), "{e}");
+        let e = tc(Some("yes".into()), 9).unwrap_err();
+        assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_TENSOR_CORES", .. }), "{e}");
+    }
+
     /// Programmatic dependent launch is safe only if every kernel waits for the one before it first thing.
     #[test]
     fn every_kernel_waits_for_the_kernel_before_it_first_thing() {
@@ -366,7 +376,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 29, "every entry point was checked");
+        assert_eq!(entries, 31, "every entry point was checked");
     }
 
     #[test]

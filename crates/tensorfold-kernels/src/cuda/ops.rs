@@ -1,7 +1,7 @@
 //! Launchers of the row and dense kernels: weight upload, embedding, RMSNorm, linear, SwiGLU, add, row gather, q/k
 //! norm + RoPE and the greedy pick. Each checks its shapes on the host before anything is launched.
 
-use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB, WTM};
+use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, TC_SEGS, TCM, TCN, WPB, WTM};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::rope_inv_freq;
@@ -246,6 +246,9 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
     if rows == 0 || n == 0 {
         return Ok(()); // no block to launch (a grid dimension of 0 is refused)
     }
+    if be.dev.tensor_cores() && w.tc() {
+        return tc_linear_launch(be, xp, rows, w, bias, op);
+    }
     let (wp, sp, bp) = w.ptrs()?;
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
     let args = vec![
@@ -261,6 +264,30 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
         Arg::P(op),
     ];
     dense_launch(be, w, "linear", (rows, n), args)
+}
+
+/// [`linear_launch`] on the tensor cores (dense_tc.cu): the wide form (blocks of [`TCM`] rows by [`TCN`] columns)
+/// for calls that take the wide tiles ([`super::device::Dev::wide`]), else the narrow form (blocks of 16 rows by 8
+/// columns, [`TC_SEGS`] warps). Both give a row the same bits.
+fn tc_linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
+    let (n, k) = (w.rows, w.cols);
+    let (wp, _, _) = w.ptrs()?;
+    let args = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?)];
+    let args = [&args[..], &[Arg::P(wp), Arg::P(bias), Arg::P(op)]].concat();
+    let (name, grid, block) = if be.dev.wide(rows) {
+        (
+            "linear_tcw_bf16",
+            (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN), "blocks")? as u32, 1),
+            BLOCK,
+        )
+    } else {
+        let tiles = u32::try_from(rows.div_ceil(16)).ok().filter(|&t| t as usize <= GRID_YZ);
+        let tiles =
+            tiles.ok_or_else(|| CudaError::Shape(format!("linear: {rows} rows for the narrow tensor-core form")))?;
+        ("linear_tc_bf16", (int(n.div_ceil(8), "blocks")? as u32, tiles, 1), 32 * TC_SEGS as u32)
+    };
+    let f = be.func(Src::Dense, name)?;
+    be.dev.launch(&f, grid, block, 0, &args)
 }
 
 /// A dense kernel of family `kind` (`linear`, `gateup`) for `w` over `rows` rows and `n` outputs, with the entry's
@@ -330,8 +357,9 @@ pub(crate) fn linears(
     if rows == 0 {
         return Ok(());
     }
-    if mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {
-        // Wide calls are bound by arithmetic, not launches: a linear each (the same bits, gate `multi`).
+    let tc = be.dev.tensor_cores() && mats.iter().all(|m| m.tc());
+    if tc || mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {
+        // Wide and tensor-core calls: a linear each (the same bits, gate `multi`).
         for (m, o) in mats.iter().zip(outs) {
             linear_launch(be, x.ptr()?, rows, m, 0, o.ptr()?)?;
         }

@@ -58,6 +58,12 @@ impl CudaBackend {
         self.dev.set_wide_rows(rows)
     }
 
+    /// Sets the tensor-core mode (`TENSORFOLD_CUDA_TENSOR_CORES`) and returns the one before: the contract checks
+    /// the tensor-core linears whatever the environment said.
+    pub fn set_tensor_cores(&self, on: bool) -> bool {
+        self.dev.set_tensor_cores(on)
+    }
+
     /// Turns deferral on with graph parts of `part` operations, whatever the environment said (the contract's
     /// `cuda.graphs` entry, on a device of its own, before it allocates anything). False where graphs cannot run:
     /// under a profile or without a page-locked arena.

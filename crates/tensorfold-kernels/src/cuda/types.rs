@@ -77,6 +77,12 @@ impl CudaMat {
         self.cols.is_multiple_of(8) && (self.dtype != Dtype::Q8 || self.group.is_multiple_of(8))
     }
 
+    /// Whether the tensor-core linears (dense_tc.cu) serve this matrix: bf16 with k a non-zero multiple of 32 (whole
+    /// chunks of the tensor-core chain). Fixed by the matrix, so a matrix has one form at every width.
+    pub(crate) fn tc(&self) -> bool {
+        self.dtype == Dtype::Bf16 && self.cols > 0 && self.cols.is_multiple_of(32)
+    }
+
     /// The dense.cu entry point of kernel family `kind` (`linear`, `gateup`, `moe_gateup`, `moe_down`) for this matrix.
     pub(crate) fn kernel(&self, kind: &str) -> String {
         let dt = match self.dtype {

@@ -1,0 +1,176 @@
+//! CUDA contract entry of the tensor-core linears (dense_tc.cu): three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
+
+use super::{CUDA_WIDTHS, DISTINCT, Planted, cyclic, device_gate, limits, poisoned, rd, up};
+use super::{WideAt, with_fault};
+use crate::cases::*;
+use crate::{Claim, Entry, Gate, Kernel, Scale};
+use rand::rngs::StdRng;
+use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::cuda::{CudaBackend, Src};
+use tensorfold_kernels::prelude::*;
+
+pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
+    vec![Box::new(LinearTc(be.clone()))]
+}
+
+/// Shapes `(n, k)`, all bf16 with k % 32 == 0 (what the tensor-core form serves). Quick: chunk counts 1 (three
+/// empty segments), 2, 5 (segments of unequal length) and 64, and n past a whole 8- and 128-column block.
+fn shapes(scale: Scale) -> Vec<(usize, usize)> {
+    let mut v = vec![(40, 32), (96, 64), (130, 160), (72, 2048)];
+    if scale == Scale::Served {
+        v.extend([(6144, 2048), (2048, 2048), (512, 2048), (1536, 2048), (2048, 1536), (128_000, 2048)]);
+    }
+    v
+}
+
+pub(super) const TC_PLANTS: &[Planted<TcFault>] = &[
+    (TcFault::DroppedPieces, Src::Dense, "FAULT_TC_DROP_LO"),
+    (TcFault::WidthSplit, Src::Dense, "FAULT_TC_WIDTH_SPLIT"),
+    (TcFault::RowMix, Src::Dense, "FAULT_TC_ROW_MIX"),
+];
+
+faults! {
+    /// The planted controls of `cuda.linear_tc`.
+    enum TcFault {
+        DroppedPieces = ("dropped-pieces", "the activations enter as one bf16 piece (lo and lo2 dropped)"),
+        WidthSplit = ("width-split", "the wide form splits k into 2 segments, the narrow into 4 (a split chosen by width)"),
+        RowMix = ("row-mix", "a row of a wide tile reads the next row's activations"),
+    }
+}
+
+/// Bound of the tensor-core chain of length `k`: `(2 ceil(k/32) + 8) * 2^-24 * sum|x*w|`: per chunk one f32 fold
+/// and the partial's own rounding on the tensor cores (their internal sum is not IEEE round-to-nearest; measured at
+/// most 7.3 x 2^-24 of sum|x*w| over a whole 2048-long dot, tools/cuda/tc), the 3 segment adds, the pieces' 2^-24
+/// of x, and one for second-order terms.
+fn tc_bound(k: usize, abs_sum: f64) -> f64 {
+    (2.0 * k.div_ceil(32) as f64 + 8.0) * f64::powi(2.0, -24) * abs_sum
+}
+
+/// Turns the device's tensor-core mode on for an entry's gates and puts the one before back when dropped.
+struct TensorCoresOn<'a>(&'a CudaBackend, bool);
+
+impl<'a> TensorCoresOn<'a> {
+    fn new(be: &'a CudaBackend) -> Self {
+        let was = be.set_tensor_cores(true);
+        TensorCoresOn(be, was)
+    }
+}
+
+impl Drop for TensorCoresOn<'_> {
+    fn drop(&mut self) {
+        self.0.set_tensor_cores(self.1);
+    }
+}
+
+struct LinearTc(CudaBackend);
+
+impl LinearTc {
+    /// Gate 2 on two rows against float64, and the bias edge (bias added after the reduction, bit for bit).
+    fn reference(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Vec<Gate> {
+        let (n, k) = (w.rows, w.cols);
+        let wm = be.upload_mat(w).expect("upload the matrix");
+        let x = uniform(rng, 2 * k);
+        let bias = uniform(rng, n);
+        let (mut out, mut outb) = (poisoned(be, 2 * n), poisoned(be, 2 * n));
+        let xb = up(be, &x);
+        be.linear(&xb, 2, &wm, None, &mut out);
+        be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
+        let (out, outb) = (rd(be, &out), rd(be, &outb));
+        let mut err = 0f64;
+        for r in 0..2 {
+            let xr = wide(&x[r * k..(r + 1) * k]);
+            for j in 0..n {
+                let wr = row64(w, j);
+                let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
+                err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / tc_bound(k, abs));
+            }
+        }
+        let biased: Vec<f32> = out.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
+        let bd = bit_diffs(&outb, &biased);
+        vec![
+            reference_gate(shape, err, 1.0),
+            Gate::new("edges", bd == 0, format!("{shape}: bias added after the reduction: {bd} differ")),
+        ]
+    }
+
+    /// Gate 3 over the first (at most 4096) outputs: one-row calls (the narrow form) against calls of every width
+    /// (the narrow form up to [`super::WIDE_AT`] rows, the wide form at 70).
+    fn invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
+        let k = w.cols;
+        let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
+        let wm = be.upload_mat(&wn).expect("upload the matrix");
+        let n = wn.rows;
+        let xs = cyclic(&uniform(rng, DISTINCT * k), k);
+        let call = |x: &[f32], rows: usize| {
+            let mut o = poisoned(be, rows * n);
+            be.linear(&up(be, x), rows, &wm, None, &mut o);
+            rd(be, &o)
+        };
+        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
+        let diffs: usize = CUDA_WIDTHS
+            .iter()
+            .map(|&wd| {
+                let o = call(&xs[..wd * k], wd);
+                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r % DISTINCT])).sum::<usize>()
+            })
+            .sum();
+        invariance_gate(shape, diffs)
+    }
+
+    /// Gate `multi`: q/k/v-style linears of one input in one call give each output a `linear`'s bits.
+    fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
+        let ws: Vec<_> =
+            [40, 8, 72].iter().map(|&n| be.upload_mat(&bf16_mat(rng, n, 64, 0.5)).expect("upload")).collect();
+        let mut diffs = 0;
+        for rows in [1, 3, 70] {
+            let x = up(be, &uniform(rng, rows * 64));
+            let mut outs: Vec<_> = ws.iter().map(|w| poisoned(be, rows * w.rows)).collect();
+            be.linears(&x, rows, &ws.iter().collect::<Vec<_>>(), &mut outs.iter_mut().collect::<Vec<_>>());
+            for (w, o) in ws.iter().zip(&outs) {
+                let mut one = poisoned(be, rows * w.rows);
+                be.linear(&x, rows, w, None, &mut one);
+                diffs += bit_diffs(&rd(be, o), &rd(be, &one));
+            }
+        }
+        Gate::new("multi", diffs == 0, format!("three linears in one call against one each: {diffs} values differ"))
+    }
+}
+
+impl Kernel for LinearTc {
+    fn name(&self) -> &'static str {
+        "cuda.linear_tc"
+    }
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn claim(&self) -> Claim {
+        Claim::Bound(
+            "(2*ceil(k/32)+8)*2^-24*sum|x*w| of float64 per output (three bf16 pieces; a chunk's partial on the tensor cores, chunks and segments folded in f32)",
+        )
+    }
+    fn reference(&self) -> &'static str {
+        "float64 matrix-vector product of the f32 activations and bf16 weights"
+    }
+    fn shapes(&self, scale: Scale) -> Vec<String> {
+        shapes(scale).iter().map(|(n, k)| format!("[{n},{k}] bf16")).collect()
+    }
+    type Fault = TcFault;
+    fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
+        let be = with_fault(&self.0, TC_PLANTS, fault);
+        let _wide = WideAt::new(&be);
+        let _tc = TensorCoresOn::new(&be);
+        let mut gates = Vec::new();
+        for (n, k) in shapes(scale) {
+            let w = bf16_mat(rng, n, k, 0.5);
+            let shape = format!("[{n},{k}] bf16");
+            gates.extend(Self::reference(&be, rng, &w, &shape));
+            gates.push(Self::invariance(&be, rng, &w, &shape));
+        }
+        gates.push(Self::multi(&be, rng));
+        gates.push(device_gate(&be));
+        merge(gates)
+    }
+    fn limits(&self) -> Vec<String> {
+        limits(&self.0, Src::Dense, &["linear_tc_bf16", "linear_tcw_bf16"])
+    }
+}
