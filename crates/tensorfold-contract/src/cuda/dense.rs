@@ -263,35 +263,7 @@ impl Kernel for Swiglu {
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, SWIGLU_PLANTS, fault);
         let _wide = WideAt::new(&be);
-        let mut gates = Vec::new();
-        for (h, inter, kind) in swiglu_shapes(scale) {
-            let f = ffn(rng, h, inter, kind);
-            let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
-            let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
-            let call = |x: &[f32], rows: usize| {
-                let mut o = poisoned(&be, rows * h);
-                be.swiglu(&up(&be, x), rows, &fm, &mut o);
-                rd(&be, &o)
-            };
-            let x = cyclic(&uniform(rng, DISTINCT * h), h);
-            let out = call(&x[..2 * h], 2);
-            let mut err = 0f64;
-            for r in 0..2 {
-                let want = swiglu64(&wide(&x[r * h..(r + 1) * h]), &f);
-                err = err.max(max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want)));
-            }
-            let shape = format!("hidden {h}, width {inter}, {kind}");
-            gates.push(reference_gate(&shape, err, 1e-5));
-            let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&x[r * h..(r + 1) * h], 1)).collect();
-            let inv: usize = CUDA_WIDTHS
-                .iter()
-                .map(|&w| {
-                    let o = call(&x[..w * h], w);
-                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
-                })
-                .sum();
-            gates.push(invariance_gate(&shape, inv));
-        }
+        let mut gates = swiglu_gates(&be, &swiglu_shapes(scale), rng);
         gates.push(device_gate(&be));
         merge(gates)
     }
@@ -299,4 +271,39 @@ impl Kernel for Swiglu {
         let names: Vec<String> = dense_names("gateup").into_iter().chain(wide_names("gateup")).collect();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }
+}
+
+/// The SwiGLU gates at `shapes` `(hidden, inter, kind)` on `be` as it is set (faults, wide threshold, tensor cores):
+/// reference on two rows and invariance over [`CUDA_WIDTHS`].
+pub(super) fn swiglu_gates(be: &CudaBackend, shapes: &[(usize, usize, &str)], rng: &mut StdRng) -> Vec<Gate> {
+    let mut gates = Vec::new();
+    for &(h, inter, kind) in shapes {
+        let f = ffn(rng, h, inter, kind);
+        let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
+        let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
+        let call = |x: &[f32], rows: usize| {
+            let mut o = poisoned(be, rows * h);
+            be.swiglu(&up(be, x), rows, &fm, &mut o);
+            rd(be, &o)
+        };
+        let x = cyclic(&uniform(rng, DISTINCT * h), h);
+        let out = call(&x[..2 * h], 2);
+        let mut err = 0f64;
+        for r in 0..2 {
+            let want = swiglu64(&wide(&x[r * h..(r + 1) * h]), &f);
+            err = err.max(max_err(&out[r * h..(r + 1) * h], &want, max_abs(&want)));
+        }
+        let shape = format!("hidden {h}, width {inter}, {kind}");
+        gates.push(reference_gate(&shape, err, 1e-5));
+        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&x[r * h..(r + 1) * h], 1)).collect();
+        let inv: usize = CUDA_WIDTHS
+            .iter()
+            .map(|&w| {
+                let o = call(&x[..w * h], w);
+                (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
+            })
+            .sum();
+        gates.push(invariance_gate(&shape, inv));
+    }
+    gates
 }

@@ -1,4 +1,4 @@
-//! CUDA contract entry of the tensor-core linears (dense_tc.cu): three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
+//! CUDA contract entry of the tensor-core forms (dense_tc.cu): the linear, the dense SwiGLU and the MoE experts with three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
 
 use super::{CUDA_WIDTHS, DISTINCT, Planted, cyclic, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, with_fault};
@@ -23,6 +23,24 @@ fn shapes(scale: Scale) -> Vec<(usize, usize)> {
     v
 }
 
+/// SwiGLU shapes `(hidden, inter, kind)` the tensor-core gate-up and down serve (both k % 32 == 0).
+fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
+    let mut v = vec![(64, 96, "bf16"), (256, 64, "bf16")];
+    if scale == Scale::Served {
+        v.push((2048, 1536, "bf16"));
+    }
+    v
+}
+
+/// MoE shapes `(hidden, experts, width, top-k, dtype)` whose experts the tensor-core tiles serve.
+fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
+    let mut v = vec![(64, 8, 96, 2, "bf16"), (128, 8, 64, 4, "bf16"), (32, 100, 32, 3, "bf16")];
+    if scale == Scale::Served {
+        v.insert(0, (2048, 64, 1536, 4, "bf16"));
+    }
+    v
+}
+
 pub(super) const TC_PLANTS: &[Planted<TcFault>] = &[
     (TcFault::DroppedPieces, Src::Dense, "FAULT_TC_DROP_LO"),
     (TcFault::WidthSplit, Src::Dense, "FAULT_TC_WIDTH_SPLIT"),
@@ -30,11 +48,11 @@ pub(super) const TC_PLANTS: &[Planted<TcFault>] = &[
 ];
 
 faults! {
-    /// The planted controls of `cuda.linear_tc`.
+    /// The planted controls of `cuda.tensor_cores`.
     enum TcFault {
         DroppedPieces = ("dropped-pieces", "the activations enter as one bf16 piece (lo and lo2 dropped)"),
         WidthSplit = ("width-split", "the wide form splits k into 2 segments, the narrow into 4 (a split chosen by width)"),
-        RowMix = ("row-mix", "a row of a wide tile reads the next row's activations"),
+        RowMix = ("row-mix", "a row of a wide tile (linear, gate-up, experts) reads the next row's activations"),
     }
 }
 
@@ -138,7 +156,7 @@ impl LinearTc {
 
 impl Kernel for LinearTc {
     fn name(&self) -> &'static str {
-        "cuda.linear_tc"
+        "cuda.tensor_cores"
     }
     fn backend(&self) -> &'static str {
         "cuda"
@@ -149,10 +167,15 @@ impl Kernel for LinearTc {
         )
     }
     fn reference(&self) -> &'static str {
-        "float64 matrix-vector product of the f32 activations and bf16 weights"
+        "float64 matrix-vector product of the f32 activations and bf16 weights; float64 SwiGLU; float64 MoE as cuda.moe"
     }
     fn shapes(&self, scale: Scale) -> Vec<String> {
-        shapes(scale).iter().map(|(n, k)| format!("[{n},{k}] bf16")).collect()
+        let linear = shapes(scale).into_iter().map(|(n, k)| format!("linear [{n},{k}] bf16"));
+        let swiglu = swiglu_shapes(scale).into_iter().map(|(h, i, d)| format!("swiglu hidden {h}, width {i}, {d}"));
+        let moe = moe_shapes(scale)
+            .into_iter()
+            .map(|(h, e, i, k, d)| format!("moe hidden {h}, {e} experts of {i}, top-{k}, {d}"));
+        linear.chain(swiglu).chain(moe).collect()
     }
     type Fault = TcFault;
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
@@ -167,10 +190,17 @@ impl Kernel for LinearTc {
             gates.push(Self::invariance(&be, rng, &w, &shape));
         }
         gates.push(Self::multi(&be, rng));
+        gates.extend(super::dense::swiglu_gates(&be, &swiglu_shapes(scale), rng));
+        gates.extend(super::moe::moe_gates(&be, &moe_shapes(scale), rng));
         gates.push(device_gate(&be));
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Dense, &["linear_tc_bf16", "linear_tcw_bf16"])
+        let names = ["linear", "gateup", "moe_gateup", "moe_down"]
+            .iter()
+            .flat_map(|k| [format!("{k}_tc_bf16"), format!("{k}_tcw_bf16")])
+            .chain(["tc_pieces".to_string()])
+            .collect::<Vec<_>>();
+        limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }
 }

@@ -119,42 +119,7 @@ impl Kernel for Moe {
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, MOE_PLANTS, fault);
         let _wide = WideAt::new(&be);
-        let mut gates = Vec::new();
-        for (h, ne, inter, k, dtype) in moe_shapes(scale) {
-            let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
-            let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
-            let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
-            let ex = moe_experts(rng, h, ne, inter, dtype == "f32");
-            let upm = |m: &MatView| be.upload_mat(m).expect("upload");
-            let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
-            let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
-            let x = cyclic(&uniform(rng, DISTINCT * h), h);
-            let out = case.call(&be, &x[..2 * h], 2, p, true);
-            let shape = format!("hidden {h}, {ne} experts, {dtype}");
-            gates.push(reference_gate(&shape, case.err(&x, &out, 2, p, &case.bias), 1e-5));
-            let one: Vec<Vec<f32>> =
-                (0..DISTINCT).map(|r| case.call(&be, &x[r * h..(r + 1) * h], 1, p, true)).collect();
-            let inv: usize = CUDA_WIDTHS
-                .iter()
-                .map(|&w| {
-                    let o = case.call(&be, &x[..w * h], w, p, true);
-                    (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
-                })
-                .sum();
-            gates.push(invariance_gate(&shape, inv));
-            let b = up(&be, &case.bias);
-            // 5 rows take the warp kernels, MAX_WIDTH the wide tiles (each rank plans its own experts' tiles; the
-            // shapes of few experts, which fill the tiles).
-            let widths: &[usize] = if ne <= 8 { &[5, MAX_WIDTH] } else { &[5] };
-            for &rows in widths {
-                let want = case.call(&be, &x[..rows * h], rows, p, true);
-                let r = shard_diffs(&be, (&x[..rows * h], rows, h), &case.dgate, Some(&b), &case.dex, p, &want, false);
-                gates.push(shard_gate(&format!("{shape}, {rows} rows"), r));
-            }
-            if ne <= 8 {
-                gates.push(Self::edges(&be, &case, &x, ne));
-            }
-        }
+        let mut gates = moe_gates(&be, &moe_shapes(scale), rng);
         gates.push(fused_gate(&be, rng));
         gates.push(device_gate(&be));
         merge(gates)
@@ -245,4 +210,49 @@ fn fused_gate(be: &CudaBackend, rng: &mut StdRng) -> Gate {
 
 fn up_mat(be: &CudaBackend, m: &MatView) -> CudaMat {
     be.upload_mat(m).expect("upload")
+}
+
+/// The MoE gates at `shapes` `(hidden, experts, width, top-k, dtype)` on `be` as it is set (faults, wide threshold,
+/// tensor cores): reference, invariance over [`CUDA_WIDTHS`], expert shards, and the routing edges.
+pub(super) fn moe_gates(
+    be: &CudaBackend,
+    shapes: &[(usize, usize, usize, usize, &str)],
+    rng: &mut StdRng,
+) -> Vec<Gate> {
+    let mut gates = Vec::new();
+    for &(h, ne, inter, k, dtype) in shapes {
+        let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
+        let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
+        let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
+        let ex = moe_experts(rng, h, ne, inter, dtype == "f32");
+        let upm = |m: &MatView| be.upload_mat(m).expect("upload");
+        let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
+        let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
+        let x = cyclic(&uniform(rng, DISTINCT * h), h);
+        let out = case.call(be, &x[..2 * h], 2, p, true);
+        let shape = format!("hidden {h}, {ne} experts, {dtype}");
+        gates.push(reference_gate(&shape, case.err(&x, &out, 2, p, &case.bias), 1e-5));
+        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| case.call(be, &x[r * h..(r + 1) * h], 1, p, true)).collect();
+        let inv: usize = CUDA_WIDTHS
+            .iter()
+            .map(|&w| {
+                let o = case.call(be, &x[..w * h], w, p, true);
+                (0..w).map(|r| bit_diffs(&o[r * h..(r + 1) * h], &one[r % DISTINCT])).sum::<usize>()
+            })
+            .sum();
+        gates.push(invariance_gate(&shape, inv));
+        let b = up(be, &case.bias);
+        // 5 rows take the warp kernels, MAX_WIDTH the wide tiles (each rank plans its own experts' tiles; the
+        // shapes of few experts, which fill the tiles).
+        let widths: &[usize] = if ne <= 8 { &[5, MAX_WIDTH] } else { &[5] };
+        for &rows in widths {
+            let want = case.call(be, &x[..rows * h], rows, p, true);
+            let r = shard_diffs(be, (&x[..rows * h], rows, h), &case.dgate, Some(&b), &case.dex, p, &want, false);
+            gates.push(shard_gate(&format!("{shape}, {rows} rows"), r));
+        }
+        if ne <= 8 {
+            gates.push(Moe::edges(be, &case, &x, ne));
+        }
+    }
+    gates
 }

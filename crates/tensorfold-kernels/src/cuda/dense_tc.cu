@@ -11,7 +11,7 @@
 // - A chunk's value is one tensor-core partial from +0: mma.sync m16n8k16 (bf16 in, f32 accumulate) over pieces
 //   hi, lo, lo2 in that order, each over the chunk's two k16 halves in order. Slot (2t + 8j + e) of half h of an mma
 //   holds element 8t + 4h + 2j + e of the chunk (t = lane % 4, j, e in {0, 1}): each lane loads 16 contiguous
-//   bytes of its weight column (tc_frag_a / the wide tile's staging use the same map).
+//   bytes of its weight column (tc_frag_pieces and the wide tile's staging use the same map).
 // - A segment adds its chunks' values in increasing order from +0 with f32 adds; the segments add in order:
 //   ((seg0 + seg1) + seg2) + seg3.
 // The tensor cores' internal sum of a partial is not IEEE round-to-nearest, which is why each 32-element chunk gets
@@ -64,87 +64,173 @@ __device__ __forceinline__ void tc_chunk(float acc[4], const u32 a[3][2][4], uin
   for (int i = 0; i < 4; i++) acc[i] = acc[i] + p[i];
 }
 
-// This lane's A fragments of one chunk from its two rows' 8 values (ra: row g, rb: row g + 8, elements 8t .. 8t+7
-// of the chunk): a[piece][half] = {ra pair 0, rb pair 0, ra pair 1, rb pair 1} of that half.
-__device__ __forceinline__ void tc_frag_a(const float ra[8], const float rb[8], u32 a[3][2][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    u32 p[4][3];
-    tc_split2(ra[4 * h], ra[4 * h + 1], p[0]);
-    tc_split2(rb[4 * h], rb[4 * h + 1], p[1]);
-    tc_split2(ra[4 * h + 2], ra[4 * h + 3], p[2]);
-    tc_split2(rb[4 * h + 2], rb[4 * h + 3], p[3]);
-#pragma unroll
-    for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[pc][h][i] = p[i][pc];
-  }
-}
-
 // First chunk of segment s of C chunks.
 __device__ __forceinline__ int tc_seg_start(int s, int c) { return (int)(((long long)s * c) / TC_SEGS); }
 
-__device__ __forceinline__ void tc_load8(const float* row, bool ok, float v[8]) {
-  float4 a = ok ? __ldg(reinterpret_cast<const float4*>(row)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 b = ok ? __ldg(reinterpret_cast<const float4*>(row) + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+// The three bf16 pieces of the n activations at x into planes (hi at p[0, n), lo at p[n, 2n), lo2 at p[2n, 3n)),
+// split as tc_split2 splits them (element by element): the narrow form reads them, so a call splits each activation
+// once rather than once for every 8 columns. n is even (k % 32 == 0).
+extern "C" __global__ void __launch_bounds__(256) tc_pieces(const float* x, u64 n, u32* p) {
+  PDL_ENTRY();
+  u64 step = 2 * (u64)gridDim.x * (u64)blockDim.x;
+  for (u64 i = 2 * ((u64)blockIdx.x * (u64)blockDim.x + threadIdx.x); i < n; i += step) {
+    u32 q[3];
+    tc_split2(x[i], x[i + 1], q);
+#pragma unroll
+    for (int pc = 0; pc < 3; pc++) p[((u64)pc * n + i) / 2] = q[pc];
+  }
 }
 
-// Chunks a lane of the narrow form has in flight.
-#define TC_U 8
+// Chunks a lane of the narrow form has in flight (their weights, pieces and partials in registers).
+#define TC_U 4
 
-// Narrow form (decode and verify rounds): a block of TC_SEGS warps computes 8 columns (j0 = 8 blockIdx.x) of 16
-// rows (r0 = 16 blockIdx.y); warp s computes segment s of every output of the tile, and the block adds the segments
-// in order. out[r, j] = y (+ bias[j]). Launched with 32 * TC_SEGS threads.
-extern "C" __global__ void __launch_bounds__(128) linear_tc_bf16(const float* x, int rows, int k, int n,
-                                                                           const u16* w, const float* bias,
-                                                                           float* out) {
-  PDL_ENTRY();
-  __shared__ float seg_sum[TC_SEGS][32][4];
+// This lane's A fragments of chunk c from the piece planes (rows a and b of the tile: g and g + 8; planes of n
+// values): 16 bytes of each piece of each row (elements 8t .. 8t+7 of the chunk), zeros for a row past the call.
+__device__ __forceinline__ void tc_frag_pieces(const u16* p, u64 n, const u16* ra, bool oka, const u16* rb, bool okb,
+                                               u32 a[3][2][4]) {
+#pragma unroll
+  for (int pc = 0; pc < 3; pc++) {
+    uint4 va = oka ? __ldg(reinterpret_cast<const uint4*>(ra + (u64)pc * n)) : make_uint4(0u, 0u, 0u, 0u);
+    uint4 vb = okb ? __ldg(reinterpret_cast<const uint4*>(rb + (u64)pc * n)) : make_uint4(0u, 0u, 0u, 0u);
+    a[pc][0][0] = va.x; a[pc][0][1] = vb.x; a[pc][0][2] = va.y; a[pc][0][3] = vb.y;
+    a[pc][1][0] = va.z; a[pc][1][1] = vb.z; a[pc][1][2] = va.w; a[pc][1][3] = vb.w;
+  }
+}
+
+// Narrow form (decode and verify rounds): a block of TC_SEGS warps (32 * TC_SEGS threads) computes 8 columns from
+// j0 of matrix w0 (and of w1 when NW == 2) over a tile of nt <= 16 rows; tile row i reads input row in_row(i) of
+// the piece planes xp (tc_pieces of the input, planes of `plane` values, rows of k). Warp s computes segment s of
+// every output, and warp 0 adds the segments in order and hands each output to put(i, j, y0, y1).
+template <int NW, class In, class Put>
+__device__ __forceinline__ void tc_narrow(const u16* xp, u64 plane, int k, int n, const u16* w0, const u16* w1, int j0,
+                                          int nt, In in_row, Put put) {
+  __shared__ float seg_sum[TC_SEGS][NW][32][4];
   int lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  int j0 = 8 * (int)blockIdx.x, r0 = 16 * (int)blockIdx.y;
   int col = j0 + g < n ? j0 + g : n - 1;  // a column past n is computed from the last one and never written
-  bool oka = r0 + g < rows, okb = r0 + g + 8 < rows;
+  bool oka = g < nt, okb = g + 8 < nt;
   int chunks = k / 32, c0 = tc_seg_start(s, chunks), c1 = tc_seg_start(s + 1, chunks);
-  const uint4* wp = reinterpret_cast<const uint4*>(w + (u64)col * (u64)k) + t;  // chunk c at + 4c
-  const float* xa = x + (u64)(oka ? r0 + g : 0) * (u64)k + 8 * t;
-  const float* xb = x + (u64)(okb ? r0 + g + 8 : 0) * (u64)k + 8 * t;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint4* p0 = reinterpret_cast<const uint4*>(w0 + (u64)col * (u64)k) + t;  // chunk c at + 4c
+  const uint4* p1 = reinterpret_cast<const uint4*>(w1 + (u64)col * (u64)k) + t;
+  const u16* xa = xp + (u64)in_row(oka ? g : 0) * (u64)k + 8 * t;  // chunk c at + 32c
+  const u16* xb = xp + (u64)in_row(okb ? g + 8 : 0) * (u64)k + 8 * t;
+  float acc[NW][4];
+#pragma unroll
+  for (int m = 0; m < NW; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+  // TC_U chunks at a time: every load issued first, then the chunks' partials interleaved (independent chains from
+  // +0, each in its own piece and half order), then folded in chunk order: the bits of one chunk at a time.
   for (int c = c0; c < c1; c += TC_U) {
-    uint4 q[TC_U];
+    uint4 q[TC_U][NW];
+    u32 a[TC_U][3][2][4];
 #pragma unroll
     for (int u = 0; u < TC_U; u++)
-      if (c + u < c1) q[u] = __ldg(wp + 4 * (c + u));
-#pragma unroll
-    for (int u = 0; u < TC_U; u++) {
       if (c + u < c1) {
-        float ra[8], rb[8];
-        tc_load8(xa + 32 * (c + u), oka, ra);
-        tc_load8(xb + 32 * (c + u), okb, rb);
-        u32 a[3][2][4];
-        tc_frag_a(ra, rb, a);
-        tc_chunk(acc, a, q[u]);
+        q[u][0] = __ldg(p0 + 4 * (c + u));
+        if (NW == 2) q[u][NW - 1] = __ldg(p1 + 4 * (c + u));
       }
-    }
+#pragma unroll
+    for (int u = 0; u < TC_U; u++)
+      if (c + u < c1) tc_frag_pieces(xp, plane, xa + 32 * (c + u), oka, xb + 32 * (c + u), okb, a[u]);
+    float part[TC_U][NW][4];
+#pragma unroll
+    for (int u = 0; u < TC_U; u++)
+#pragma unroll
+      for (int m = 0; m < NW; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) part[u][m][i] = 0.0f;
+#pragma unroll
+    for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int u = 0; u < TC_U; u++)
+#pragma unroll
+          for (int m = 0; m < NW; m++)
+            if (c + u < c1) tc_mma(part[u][m], a[u][pc][h], h ? q[u][m].z : q[u][m].x, h ? q[u][m].w : q[u][m].y);
+#pragma unroll
+    for (int u = 0; u < TC_U; u++)
+#pragma unroll
+      for (int m = 0; m < NW; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          if (c + u < c1) acc[m][i] = acc[m][i] + part[u][m][i];
   }
 #pragma unroll
-  for (int i = 0; i < 4; i++) seg_sum[s][lane][i] = acc[i];
+  for (int m = 0; m < NW; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) seg_sum[s][m][lane][i] = acc[m][i];
   __syncthreads();
   if (s != 0) return;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
-    float v = seg_sum[0][lane][i];
+    float v[NW];
 #pragma unroll
-    for (int q = 1; q < TC_SEGS; q++) v = v + seg_sum[q][lane][i];
-    int r = r0 + g + (i >= 2 ? 8 : 0), j = j0 + 2 * t + (i & 1);
-    if (r < rows && j < n) out[(u64)r * (u64)n + j] = bias ? v + bias[j] : v;
+    for (int m = 0; m < NW; m++) {
+      v[m] = seg_sum[0][m][lane][i];
+#pragma unroll
+      for (int q = 1; q < TC_SEGS; q++) v[m] = v[m] + seg_sum[q][m][lane][i];
+    }
+    int r = g + (i >= 2 ? 8 : 0), j = j0 + 2 * t + (i & 1);
+    if (r < nt && j < n) put(r, j, v[0], v[NW - 1]);
   }
+}
+
+// Expert e's bf16 values of matrix `which` (0 w1, 1 w3, 2 w2) in a MoE call's table (9 words an expert, as dense.cu's
+// expert_mat).
+__device__ __forceinline__ const u16* tc_expert(const u64* tab, int e, int which) {
+  return reinterpret_cast<const u16*>(tab[9 * (u64)e + 3 * (u64)which]);
+}
+
+// Narrow entry points. Grid x: column blocks of 8; grid y: row tiles of 16 (linear, gateup) or the plan's tiles
+// from tile0 (MoE; tiles of at most RT slots).
+extern "C" __global__ void __launch_bounds__(128) linear_tc_bf16(const u16* xp, int rows, int k, int n, const u16* w,
+                                                                 const float* bias, float* out) {
+  PDL_ENTRY();
+  int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
+  auto put = [&](int i, int j, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };
+  tc_narrow<1>(xp, (u64)rows * (u64)k, k, n, w, w, 8 * (int)blockIdx.x, nt, [&](int i) { return r0 + i; }, put);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gateup_tc_bf16(const u16* xp, int rows, int k, int n, const u16* g,
+                                                                 const u16* u, float* act) {
+  PDL_ENTRY();
+  int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
+  auto put = [&](int i, int j, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };
+  tc_narrow<2>(xp, (u64)rows * (u64)k, k, n, g, u, 8 * (int)blockIdx.x, nt, [&](int i) { return r0 + i; }, put);
+}
+
+// MoE gate-up over tile t of the plan: slot s reads input row list[s] / kk of x [rows, k] (its pieces).
+extern "C" __global__ void __launch_bounds__(128) moe_gateup_tc_bf16(const u16* xp, int rows, int k, int n,
+                                                                     const u64* tab, const int* tiles,
+                                                                     const int* ntiles, const int* list, int kk,
+                                                                     float* act, int tile0) {
+  PDL_ENTRY();
+  int t = tile0 + (int)blockIdx.y;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
+  auto put = [&](int i, int j, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };
+  tc_narrow<2>(xp, (u64)rows * (u64)k, k, n, tc_expert(tab, e, 0), tc_expert(tab, e, 1), 8 * (int)blockIdx.x, nt,
+               [&](int i) { return list[s0 + i] / kk; }, put);
+}
+
+// MoE down projection over tile t: slot s reads activation row s of act [slots, k] (its pieces) and writes
+// y[list[s]].
+extern "C" __global__ void __launch_bounds__(128) moe_down_tc_bf16(const u16* ap, int slots, int k, int n,
+                                                                   const u64* tab, const int* tiles, const int* ntiles,
+                                                                   const int* list, float* y, int tile0) {
+  PDL_ENTRY();
+  int t = tile0 + (int)blockIdx.y;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
+  auto put = [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };
+  const u16* w = tc_expert(tab, e, 2);
+  tc_narrow<1>(ap, (u64)slots * (u64)k, k, n, w, w, 8 * (int)blockIdx.x, nt, [&](int i) { return s0 + i; }, put);
 }
 
 // Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE
 // chunks; warp (wm, wn) = (warp / 4, warp % 4) the rows 32 wm .. +31 (two m16 tiles) and columns 32 wn .. +31 (four
-// n8 tiles). A stage holds the tile's A fragments (pieces split once, as tc_frag_a) and B fragments in lane order,
+// n8 tiles). A stage holds the tile's A fragments (pieces split once, by tc_split2) and B fragments in lane order,
 // so each fragment is one 16-byte shared load.
 #define TCM 64
 #define TCN 128
@@ -162,11 +248,14 @@ struct TcLoad {
   uint4 w[4];
 };
 
-// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activation float4 f = tid + 256 i is row f / 16 of
-// the tile at element 4 (f % 16) of the stage; weight load u = tid + 256 i is column u / 8 at element 8 (u % 8).
-// Rows past nt and chunks past C load zeros; columns past n load the last column (never written).
-__device__ __forceinline__ void tc_fetch(const float* x, int r0, int nt, int k, const u16* w, int j0, int n, int st,
-                                         int chunks, TcLoad& ld) {
+// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activation float4 f = tid + 256 i is tile row f / 16
+// (input row in_row(f / 16) of x) at element 4 (f % 16) of the stage; weight load u = tid + 256 i is block column
+// u / 8 at element 8 (u % 8): column j0 + u / 8 of w0, or with NW == 2 block columns 0 .. 63 from w0 and 64 .. 127
+// from w1, both at j0 + (u / 8) % 64. Rows past nt and chunks past C load zeros; columns past n load the last column
+// (never written).
+template <int NW, class In>
+__device__ __forceinline__ void tc_fetch(const float* x, In in_row, int nt, int k, const u16* w0, const u16* w1, int j0,
+                                         int n, int st, int chunks, TcLoad& ld) {
   int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -176,9 +265,11 @@ __device__ __forceinline__ void tc_fetch(const float* x, int r0, int nt, int k, 
     if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
 #endif
     bool ok = r < nt && c < chunks;
-    ld.x[i] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)(r0 + r) * (u64)k + 32 * c + e % 32))
+    ld.x[i] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)in_row(r) * (u64)k + 32 * c + e % 32))
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int u = tid + 256 * i, col = j0 + u / 8, cw = TCK_STAGE * st + (u % 8) / 4;
+    int u = tid + 256 * i, bc = u / 8, cw = TCK_STAGE * st + (u % 8) / 4;
+    const u16* w = NW == 2 && bc >= TCN / 2 ? w1 : w0;
+    int col = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
     if (col >= n) col = n - 1;
     ld.w[i] = cw < chunks ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * (u64)k + 32 * cw + 8 * (u % 4)))
                           : make_uint4(0u, 0u, 0u, 0u);
@@ -207,12 +298,14 @@ __device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
   }
 }
 
-// The wide block: out rows r0 .. r0 + nt - 1 (nt <= TCM), columns j0 .. j0 + TCN - 1 (those < n).
-__device__ __forceinline__ void tc_wide_tile(TcSmem& sm, const float* x, int r0, int nt, int k, const u16* w, int j0,
-                                             int n, const float* bias, float* out) {
+// The wide block's sums: tile rows 0 .. nt - 1 (nt <= TCM; row i reads input row in_row(i)), block columns as
+// tc_fetch's, into this thread's tot[m16 tile][n8 tile][fragment element]. Every thread must call it (barriers).
+template <int NW, class In>
+__device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const u16* w0,
+                                             const u16* w1, int j0, int n, float tot[2][4][4]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
   int chunks = k / 32, stages = (chunks + TCK_STAGE - 1) / TCK_STAGE;
-  float acc[2][4][4], tot[2][4][4];
+  float acc[2][4][4];
 #pragma unroll
   for (int a = 0; a < 2; a++)
 #pragma unroll
@@ -241,12 +334,12 @@ __device__ __forceinline__ void tc_wide_tile(TcSmem& sm, const float* x, int r0,
     }
   };
   TcLoad ld;
-  if (stages > 0) tc_fetch(x, r0, nt, k, w, j0, n, 0, chunks, ld);
+  if (stages > 0) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, 0, chunks, ld);
   for (int st = 0; st < stages; st++) {
     __syncthreads();  // the stage before is multiplied
     tc_put(sm, ld);
     __syncthreads();
-    if (st + 1 < stages) tc_fetch(x, r0, nt, k, w, j0, n, st + 1, chunks, ld);
+    if (st + 1 < stages) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, st + 1, chunks, ld);
 #pragma unroll
     for (int cc = 0; cc < TCK_STAGE; cc++) {
       int c = TCK_STAGE * st + cc;
@@ -271,24 +364,89 @@ __device__ __forceinline__ void tc_wide_tile(TcSmem& sm, const float* x, int r0,
     }
   }
   close_until(chunks);
-  int g = lane >> 2, t = lane & 3;
+}
+
+// Hands the wide block's outputs to put(i, j, y0, y1) for tile rows i < nt and columns j < n. NW == 1: y0 is block
+// column j - j0 (y1 unused); NW == 2: y0 from w0 and y1 from w1 at column j (block columns j - j0 and 64 + j - j0),
+// which meet in shared memory. Every thread must call it (barriers).
+template <int NW, class Put>
+__device__ __forceinline__ void tc_wide_out(TcSmem& sm, const float tot[2][4][4], int nt, int j0, int n, Put put) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
+  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 40
+  if (NW == 2) __syncthreads();             // the last stage is multiplied
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
     for (int ni = 0; ni < 4; ni++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        int r = 32 * wm + 16 * mi + g + (i >= 2 ? 8 : 0), j = j0 + 32 * wn + 8 * ni + 2 * t + (i & 1);
-        float v = tot[mi][ni][i];
-        if (r < nt && j < n) out[(u64)(r0 + r) * (u64)n + j] = bias ? v + bias[j] : v;
+        int r = 32 * wm + 16 * mi + g + (i >= 2 ? 8 : 0), bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
+        if (NW == 1) {
+          if (r < nt && j0 + bc < n) put(r, j0 + bc, tot[mi][ni][i], 0.0f);
+        } else {
+          o[r * TCN + bc] = tot[mi][ni][i];
+        }
       }
+  if (NW == 1) return;
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < TCM * (TCN / 2); idx += 256) {
+    int r = idx / (TCN / 2), c = idx % (TCN / 2);
+    if (r < nt && j0 + c < n) put(r, j0 + c, o[r * TCN + c], o[r * TCN + TCN / 2 + c]);
+  }
 }
 
-// Grid x: row tiles of TCM rows, grid y: column blocks of TCN.
+// Wide entry points. Grid x: row tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column
+// blocks of TCN (TCN / 2 for the gate-up forms, which read two matrices).
 extern "C" __global__ void __launch_bounds__(256) linear_tcw_bf16(const float* x, int rows, int k, int n,
                                                                   const u16* w, const float* bias, float* out) {
   PDL_ENTRY();
   __shared__ TcSmem sm;
-  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM;
-  tc_wide_tile(sm, x, r0, nt, k, w, TCN * (int)blockIdx.y, n, bias, out);
+  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<1>(sm, x, [&](int i) { return r0 + i; }, nt, k, w, w, j0, n, tot);
+  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {
+    out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) gateup_tcw_bf16(const float* x, int rows, int k, int n,
+                                                                  const u16* g, const u16* u, float* act) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<2>(sm, x, [&](int i) { return r0 + i; }, nt, k, g, u, j0, n, tot);
+  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
+    act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_gateup_tcw_bf16(const float* x, int k, int n, const u64* tab,
+                                                                      const int* tiles, const int* ntiles,
+                                                                      const int* list, int kk, float* act) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int t = blockIdx.x;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, tc_expert(tab, e, 0), tc_expert(tab, e, 1),
+                  j0, n, tot);
+  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
+    act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_down_tcw_bf16(const float* act, int k, int n, const u64* tab,
+                                                                    const int* tiles, const int* ntiles,
+                                                                    const int* list, float* y) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int t = blockIdx.x;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;
+  const u16* w = tc_expert(tab, e, 2);
+  float tot[2][4][4];
+  tc_wide_sums<1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);
+  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });
 }

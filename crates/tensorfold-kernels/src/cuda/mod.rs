@@ -21,6 +21,7 @@ mod planted;
 mod profile;
 #[cfg(test)]
 mod strip;
+mod tc;
 mod trait_impl;
 mod types;
 
@@ -376,7 +377,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 31, "every entry point was checked");
+        assert_eq!(entries, 38, "every entry point was checked");
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! the routing in one launch for few rows), the grouped gate-up and down tiles (each active expert's weights read
 //! once a call), and the rank-order combine.
 
-use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, WPB, WTM};
+use super::device::{Arg, BLOCK, GRID_YZ, Mem, RT, Src, TCM, WPB, WTM};
 use super::ops::{blocks, expect, int, linear, mul, same_kind, wide_form};
+use super::tc::TcPlan;
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::{Ffn, MoeParams};
@@ -104,8 +105,14 @@ pub(crate) fn experts(
     if first > 0 || ne < total {
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
-    let wide = be.dev.wide_moe(rows, nassign, total) && wide_experts(owned, inter, h);
-    let (scratch, plan) = plan_scratch(be, nassign, ne, if wide { WTM } else { RT })?;
+    let tc = be.dev.tensor_cores() && super::tc::experts_ok(owned);
+    let wide = be.dev.wide_moe(rows, nassign, total) && (tc || wide_experts(owned, inter, h));
+    let slots = match (wide, tc) {
+        (true, true) => TCM,
+        (true, false) => WTM,
+        (false, _) => RT,
+    };
+    let (scratch, plan) = plan_scratch(be, nassign, ne, slots)?;
     let f = be.func(Src::Moe, "moe_plan")?;
     let args = [
         Arg::P(sel.ptr()?),
@@ -156,6 +163,20 @@ fn run_tiles(
     let one_row = be.dev.one_row(rows);
     let t = Tiles { tab, plan, kk: int(kk, "top_k")?, one_row, wide: plan.rt == WTM };
     let act = be.buf(mul(mul(rows, kk)?, inter)?)?;
+    if be.dev.tensor_cores() && super::tc::experts_ok(owned) {
+        let p = TcPlan {
+            tab,
+            tiles: plan.tiles,
+            ntiles: plan.ntiles,
+            list: plan.list,
+            bound: plan.bound,
+            kk: t.kk,
+            wide: plan.rt == TCM,
+        };
+        let slots = mul(rows, kk)?;
+        super::tc::grouped(be, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter, rows), &p)?;
+        return super::tc::grouped(be, "moe_down", (act.ptr()?, y.ptr()?), (inter, h, slots), &p);
+    }
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &t)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)
 }
@@ -275,7 +296,8 @@ struct Plan {
     tiles: u64,
     ntiles: u64,
     bound: usize,
-    /// Slots a tile holds at most: [`RT`] for the warp kernels, [`WTM`] for the wide tiles.
+    /// Slots a tile holds at most: [`RT`] for the warp kernels (and the narrow tensor-core tiles), [`WTM`] for the
+    /// wide tiles, [`TCM`] for the wide tensor-core tiles.
     rt: usize,
 }
 

@@ -1,7 +1,7 @@
 //! Launchers of the row and dense kernels: weight upload, embedding, RMSNorm, linear, SwiGLU, add, row gather, q/k
 //! norm + RoPE and the greedy pick. Each checks its shapes on the host before anything is launched.
 
-use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, TC_SEGS, TCM, TCN, WPB, WTM};
+use super::device::{Arg, BLOCK, GRID_YZ, RT, Src, WPB, WTM};
 use super::types::{CudaBuf, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError};
 use crate::backend::rope_inv_freq;
@@ -247,7 +247,7 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
         return Ok(()); // no block to launch (a grid dimension of 0 is refused)
     }
     if be.dev.tensor_cores() && w.tc() {
-        return tc_linear_launch(be, xp, rows, w, bias, op);
+        return super::tc::linear(be, xp, rows, w, bias, op);
     }
     let (wp, sp, bp) = w.ptrs()?;
     let (ri, ki, ni, gi) = (int(rows, "rows")?, int(k, "cols")?, int(n, "outputs")?, int(w.group, "group")?);
@@ -264,30 +264,6 @@ fn linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64,
         Arg::P(op),
     ];
     dense_launch(be, w, "linear", (rows, n), args)
-}
-
-/// [`linear_launch`] on the tensor cores (dense_tc.cu): the wide form (blocks of [`TCM`] rows by [`TCN`] columns)
-/// for calls that take the wide tiles ([`super::device::Dev::wide`]), else the narrow form (blocks of 16 rows by 8
-/// columns, [`TC_SEGS`] warps). Both give a row the same bits.
-fn tc_linear_launch(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
-    let (n, k) = (w.rows, w.cols);
-    let (wp, _, _) = w.ptrs()?;
-    let args = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?)];
-    let args = [&args[..], &[Arg::P(wp), Arg::P(bias), Arg::P(op)]].concat();
-    let (name, grid, block) = if be.dev.wide(rows) {
-        (
-            "linear_tcw_bf16",
-            (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN), "blocks")? as u32, 1),
-            BLOCK,
-        )
-    } else {
-        let tiles = u32::try_from(rows.div_ceil(16)).ok().filter(|&t| t as usize <= GRID_YZ);
-        let tiles =
-            tiles.ok_or_else(|| CudaError::Shape(format!("linear: {rows} rows for the narrow tensor-core form")))?;
-        ("linear_tc_bf16", (int(n.div_ceil(8), "blocks")? as u32, tiles, 1), 32 * TC_SEGS as u32)
-    };
-    let f = be.func(Src::Dense, name)?;
-    be.dev.launch(&f, grid, block, 0, &args)
 }
 
 /// A dense kernel of family `kind` (`linear`, `gateup`) for `w` over `rows` rows and `n` outputs, with the entry's
@@ -406,7 +382,9 @@ pub(crate) fn swiglu(
     expect(f.w2.cols == inter, || format!("swiglu: w2 is [{}, {}] for width {inter}", f.w2.rows, f.w2.cols))?;
     expect(x.len() == mul(rows, h)?, || format!("swiglu: x has {} values, expected [{rows}, {h}]", x.len()))?;
     let act = be.buf(mul(rows, inter)?)?;
-    if rows > 0 && inter > 0 {
+    if rows > 0 && inter > 0 && be.dev.tensor_cores() && f.w1.tc() {
+        super::tc::gateup(be, x.ptr()?, rows, (&f.w1, &f.w3), act.ptr()?)?;
+    } else if rows > 0 && inter > 0 {
         let ((g, gs, gb), (u, us, ub)) = (f.w1.ptrs()?, f.w3.ptrs()?);
         let (ri, hi, ii, gi) = (int(rows, "rows")?, int(h, "hidden")?, int(inter, "width")?, int(f.w1.group, "group")?);
         let mut args = vec![Arg::P(x.ptr()?), Arg::I(ri), Arg::I(hi), Arg::I(ii)];

@@ -1,0 +1,127 @@
+//! Host launches of the tensor-core forms (dense_tc.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, the dense gate-up and the MoE expert tiles, narrow (with the activations' pieces split once) or wide.
+
+use super::device::{Arg, BLOCK, GRID_YZ, Src, TC_SEGS, TCM, TCN};
+use super::ops::{blocks, int, mul};
+use super::types::{CudaBuf, CudaMat};
+use super::{CudaBackend, CudaError};
+use crate::backend::Ffn;
+
+/// Threads of a narrow-form block: a warp a K segment.
+const NARROW_BLOCK: u32 = 32 * TC_SEGS as u32;
+
+/// The three bf16 pieces of the `count` f32 activations at `xp` (`tc_pieces`): planes of `count` values (hi, lo,
+/// lo2), what the narrow forms read. `count` is even (k % 32 == 0).
+fn pieces(be: &CudaBackend, xp: u64, count: usize) -> Result<CudaBuf, CudaError> {
+    let out = be.buf(mul(3, count)?.div_ceil(2))?;
+    let f = be.func(Src::Dense, "tc_pieces")?;
+    let args = [Arg::P(xp), Arg::U(count as u64), Arg::P(out.ptr()?)];
+    be.dev.launch(&f, (blocks(count.div_ceil(2))?, 1, 1), BLOCK, 0, &args)?;
+    Ok(out)
+}
+
+/// Row tiles of 16 for the narrow forms of a `rows`-row call, within the grid's y limit.
+fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
+    u32::try_from(rows.div_ceil(16))
+        .ok()
+        .filter(|&t| t as usize <= GRID_YZ)
+        .ok_or_else(|| CudaError::Shape(format!("{rows} rows for the narrow tensor-core forms")))
+}
+
+/// `out = w x (+ bias)` over checked shapes (`x` `[rows, w.cols]`, device addresses; `bias` 0 for none): the wide
+/// form (blocks of [`TCM`] rows by [`TCN`] columns) for calls that take the wide tiles
+/// ([`super::device::Dev::wide`]), else the pieces and the narrow form (16 rows by 8 columns a block). Both give a
+/// row the same bits.
+pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
+    let (n, k) = (w.rows, w.cols);
+    let (wp, _, _) = w.ptrs()?;
+    let (ri, ki, ni) = (Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?));
+    let tail = [Arg::P(wp), Arg::P(bias), Arg::P(op)];
+    if be.dev.wide(rows) {
+        let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN), "blocks")? as u32, 1);
+        let f = be.func(Src::Dense, "linear_tcw_bf16")?;
+        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
+    }
+    let xs = pieces(be, xp, mul(rows, k)?)?;
+    let f = be.func(Src::Dense, "linear_tc_bf16")?;
+    let grid = (int(n.div_ceil(8), "blocks")? as u32, narrow_tiles(rows)?, 1);
+    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &[&[Arg::P(xs.ptr()?), ri, ki, ni][..], &tail].concat())
+}
+
+/// The dense SwiGLU's `act = silu(g x) * (u x)` (`x` `[rows, g.cols]`, `act` `[rows, g.rows]`, device addresses):
+/// wide or narrow as [`linear`].
+pub(crate) fn gateup(
+    be: &CudaBackend,
+    xp: u64,
+    rows: usize,
+    (g, u): (&CudaMat, &CudaMat),
+    act: u64,
+) -> Result<(), CudaError> {
+    let (n, k) = (g.rows, g.cols);
+    let ((gp, _, _), (up, _, _)) = (g.ptrs()?, u.ptrs()?);
+    let (ri, ki, ni) = (Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "width")?));
+    let tail = [Arg::P(gp), Arg::P(up), Arg::P(act)];
+    if be.dev.wide(rows) {
+        let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN / 2), "blocks")? as u32, 1);
+        let f = be.func(Src::Dense, "gateup_tcw_bf16")?;
+        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
+    }
+    let xs = pieces(be, xp, mul(rows, k)?)?;
+    let f = be.func(Src::Dense, "gateup_tc_bf16")?;
+    let grid = (int(n.div_ceil(8), "blocks")? as u32, narrow_tiles(rows)?, 1);
+    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &[&[Arg::P(xs.ptr()?), ri, ki, ni][..], &tail].concat())
+}
+
+/// Whether the tensor-core expert tiles serve these experts: every w1, w3 and w2 a tensor-core matrix.
+pub(crate) fn experts_ok(experts: &[Ffn<CudaMat>]) -> bool {
+    !experts.is_empty() && experts.iter().all(|f| f.w1.tc() && f.w3.tc() && f.w2.tc())
+}
+
+/// A MoE call's plan as the tensor-core expert tiles read it: the expert table, the plan's tiles, their count and
+/// slot list (device addresses), the most tiles, top-k, and whether the tiles were planned for the wide form
+/// ([`TCM`] slots; else at most 16).
+pub(crate) struct TcPlan {
+    pub tab: u64,
+    pub tiles: u64,
+    pub ntiles: u64,
+    pub list: u64,
+    pub bound: usize,
+    pub kk: i32,
+    pub wide: bool,
+}
+
+/// One grouped expert kernel on the tensor cores: `moe_gateup` reads `x` `[in_rows, k]` and writes `act`
+/// `[slots, n]`; `moe_down` reads `act` (`in_rows` = slots) and writes each assignment's row of `y`. Narrow tiles in
+/// launches of at most [`GRID_YZ`] tiles.
+pub(crate) fn grouped(
+    be: &CudaBackend,
+    kind: &str,
+    (input, output): (u64, u64),
+    (k, n, in_rows): (usize, usize, usize),
+    p: &TcPlan,
+) -> Result<(), CudaError> {
+    let gateup = kind == "moe_gateup";
+    let (ki, ni) = (Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?));
+    let plan = [p.tab, p.tiles, p.ntiles, p.list].map(Arg::P);
+    let mut tail: Vec<Arg> = plan.to_vec();
+    if gateup {
+        tail.push(Arg::I(p.kk));
+    }
+    tail.push(Arg::P(output));
+    if p.wide {
+        let cols = if gateup { TCN / 2 } else { TCN };
+        let grid = (int(p.bound, "tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
+        let f = be.func(Src::Dense, &format!("{kind}_tcw_bf16"))?;
+        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
+    }
+    let xs = pieces(be, input, mul(in_rows, k)?)?;
+    let f = be.func(Src::Dense, &format!("{kind}_tc_bf16"))?;
+    let mut args = [&[Arg::P(xs.ptr()?), Arg::I(int(in_rows, "rows")?), ki, ni][..], &tail].concat();
+    args.push(Arg::I(0));
+    let last = args.len() - 1;
+    let gx = int(n.div_ceil(8), "blocks")? as u32;
+    for tile0 in (0..p.bound).step_by(GRID_YZ) {
+        args[last] = Arg::I(int(tile0, "tile")?);
+        be.dev.launch(&f, (gx, (p.bound - tile0).min(GRID_YZ) as u32, 1), NARROW_BLOCK, 0, &args)?;
+    }
+    Ok(())
+}
