@@ -91,54 +91,70 @@ impl Linear {
 
     /// Gate 2 on two rows and the bias edge: with a bias, each output is bit-equal to the unbiased output + bias.
     fn reference(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Vec<Gate> {
-        let (n, k) = (w.rows, w.cols);
-        let wm = be.upload_mat(w).expect("upload the matrix");
-        let x = uniform(rng, 2 * k);
-        let bias = uniform(rng, n);
-        let (mut out, mut outb) = (poisoned(be, 2 * n), poisoned(be, 2 * n));
-        let xb = up(be, &x);
-        be.linear(&xb, 2, &wm, None, &mut out);
-        be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
-        let (out, outb) = (rd(be, &out), rd(be, &outb));
-        let mut err = 0f64;
-        for r in 0..2 {
-            let xr = wide(&x[r * k..(r + 1) * k]);
-            for j in 0..n {
-                let wr = row64(w, j);
-                let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
-                err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / warp_dot_bound(k, abs));
-            }
-        }
-        let biased: Vec<f32> = out.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
-        let bd = bit_diffs(&outb, &biased);
-        vec![
-            reference_gate(shape, err, 1.0),
-            Gate::new("edges", bd == 0, format!("{shape}: bias added after the reduction: {bd} differ")),
-        ]
+        linear_reference(be, rng, (w, shape), warp_dot_bound)
     }
 
     /// Gate 3 over the first (at most 4096) outputs: one-row calls against calls of every width.
     fn invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
-        let k = w.cols;
-        let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
-        let wm = be.upload_mat(&wn).expect("upload the matrix");
-        let n = wn.rows;
-        let xs = cyclic(&uniform(rng, DISTINCT * k), k);
-        let call = |x: &[f32], rows: usize| {
-            let mut o = poisoned(be, rows * n);
-            be.linear(&up(be, x), rows, &wm, None, &mut o);
-            rd(be, &o)
-        };
-        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
-        let diffs: usize = CUDA_WIDTHS
-            .iter()
-            .map(|&wd| {
-                let o = call(&xs[..wd * k], wd);
-                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r % DISTINCT])).sum::<usize>()
-            })
-            .sum();
-        invariance_gate(shape, diffs)
+        linear_invariance(be, rng, w, shape)
     }
+}
+
+/// The linear's gate 2 on two rows against float64, the error over `bound(k, sum|x*w|)`, and the bias edge (with a
+/// bias, each output is bit-equal to the unbiased output + bias), on `be` as it is set (faults, tensor cores).
+pub(super) fn linear_reference(
+    be: &CudaBackend,
+    rng: &mut StdRng,
+    (w, shape): (&MatView, &str),
+    bound: fn(usize, f64) -> f64,
+) -> Vec<Gate> {
+    let (n, k) = (w.rows, w.cols);
+    let wm = be.upload_mat(w).expect("upload the matrix");
+    let x = uniform(rng, 2 * k);
+    let bias = uniform(rng, n);
+    let (mut out, mut outb) = (poisoned(be, 2 * n), poisoned(be, 2 * n));
+    let xb = up(be, &x);
+    be.linear(&xb, 2, &wm, None, &mut out);
+    be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
+    let (out, outb) = (rd(be, &out), rd(be, &outb));
+    let mut err = 0f64;
+    for r in 0..2 {
+        let xr = wide(&x[r * k..(r + 1) * k]);
+        for j in 0..n {
+            let wr = row64(w, j);
+            let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
+            err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / bound(k, abs));
+        }
+    }
+    let biased: Vec<f32> = out.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
+    let bd = bit_diffs(&outb, &biased);
+    vec![
+        reference_gate(shape, err, 1.0),
+        Gate::new("edges", bd == 0, format!("{shape}: bias added after the reduction: {bd} differ")),
+    ]
+}
+
+/// The linear's gate 3 over the first (at most 4096) outputs: one-row calls against calls of every width.
+pub(super) fn linear_invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
+    let k = w.cols;
+    let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
+    let wm = be.upload_mat(&wn).expect("upload the matrix");
+    let n = wn.rows;
+    let xs = cyclic(&uniform(rng, DISTINCT * k), k);
+    let call = |x: &[f32], rows: usize| {
+        let mut o = poisoned(be, rows * n);
+        be.linear(&up(be, x), rows, &wm, None, &mut o);
+        rd(be, &o)
+    };
+    let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
+    let diffs: usize = CUDA_WIDTHS
+        .iter()
+        .map(|&wd| {
+            let o = call(&xs[..wd * k], wd);
+            (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r % DISTINCT])).sum::<usize>()
+        })
+        .sum();
+    invariance_gate(shape, diffs)
 }
 
 faults! {

@@ -1,11 +1,10 @@
 //! CUDA contract entry of the tensor-core forms (dense_tc.cu): the linear, the dense SwiGLU and the MoE experts with three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
 
-use super::{CUDA_WIDTHS, DISTINCT, Planted, cyclic, device_gate, limits, poisoned, rd, up};
+use super::{Planted, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
-use tensorfold_kernels::bytes::MatView;
 use tensorfold_kernels::cuda::{CudaBackend, Src};
 use tensorfold_kernels::prelude::*;
 
@@ -83,58 +82,6 @@ impl Drop for TensorCoresOn<'_> {
 struct LinearTc(CudaBackend);
 
 impl LinearTc {
-    /// Gate 2 on two rows against float64, and the bias edge (bias added after the reduction, bit for bit).
-    fn reference(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Vec<Gate> {
-        let (n, k) = (w.rows, w.cols);
-        let wm = be.upload_mat(w).expect("upload the matrix");
-        let x = uniform(rng, 2 * k);
-        let bias = uniform(rng, n);
-        let (mut out, mut outb) = (poisoned(be, 2 * n), poisoned(be, 2 * n));
-        let xb = up(be, &x);
-        be.linear(&xb, 2, &wm, None, &mut out);
-        be.linear(&xb, 2, &wm, Some(&up(be, &bias)), &mut outb);
-        let (out, outb) = (rd(be, &out), rd(be, &outb));
-        let mut err = 0f64;
-        for r in 0..2 {
-            let xr = wide(&x[r * k..(r + 1) * k]);
-            for j in 0..n {
-                let wr = row64(w, j);
-                let abs: f64 = xr.iter().zip(&wr).map(|(a, b)| (a * b).abs()).sum();
-                err = err.max((out[r * n + j] as f64 - dot64(&xr, &wr)).abs() / tc_bound(k, abs));
-            }
-        }
-        let biased: Vec<f32> = out.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
-        let bd = bit_diffs(&outb, &biased);
-        vec![
-            reference_gate(shape, err, 1.0),
-            Gate::new("edges", bd == 0, format!("{shape}: bias added after the reduction: {bd} differ")),
-        ]
-    }
-
-    /// Gate 3 over the first (at most 4096) outputs: one-row calls (the narrow form) against calls of every width
-    /// (the narrow form up to [`super::WIDE_AT`] rows, the wide form at 70).
-    fn invariance(be: &CudaBackend, rng: &mut StdRng, w: &MatView, shape: &str) -> Gate {
-        let k = w.cols;
-        let wn = w.row_range(0, w.rows.min(4096)).expect("prefix");
-        let wm = be.upload_mat(&wn).expect("upload the matrix");
-        let n = wn.rows;
-        let xs = cyclic(&uniform(rng, DISTINCT * k), k);
-        let call = |x: &[f32], rows: usize| {
-            let mut o = poisoned(be, rows * n);
-            be.linear(&up(be, x), rows, &wm, None, &mut o);
-            rd(be, &o)
-        };
-        let one: Vec<Vec<f32>> = (0..DISTINCT).map(|r| call(&xs[r * k..(r + 1) * k], 1)).collect();
-        let diffs: usize = CUDA_WIDTHS
-            .iter()
-            .map(|&wd| {
-                let o = call(&xs[..wd * k], wd);
-                (0..wd).map(|r| bit_diffs(&o[r * n..(r + 1) * n], &one[r % DISTINCT])).sum::<usize>()
-            })
-            .sum();
-        invariance_gate(shape, diffs)
-    }
-
     /// Gate `multi`: q/k/v-style linears of one input in one call give each output a `linear`'s bits.
     fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         let ws: Vec<_> =
@@ -186,8 +133,8 @@ impl Kernel for LinearTc {
         for (n, k) in shapes(scale) {
             let w = bf16_mat(rng, n, k, 0.5);
             let shape = format!("[{n},{k}] bf16");
-            gates.extend(Self::reference(&be, rng, &w, &shape));
-            gates.push(Self::invariance(&be, rng, &w, &shape));
+            gates.extend(super::dense::linear_reference(&be, rng, (&w, &shape), tc_bound));
+            gates.push(super::dense::linear_invariance(&be, rng, &w, &shape));
         }
         gates.push(Self::multi(&be, rng));
         gates.extend(super::dense::swiglu_gates(&be, &swiglu_shapes(scale), rng));
