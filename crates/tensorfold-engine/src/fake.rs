@@ -121,7 +121,7 @@ impl Target for FakeTarget {
     }
 
     fn stream_bytes(&self, tokens: usize) -> usize {
-        tokens * self.bytes_per_token
+        tokens.saturating_mul(self.bytes_per_token)
     }
 
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {

@@ -29,6 +29,9 @@ pub enum CheckpointError {
     /// Two files hold a tensor of the same name.
     #[error("tensor {0} appears in more than one weights file")]
     Duplicate(String),
+    /// The shard index and the shards' own headers disagree about where a tensor lives.
+    #[error("model.safetensors.index.json places tensor {tensor} in {index}, but {found}")]
+    IndexMismatch { tensor: String, index: String, found: String },
     /// A tensor dtype we cannot run.
     #[error("tensor {name} has dtype {dtype}; supported are BF16, F16 and F32")]
     Dtype { name: String, dtype: String },
@@ -149,20 +152,33 @@ impl TensorTable {
                 .map_err(|e| CheckpointError::Synthetic(format!("{}: {e}", s.name)))?;
             return s.table(&cfg);
         }
-        let files = match src.read("model.safetensors.index.json")? {
-            Some(idx) => shard_files(&idx)?,
-            None => vec!["model.safetensors".to_string()],
+        let index = match src.read("model.safetensors.index.json")? {
+            Some(idx) => Some(weight_map(&idx)?),
+            None => None,
         };
+        let files = index.as_ref().map_or_else(|| Ok(vec!["model.safetensors".to_string()]), |m| shard_files(m))?;
         let mut table = TensorTable::default();
+        let mut origin = std::collections::BTreeMap::new();
         for f in &files {
             let data = src.map(f)?.ok_or_else(|| CheckpointError::Missing { dir: src.describe(), file: f.clone() })?;
-            table.add_file(f, data)?;
+            for name in table.add_file(f, data)? {
+                origin.insert(name, f.clone());
+            }
+        }
+        if let Some(map) = &index {
+            check_index(map, &origin)?;
         }
         table.files = files;
         Ok(table)
     }
 
-    fn add_file(&mut self, file: &str, data: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Result<(), CheckpointError> {
+    /// Adds a file's tensors; returns their names.
+    fn add_file(
+        &mut self,
+        file: &str,
+        data: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<Vec<String>, CheckpointError> {
+        let mut names = Vec::new();
         let buf: &[u8] = (*data).as_ref();
         let st = SafeTensors::deserialize(buf)
             .map_err(|e| CheckpointError::Safetensors { file: file.to_string(), message: e.to_string() })?;
@@ -183,8 +199,9 @@ impl TensorTable {
             if self.tensors.insert(name.clone(), entry).is_some() {
                 return Err(CheckpointError::Duplicate(name));
             }
+            names.push(name);
         }
-        Ok(())
+        Ok(names)
     }
 
     /// Total bytes of all tensors.
@@ -193,13 +210,41 @@ impl TensorTable {
     }
 }
 
-/// The distinct shard files of an index, in first-seen order; names must be plain file names.
-fn shard_files(idx: &[u8]) -> Result<Vec<String>, CheckpointError> {
+/// The index's `weight_map` object.
+fn weight_map(idx: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, CheckpointError> {
     let v: serde_json::Value = serde_json::from_slice(idx).map_err(|e| CheckpointError::Index(e.to_string()))?;
-    let map = v
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| CheckpointError::Index("no weight_map object".into()))?;
+    match v.get("weight_map") {
+        Some(serde_json::Value::Object(m)) => Ok(m.clone()),
+        _ => Err(CheckpointError::Index("no weight_map object".into())),
+    }
+}
+
+/// Every tensor the index lists lives in the shard it names, and every tensor of the shards is listed (the index
+/// is what transformers loads by, so a disagreement means the files are not the checkpoint the index describes).
+fn check_index(
+    map: &serde_json::Map<String, serde_json::Value>,
+    origin: &std::collections::BTreeMap<String, String>,
+) -> Result<(), CheckpointError> {
+    for (tensor, file) in map {
+        let index = file.as_str().unwrap_or_default().to_string();
+        match origin.get(tensor) {
+            Some(f) if *f == index => {}
+            Some(f) => return Err(mismatch(tensor, index, format!("{f} holds it"))),
+            None => return Err(mismatch(tensor, index, "no shard holds it".into())),
+        }
+    }
+    match origin.iter().find(|(t, _)| !map.contains_key(*t)) {
+        Some((t, f)) => Err(mismatch(t, "no shard (it is not listed)".into(), format!("{f} holds it"))),
+        None => Ok(()),
+    }
+}
+
+fn mismatch(tensor: &str, index: String, found: String) -> CheckpointError {
+    CheckpointError::IndexMismatch { tensor: tensor.to_string(), index, found }
+}
+
+/// The distinct shard files of an index, in first-seen order; names must be plain file names.
+fn shard_files(map: &serde_json::Map<String, serde_json::Value>) -> Result<Vec<String>, CheckpointError> {
     let mut seen = BTreeSet::new();
     let mut files = Vec::new();
     for f in map.values() {

@@ -107,7 +107,7 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Parses and admits `config.json` bytes.
+    /// Parses and admits `config.json` bytes; sizes past [`crate::config_bounds`] are refused by name.
     pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
         let v: Value = serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
         let o = v.as_object().ok_or_else(|| ConfigError::Json("top level is not an object".into()))?;
@@ -137,6 +137,9 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
     let heads = usize_field(o, "num_attention_heads")?;
     let kv_heads = opt_usize(o, "num_key_value_heads")?.unwrap_or(heads);
     let n_layers = usize_field(o, "num_hidden_layers")?;
+    for (field, v) in [("hidden_size", hidden), ("num_attention_heads", heads), ("num_hidden_layers", n_layers)] {
+        crate::config_bounds::check_width(field, v)?;
+    }
     let head_dim = opt_usize(o, "head_dim")?.unwrap_or(hidden / heads.max(1));
     positive("hidden_size", hidden)?;
     positive("num_attention_heads", heads)?;
@@ -168,7 +171,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
     }
     let max_positions = opt_usize(o, "max_position_embeddings")?.unwrap_or(128_000);
     positive("max_position_embeddings", max_positions)?;
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         family,
         vocab,
         hidden,
@@ -190,7 +193,10 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         moe,
         eos_ids: id_list(o, "eos_token_id")?,
         bos_id: id_list(o, "bos_token_id")?.first().copied(),
-    })
+    };
+    // Sizes whose products overflow or exceed any device are refused here, so no later estimate can wrap.
+    crate::config_bounds::check(&cfg)?;
+    Ok(cfg)
 }
 
 /// `layer_types` (preferred) or the older `full_attn_idxs`; other layer types are refused by name. A dense
@@ -233,6 +239,10 @@ pub fn dense_width(o: &Map<String, Value>) -> Result<usize, ConfigError> {
         Some(v) => v,
         None => usize_field(o, "intermediate_size")?,
     };
+    let max = crate::config_bounds::MAX_WIDTH;
+    if ff > max {
+        return Err(invalid("intermediate_size", ff, &format!("exceeds the largest width served, {max}")));
+    }
     if !opt_bool(o, "block_auto_adjust_ff_dim")?.unwrap_or(true) {
         return Ok(ff);
     }
@@ -248,6 +258,10 @@ pub fn dense_width(o: &Map<String, Value>) -> Result<usize, ConfigError> {
         ff = (m * ff as f64) as usize;
         let multiple = opt_usize(o, "block_multiple_of")?.unwrap_or(256);
         positive("block_multiple_of", multiple)?;
+        if ff > max || multiple > max {
+            let why = format!("block_ffn_dim_multiplier {m} and block_multiple_of {multiple} exceed the largest width");
+            return Err(invalid("intermediate_size", ff, &why));
+        }
         ff = multiple * ff.div_ceil(multiple);
     }
     Ok(ff)

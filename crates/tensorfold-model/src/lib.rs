@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
+pub mod config_bounds;
 pub mod drafter;
 pub mod exact;
 pub mod expert_parallel;

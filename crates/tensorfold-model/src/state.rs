@@ -152,16 +152,22 @@ impl<B: Backend> Model<B> {
     }
 
     /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv
-    /// states, and the activations of one decode row (memory admission's per-stream estimate).
+    /// states, and the activations of one decode row (memory admission's per-stream estimate). Saturating
+    /// arithmetic: an absurd `tokens` gives `usize::MAX` (never fits), never a wrapped small number; monotone in
+    /// `tokens`, which admission's bisection relies on.
     pub fn stream_bytes(&self, tokens: usize) -> usize {
         let c = &self.cfg;
         let attn = c.layers.iter().filter(|m| **m == Mixer::Attention).count();
         let conv = c.layers.len() - attn;
-        let kv = attn * 2 * c.kv_heads * c.head_dim * 4 * tokens;
-        let scratch = 4 * (8 * c.hidden + c.vocab + c.moe.as_ref().map_or(c.dense_inter, |m| m.inter * m.top_k) * 3);
+        let per_token = [attn, 2, c.kv_heads, c.head_dim, 4].into_iter().fold(1usize, usize::saturating_mul);
+        let kv = per_token.saturating_mul(tokens);
+        let ffn = c.moe.as_ref().map_or(c.dense_inter, |m| m.inter.saturating_mul(m.top_k));
+        let scratch = 8usize.saturating_mul(c.hidden).saturating_add(c.vocab).saturating_add(ffn.saturating_mul(3));
         // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
-        let window = (c.conv_taps.saturating_sub(1) * 2 + 64) * c.hidden * 4;
+        let window = (c.conv_taps.saturating_sub(1).saturating_mul(2) + 64).saturating_mul(c.hidden);
         let draft = self.drafter.as_ref().map_or(0, |d| d.context_bytes(tokens));
-        kv + conv * window + scratch + draft
+        kv.saturating_add(conv.saturating_mul(window).saturating_mul(4))
+            .saturating_add(scratch.saturating_mul(4))
+            .saturating_add(draft)
     }
 }

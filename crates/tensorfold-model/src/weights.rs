@@ -23,6 +23,9 @@ pub enum WeightError {
     /// The device refused a matrix.
     #[error("uploading {name}: {source}")]
     Upload { name: String, source: KernelError },
+    /// A weight is NaN or infinite (a damaged or badly converted checkpoint: every request would fail).
+    #[error("tensor {name} holds a non-finite value (NaN or inf) at element {index}")]
+    NonFinite { name: String, index: usize },
 }
 
 /// Every weight of the model on the device.
@@ -66,6 +69,10 @@ impl<'a, B: Backend> Binder<'a, B> {
         if e.shape != want {
             return Err(WeightError::Shape { name: name.to_string(), got: e.shape.clone(), want: want.to_vec() });
         }
+        // A full scan by exponent bits: one pass over bytes the upload reads anyway (bounded by the weights' size).
+        if let Some(index) = first_nonfinite(e) {
+            return Err(WeightError::NonFinite { name: name.to_string(), index });
+        }
         self.used.insert(name.to_string());
         Ok(e)
     }
@@ -108,6 +115,21 @@ impl<'a, B: Backend> Binder<'a, B> {
 
     pub(crate) fn opt_vec(&mut self, on: bool, name: &str, len: usize) -> Result<Option<B::Buf>, WeightError> {
         if on { self.vec(name, &[len]).map(Some) } else { Ok(None) }
+    }
+}
+
+/// The index of the first NaN or infinity in a stored tensor (all exponent bits set: f32 `0x7F80_0000`, bf16
+/// `0x7F80`, f16 `0x7C00`), `None` when every value is finite.
+pub fn first_nonfinite(e: &TensorEntry) -> Option<usize> {
+    let b = e.bytes.as_slice();
+    let half = |mask: u16| b.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & mask == mask);
+    match e.dtype {
+        StoredDtype::F32 => {
+            let mask = 0x7F80_0000u32;
+            b.chunks_exact(4).position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & mask == mask)
+        }
+        StoredDtype::Bf16 => half(0x7F80),
+        StoredDtype::F16 => half(0x7C00),
     }
 }
 

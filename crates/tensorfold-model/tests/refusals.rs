@@ -467,3 +467,47 @@ fn a_full_attn_idxs_entry_past_the_last_layer_is_refused_as_invalid() {
     let e = ModelConfig::parse(&serde_json::to_vec(&o).unwrap()).expect_err("refused");
     assert!(matches!(&e, ConfigError::Invalid { field: "full_attn_idxs", value, .. } if value == "4"), "{e:?}");
 }
+
+#[test]
+fn a_nan_or_infinite_weight_is_refused_naming_the_tensor_and_element() {
+    for (bits, what) in [(0x7FC0_0000u32, "NaN"), (0xFF80_0000u32, "-inf")] {
+        let tmp = copy_fixture("lfm2-dense-f32");
+        let name = "model.layers.1.feed_forward.w2.weight";
+        edit_weights(tmp.path(), "model.safetensors", |t| {
+            let mut w = take(t, name);
+            w.data[4 * 7..4 * 8].copy_from_slice(&bits.to_le_bytes());
+            t.push((name.into(), w));
+        });
+        match refusal(tmp.path()) {
+            OpenError::Weights(WeightError::NonFinite { name: n, index }) => {
+                assert_eq!((n.as_str(), index), (name, 7), "{what}")
+            }
+            other => panic!("{what}: expected NonFinite, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_index_naming_the_wrong_shard_for_a_tensor_is_refused_by_name() {
+    let tmp = copy_fixture("lfm2-moe-f32");
+    let path = tmp.path().join("model.safetensors.index.json");
+    let mut idx: Value = serde_json::from_slice(&std::fs::read(&path).expect("reads")).expect("JSON");
+    idx["weight_map"]["model.embed_tokens.weight"] = json!("model-00002-of-00002.safetensors");
+    std::fs::write(&path, serde_json::to_vec(&idx).expect("serializes")).expect("writes");
+    match checkpoint_refusal(tmp.path()) {
+        CheckpointError::IndexMismatch { tensor, index, found } => {
+            assert_eq!(
+                (tensor.as_str(), index.as_str()),
+                ("model.embed_tokens.weight", "model-00002-of-00002.safetensors")
+            );
+            assert_eq!(found, "model-00001-of-00002.safetensors holds it");
+        }
+        other => panic!("expected IndexMismatch, got {other:?}"),
+    }
+    // A tensor of the shards that the index leaves out is refused the same way.
+    idx["weight_map"].as_object_mut().unwrap().remove("model.embed_tokens.weight");
+    std::fs::write(&path, serde_json::to_vec(&idx).expect("serializes")).expect("writes");
+    assert!(
+        matches!(checkpoint_refusal(tmp.path()), CheckpointError::IndexMismatch { tensor, .. } if tensor == "model.embed_tokens.weight")
+    );
+}

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub accepted_at: Vec<usize>,
     /// An engine fault after the reply started (the stream failed; others go on).
     pub error: Option<String>,
+    /// The engine went away without finishing the stream (shutting down): the answer is 503, not 500.
+    pub stopped: bool,
     /// The drafter's error for this reply, if it failed (the reply then finished without drafts).
     pub draft_error: Option<String>,
 }
@@ -166,6 +168,7 @@ impl Running {
             windows: 0,
             accepted_at: Vec::new(),
             error: None,
+            stopped: false,
             draft_error: None,
         };
         let (mut pending, mut lps) = (Vec::new(), Vec::new());
@@ -233,6 +236,7 @@ impl Running {
             }
         }
         out.error = Some("the engine stopped".into());
+        out.stopped = true;
         Some(out)
     }
 

@@ -1,13 +1,17 @@
 //! `tensorfold serve`: an OpenAI-compatible HTTP server on the lane core (routes in `routes`, the wire schema in
 //! `protocol`, its validation in `api`, replies built in `reply`, one completion's life in `completion`). Loading
-//! happens after the socket is bound, so `/health` answers 503 until the model is ready.
+//! happens after the socket is bound, so `/health` answers 503 until the model is ready. Connections are bounded
+//! in `listen`, request bodies and text work in `limits`, shutdown in `shutdown`.
 
 pub mod api;
 pub mod completion;
 pub mod error;
+pub mod limits;
+pub mod listen;
 pub mod protocol;
 pub mod reply;
 pub mod routes;
+pub mod shutdown;
 pub mod state;
 pub mod stops;
 
@@ -36,6 +40,8 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// How long in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
     pub grace: Duration,
+    /// Connection bounds: header, body and idle timeouts, the connection cap.
+    pub conn: listen::ConnLimits,
 }
 
 /// The process-wide Prometheus recorder (installed once).
@@ -62,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), limits::json_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(api)
@@ -106,6 +113,9 @@ pub fn new_state(opts: &ServeOptions) -> AppState {
         api_key: opts.api_key.clone(),
         prometheus: prometheus(),
         created,
+        body_timeout: opts.conn.body_timeout,
+        text_pool: limits::TextPool::default(),
+        shutdown: shutdown::Shutdown::default(),
     }
 }
 
@@ -116,28 +126,45 @@ pub async fn serve<K: Send + 'static>(
     opts: ServeOptions,
     load: impl FnOnce() -> Result<(Ready, K), String> + Send + 'static,
 ) -> Result<(), String> {
-    let state = new_state(&opts);
+    serve_until(opts, load, shutdown_signal()).await
+}
+
+/// [`serve`], stopping when `stop` resolves instead of on a signal.
+pub async fn serve_until<K: Send + 'static>(
+    opts: ServeOptions,
+    load: impl FnOnce() -> Result<(Ready, K), String> + Send + 'static,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(opts.addr).await.map_err(|e| format!("binding {}: {e}", opts.addr))?;
+    serve_on(listener, opts, load, stop).await
+}
+
+/// [`serve_until`] on a bound listener (tests bind port 0 and read the port first). Returns within
+/// `opts.grace` + [`shutdown::ENGINE_STOP_WAIT`] + 2 s of `stop`, whatever the engine is doing: past the grace
+/// period every request still running is answered 503 and a wedged engine is left behind.
+pub async fn serve_on<K: Send + 'static>(
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+    load: impl FnOnce() -> Result<(Ready, K), String> + Send + 'static,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let state = new_state(&opts);
     tracing::info!("listening on http://{}", listener.local_addr().map_err(|e| e.to_string())?);
     let app = router(state.clone());
-    // Without TCP_NODELAY, SSE chunks on a reused connection wait for Nagle's timer and arrive in bursts.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stop2 = stop.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop2.notified().await }).await
-    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_accepting = move || {
+        let _ = stop_tx.send(true);
+    };
+    let mut server = tokio::spawn(listen::serve_connections(listener, app, opts.conn.clone(), stop_rx));
     let t = std::time::Instant::now();
-    // Signals are handled from the start: one during loading stops the server without waiting for the model.
-    let mut signal = tokio::spawn(shutdown_signal());
+    // The stop is watched from the start: one during loading stops the server without waiting for the model.
+    let mut signal = tokio::spawn(stop);
     let loading = tokio::task::spawn_blocking(load);
     let (ready, keep) = tokio::select! {
         loaded = loading => loaded.map_err(|e| e.to_string())??,
         _ = &mut signal => {
             tracing::info!("signal during loading: stopping");
-            stop.notify_one();
+            stop_accepting();
             return Ok(());
         }
     };
@@ -149,23 +176,23 @@ pub async fn serve<K: Send + 'static>(
         failure = engine_stopped(engine) => {
             // The engine ended every stream with the failure already; stop serving and exit non-zero.
             tracing::error!("engine stopped: {failure}; shutting down");
-            stop.notify_one();
+            stop_accepting();
             let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-            drop(keep);
+            shutdown::stop_engine(keep).await;
             return Err(format!("engine stopped: {failure}"));
         }
     }
     tracing::info!("shutting down: no new connections; in-flight requests have {:?}", opts.grace);
-    stop.notify_one();
-    let mut server = server;
+    stop_accepting();
     if tokio::time::timeout(opts.grace, &mut server).await.is_err() {
         tracing::warn!("grace period over: cancelling the requests still running");
-        // Stopping the engine ends every stream; their handlers answer 503 before the process exits.
-        drop(keep);
+        // Every handler still waiting answers 503 now, whether or not the engine can still end its streams.
+        state.shutdown.cancel_all();
+        shutdown::stop_engine(keep).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
         return Ok(());
     }
-    drop(keep);
+    shutdown::stop_engine(keep).await;
     tracing::info!("stopped");
     Ok(())
 }

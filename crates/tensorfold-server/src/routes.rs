@@ -8,6 +8,7 @@ use crate::protocol::{
     ModelList, TokenizeRequest, TokenizeResponse,
 };
 use crate::reply::Shape;
+use crate::shutdown::{Shutdown, stopped_error};
 use crate::state::{AppState, Ready};
 use axum::Json;
 use axum::body::Bytes;
@@ -53,12 +54,13 @@ fn text_err(e: TextError) -> ApiError {
     }
 }
 
-/// Runs tokenizer work on the blocking pool.
-async fn blocking(f: impl FnOnce() -> Result<Vec<u32>, TextError> + Send + 'static) -> Result<Vec<u32>, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
-        .map_err(text_err)
+/// Runs tokenizer work over `bytes` bytes of text in the bounded text pool (off the async workers).
+async fn blocking(
+    s: &AppState,
+    bytes: usize,
+    f: impl FnOnce() -> Result<Vec<u32>, TextError> + Send + 'static,
+) -> Result<Vec<u32>, ApiError> {
+    s.text_pool.run(bytes, f).await?.map_err(text_err)
 }
 
 /// `POST /v1/completions`.
@@ -81,7 +83,7 @@ async fn complete(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Respo
         Prompt::Text(t) => {
             let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
             // Tokenizing a long prompt takes milliseconds: keep it off the async workers.
-            blocking(move || text.encode_prompt(&t)).await?
+            blocking(&s, t.len(), move || text.encode_prompt(&t)).await?
         }
     };
     respond(s, r, ids, params, false).await
@@ -95,31 +97,40 @@ async fn complete_chat(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<
     let msgs = api::messages(&req.messages)?;
     let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
     // Templating and tokenizing a long chat take milliseconds: keep them off the async workers.
-    let ids = blocking(move || text.encode_chat(&msgs, true)).await?;
+    let bytes = msgs.iter().map(|m| m.content.byte_len()).sum();
+    let ids = blocking(&s, bytes, move || text.encode_chat(&msgs, true)).await?;
     respond(s, r, ids, params, true).await
 }
 
 /// Submits the prompt and answers: an SSE stream, or the whole reply once it has finished.
 async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
     let prompt_tokens = ids.len() as u64;
-    let running = submit(&r, ids, params.clone()).await?;
+    let running = tokio::select! {
+        running = submit(&r, ids, params.clone()) => running?,
+        _ = s.shutdown.cancelled() => return Err(stopped_error("the request was cancelled")),
+    };
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
     let shape = Shape::new(chat, s.model_name.clone());
     if params.stream {
-        return Ok(stream(running, shape, params.include_usage).into_response());
+        return Ok(stream(running, shape, params.include_usage, s.shutdown.clone()).into_response());
     }
     let mut pieces = Vec::new();
     let out = running.drive(|p| {
         pieces.push(p);
         true
     });
-    let out = out
-        .await
-        .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
+    let out = tokio::select! {
+        out = out => out,
+        _ = s.shutdown.cancelled() => return Err(stopped_error("the request was cancelled")),
+    };
+    let out =
+        out.ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
     if let Some(e) = &out.error {
-        let status =
-            if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
-        return Err(ApiError::status(status, "server_error", e.clone()));
+        // The engine gone without finishing the stream is shutdown (503) even before its alive flag drops.
+        if out.stopped || !r.engine.is_alive() {
+            return Err(stopped_error(e));
+        }
+        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()));
     }
     metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
@@ -129,7 +140,7 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: boo
 }
 
 /// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
-fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoResponse {
+fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdown) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
         let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
@@ -150,10 +161,19 @@ fn stream(running: Running, shape: Shape, include_usage: bool) -> impl IntoRespo
         let out = tokio::select! {
             out = driving => out,
             _ = tx.closed() => None,
+            _ = shutdown.cancelled() => {
+                send(stopped_error("the request was cancelled").to_json());
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+                return;
+            }
         };
         let Some(out) = out else { return };
         if let Some(e) = &out.error {
-            let err = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone());
+            let err = if out.stopped {
+                stopped_error(e)
+            } else {
+                ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone())
+            };
             send(err.to_json());
         } else {
             metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
@@ -186,16 +206,20 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let r = ready(&s)?;
     let req: TokenizeRequest = api::request(&body(b)?)?;
-    let text = r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?;
+    let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
     let ids = match &req.messages {
         Some(messages) => {
-            text.encode_chat(&api::messages(messages)?, req.add_generation_prompt.given_or(true)).map_err(text_err)?
+            let msgs = api::messages(messages)?;
+            let bytes = msgs.iter().map(|m| m.content.byte_len()).sum();
+            let generation = req.add_generation_prompt.given_or(true);
+            blocking(&s, bytes, move || text.encode_chat(&msgs, generation)).await?
         }
         None => {
-            let Field::Given(p) = &req.prompt else {
+            let Field::Given(p) = req.prompt else {
                 return Err(ApiError::invalid("prompt", "`prompt` must be a string"));
             };
-            text.encode(p, req.add_special_tokens.given_or(true)).map_err(text_err)?
+            let special = req.add_special_tokens.given_or(true);
+            blocking(&s, p.len(), move || text.encode(&p, special)).await?
         }
     };
     Ok(Json(TokenizeResponse { count: ids.len(), tokens: ids, max_model_len: r.context }))
@@ -211,8 +235,10 @@ pub async fn detokenize(
     let Ok(Prompt::Ids(ids)) = api::prompt(&req.tokens) else {
         return Err(ApiError::invalid("tokens", "`tokens` must be a list of token ids"));
     };
-    let text = r.text.as_ref().ok_or_else(|| text_err(TextError::NoTokenizer))?;
-    let prompt = text.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
+    // A token's text is at most a few bytes a byte of id list: weigh it as the id count.
+    let decoded = s.text_pool.run(ids.len() * 4, move || text.decode(&ids, false)).await?;
+    let prompt = decoded.map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
 }
 

@@ -36,4 +36,10 @@ pub struct AppState {
     pub prometheus: metrics_exporter_prometheus::PrometheusHandle,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// How long a request body may take to arrive (408 past it).
+    pub body_timeout: std::time::Duration,
+    /// Tokenizer and template work, off the async workers and bounded.
+    pub text_pool: crate::limits::TextPool,
+    /// Past the grace period: every request still running answers 503.
+    pub shutdown: crate::shutdown::Shutdown,
 }

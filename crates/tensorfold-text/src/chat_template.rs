@@ -8,6 +8,7 @@ use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TextError;
+use crate::template_limits::{self, Capped, TEMPLATE_FUEL};
 use crate::tokenizer::Text;
 
 /// One part of a list-shaped message content (OpenAI `{"type": "text", "text": ...}`).
@@ -34,6 +35,14 @@ pub enum MessageContent {
 }
 
 impl MessageContent {
+    /// Bytes of all text of the content (what [`MessageContent::as_text`] would hold).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            Self::Text(t) => t.len(),
+            Self::Parts(parts) => parts.iter().map(|ContentPart::Text { text }| text.len()).sum(),
+        }
+    }
+
     /// All text of the content, parts concatenated in order.
     pub fn as_text(&self) -> String {
         match self {
@@ -78,9 +87,13 @@ impl Text {
     /// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
     /// `pad_token` (undefined when the config has none) and `tools` (none).
     ///
+    /// Bounded: [`TEMPLATE_FUEL`] steps, [`template_limits::TEMPLATE_MAX_BYTES`] of output, format widths up to
+    /// [`template_limits::MAX_FORMAT_WIDTH`].
+    ///
     /// # Errors
     /// [`TextError::NoChatTemplate`] without a template; [`TextError::Template`] for a
-    /// compile/render error or a `raise_exception` call (carrying its message).
+    /// compile/render error or a `raise_exception` call (carrying its message);
+    /// [`TextError::TemplateBudget`] / [`TextError::TemplateTooLarge`] past the bounds.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
         let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
         let raised: Arc<OnceLock<String>> = Arc::default();
@@ -91,7 +104,9 @@ impl Text {
             .build()
             .map_err(|e| TextError::Template(e.to_string()))?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_unknown_method_callback(template_limits::method_callback);
+        env.add_filter("format", template_limits::format_filter);
         let sink = Arc::clone(&raised);
         env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
             let _ = sink.set(msg.clone());
@@ -111,21 +126,58 @@ impl Text {
             pad_token => opt(&self.pad_token),
             tools => Value::from(()),
         };
-        let rendered = env.template_from_str(source).and_then(|t| t.render(ctx));
-        rendered.map_err(|e| match raised.get() {
-            Some(msg) => TextError::Template(format!("raise_exception: {msg}")),
-            None => TextError::Template(e.to_string()),
-        })
+        // Written through a capped writer, so a render past the size limit stops as it passes it.
+        let mut out = Capped { buf: Vec::new(), over: false };
+        let rendered = env.template_from_str(source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
+        if let Err(e) = rendered {
+            return Err(match (template_limits::budget_error(&e, out.over), raised.get()) {
+                (Some(limit), _) => limit,
+                (None, Some(msg)) => TextError::Template(format!("raise_exception: {msg}")),
+                (None, None) => TextError::Template(e.to_string()),
+            });
+        }
+        String::from_utf8(out.buf).map_err(|_| TextError::Template("the rendered prompt is not UTF-8".into()))
+    }
+
+    /// Renders probe messages once (at open): a template that runs out of its budget or size limit on them
+    /// would on every request, so it is refused by name; other render errors (a template that raises for these
+    /// roles) are left to requests.
+    ///
+    /// # Errors
+    /// [`TextError::TemplateBudget`] or [`TextError::TemplateTooLarge`].
+    pub fn probe_chat_template(&self) -> Result<(), TextError> {
+        if self.chat_template.is_none() {
+            return Ok(());
+        }
+        let probe = [
+            ChatMessage::new("system", "You are a probe."),
+            ChatMessage::new("user", "Hello."),
+            ChatMessage::new("assistant", "Hi."),
+            ChatMessage::new("user", "Bye."),
+        ];
+        match self.render_chat(&probe, true) {
+            Err(e @ (TextError::TemplateBudget { .. } | TextError::TemplateTooLarge { .. })) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Renders the chat then encodes it WITHOUT adding special tokens: the template emits
-    /// its own BOS, so the post-processor must not add a second one.
+    /// its own BOS, so the post-processor must not add a second one. Special-token strings inside message
+    /// content are tokenized as plain text (`content_tokens`), the template's own as control tokens.
     ///
     /// # Errors
     /// As [`Text::render_chat`] and [`Text::encode`].
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
-        let prompt = self.render_chat(messages, add_generation_prompt)?;
-        self.encode(&prompt, false)
+        match self.guard.escape(messages) {
+            None => {
+                let prompt = self.render_chat(messages, add_generation_prompt)?;
+                self.encode(&prompt, false)
+            }
+            Some(escaped) => {
+                let prompt = self.render_chat(&escaped, add_generation_prompt)?;
+                self.guard.encode(self, &prompt)
+            }
+        }
     }
 }
 

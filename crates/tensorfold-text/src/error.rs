@@ -31,6 +31,18 @@ pub enum TextError {
     /// The chat template failed to compile or render, or called `raise_exception`.
     #[error("chat template: {0}")]
     Template(String),
+    /// The chat template ran out of its step budget (minijinja fuel): a loop too long for any prompt.
+    #[error("chat template: over its step budget ({fuel} fuel); the template loops too long")]
+    TemplateBudget {
+        /// The budget it ran out of.
+        fuel: u64,
+    },
+    /// The rendered chat template is over its size limit, or a format spec asked for a width past the limit.
+    #[error("chat template: the rendered prompt is over its limit of {limit} bytes (or asks for a huge format width)")]
+    TemplateTooLarge {
+        /// The size limit in bytes.
+        limit: usize,
+    },
     /// The prompt text contributes no tokens.
     #[error("the prompt tokenizes to zero tokens")]
     EmptyPrompt,

@@ -3,8 +3,10 @@
 //! opens a checkpoint, and by the server and the CLI without the model.
 
 pub mod chat_template;
+mod content_tokens;
 pub mod detokenizer;
 pub mod error;
+pub mod template_limits;
 pub mod tokenizer;
 
 pub use chat_template::{ChatMessage, ContentPart, MessageContent};
@@ -14,3 +16,5 @@ pub use tokenizer::Text;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounds;

@@ -28,7 +28,7 @@ fn byte_chars() -> Vec<char> {
 /// then merges that split multibyte characters across tokens ("世" = [E4 B8][96],
 /// "🙂" = [F0 9F][99 82], " →" = [20 E2][86][92], "é" = [C3][A9]).
 #[rustfmt::skip]
-fn tokenizer_json(bos_post_processor: bool) -> String {
+pub(crate) fn tokenizer_json(bos_post_processor: bool) -> String {
     let table = byte_chars();
     let sym = |bytes: &[u8]| bytes.iter().map(|&b| table[b as usize]).collect::<String>();
     let mut vocab = serde_json::Map::new();
@@ -71,7 +71,7 @@ fn tokenizer_json(bos_post_processor: bool) -> String {
 
 /// ChatML with a BOS; newlines follow block tags only (trim_blocks eats them), and it
 /// uses `continue` (loop_controls) and `.strip()` (pycompat).
-const CHATML: &str = "{{ bos_token }}{% for message in messages %}\n\
+pub(crate) const CHATML: &str = "{{ bos_token }}{% for message in messages %}\n\
     \x20 {% if message['role'] == 'ignored' %}{% continue %}{% endif %}\n\
     {{ '<|im_start|>' + message['role'] + '\\n' }}{% if message['content'] is string %}\n\
     {{ message['content'].strip() }}{% else %}\n\
@@ -79,14 +79,14 @@ const CHATML: &str = "{{ bos_token }}{% for message in messages %}\n\
     {{ '<|im_end|>\\n' }}{% endfor %}\n\
     {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-fn config(template: &str) -> Vec<u8> {
+pub(crate) fn config(template: &str) -> Vec<u8> {
     json!({"chat_template": template, "bos_token": {"content": "<|startoftext|>", "lstrip": false},
         "eos_token": "<|im_end|>", "pad_token": null})
     .to_string()
     .into_bytes()
 }
 
-fn text() -> Text {
+pub(crate) fn text() -> Text {
     Text::from_parts(tokenizer_json(false).as_bytes(), Some(&config(CHATML)), None).unwrap()
 }
 

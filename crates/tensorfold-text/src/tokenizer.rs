@@ -7,6 +7,7 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
+use crate::content_tokens::ContentGuard;
 use crate::detokenizer::Detokenizer;
 use crate::error::TextError;
 
@@ -17,6 +18,8 @@ pub struct Text {
     pub(crate) bos_token: Option<String>,
     pub(crate) eos_token: Option<String>,
     pub(crate) pad_token: Option<String>,
+    /// Keeps special-token strings in chat content plain text.
+    pub(crate) guard: ContentGuard,
 }
 
 impl std::fmt::Debug for Text {
@@ -130,7 +133,9 @@ impl Text {
     ) -> Result<Text, TextError> {
         let tokenizer = Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TextError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-        let mut text = Text { tokenizer, chat_template: None, bos_token: None, eos_token: None, pad_token: None };
+        let guard = ContentGuard::new(&tokenizer)?;
+        let mut text =
+            Text { tokenizer, chat_template: None, bos_token: None, eos_token: None, pad_token: None, guard };
         if let Some((bytes, path)) = config {
             let cfg: serde_json::Value =
                 serde_json::from_slice(bytes).map_err(|e| config_error(path, format!("invalid JSON: {e}")))?;
@@ -145,6 +150,7 @@ impl Text {
         if jinja.is_some() {
             text.chat_template = jinja;
         }
+        text.probe_chat_template()?;
         Ok(text)
     }
 

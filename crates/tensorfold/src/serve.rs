@@ -89,6 +89,18 @@ pub struct Args {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "TENSORFOLD_GRACE_SECONDS")]
     grace_seconds: u64,
+    /// Seconds a connection may take to send a request head (then it is closed; hyper's default).
+    #[arg(long, default_value_t = 30.0, env = "TENSORFOLD_HEADER_TIMEOUT")]
+    header_timeout: f64,
+    /// Seconds a request body may take to arrive after its head (then 408).
+    #[arg(long, default_value_t = 30.0, env = "TENSORFOLD_BODY_TIMEOUT")]
+    body_timeout: f64,
+    /// Seconds an idle kept-alive connection stays open after its last response (uvicorn's and so vLLM's default).
+    #[arg(long, default_value_t = 5.0, env = "TENSORFOLD_IDLE_TIMEOUT")]
+    idle_timeout: f64,
+    /// Open connections served at once; one more is answered 503 and closed at once.
+    #[arg(long, default_value_t = 512, env = "TENSORFOLD_MAX_CONNECTIONS")]
+    max_connections: usize,
     #[command(flatten)]
     dev: crate::devices::DeviceArgs,
 }
@@ -141,7 +153,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     });
     let addr =
         format!("{}:{}", a.host, a.port).parse().with_context(|| format!("--host {} --port {}", a.host, a.port))?;
-    let opts = ServeOptions { addr, model_name: name, api_key, grace: Duration::from_secs(a.grace_seconds) };
+    let conn = conn_limits(&a)?;
+    let opts = ServeOptions { addr, model_name: name, api_key, grace: Duration::from_secs(a.grace_seconds), conn };
     let gib = |g: f64| (g.max(0.0) * (1u64 << 30) as f64) as usize;
     let cfg = EngineConfig {
         parallel: a.parallel,
@@ -176,6 +189,27 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     rt.shutdown_background();
     served.map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The connection flags, each refused by name unless positive and finite (a timeout of 0 would close every
+/// connection at once).
+fn conn_limits(a: &Args) -> anyhow::Result<tensorfold_server::listen::ConnLimits> {
+    let secs = |flag: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(anyhow::anyhow!("{flag} must be a number of seconds in (0, 86400], not {v}"))
+        }
+    };
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    Ok(tensorfold_server::listen::ConnLimits {
+        header_timeout: secs("--header-timeout", a.header_timeout)?,
+        body_timeout: secs("--body-timeout", a.body_timeout)?,
+        idle_timeout: secs("--idle-timeout", a.idle_timeout)?,
+        max_connections: a.max_connections,
+    })
 }
 
 /// What the server loads once it listens: the model and drafter on `--device`, then the engine.

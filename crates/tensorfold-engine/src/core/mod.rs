@@ -19,6 +19,7 @@ mod verify;
 pub use config::{Clock, EngineConfig, FixedClock, Metrics, SystemClock};
 #[cfg(feature = "planted-faults")]
 pub use planted::PlantedFault;
+pub use scheduler::largest_fitting;
 
 use crate::prompt_cache::PromptCache;
 use crate::request::RequestId;

@@ -19,10 +19,11 @@ impl<T: Target> Core<T> {
             return Err(SubmitError::Stopped);
         }
         req.validate(Limits { vocab: self.caps.vocab, context: self.caps.context })?;
+        // The sum is checked by `validate` (at most the context).
         let tokens = req.prompt.len() + req.max_tokens;
         let bytes = self.target.stream_bytes(tokens);
         if bytes > self.cfg.memory_bytes {
-            let fits = (0..=tokens).rev().find(|&t| self.target.stream_bytes(t) <= self.cfg.memory_bytes).unwrap_or(0);
+            let fits = largest_fitting(tokens, self.cfg.memory_bytes, |t| self.target.stream_bytes(t));
             return Err(SubmitError::NeverFits { needed: bytes, tokens, budget: self.cfg.memory_bytes, fits });
         }
         // A request that a free lane takes at the next round does not wait in the queue.
@@ -59,7 +60,7 @@ impl<T: Target> Core<T> {
     pub(super) fn admit(&mut self) {
         while self.lanes.len() < self.cfg.parallel {
             let Some(w) = self.queue.front() else { break };
-            if self.reserved + w.bytes > self.cfg.memory_bytes {
+            if self.reserved.saturating_add(w.bytes) > self.cfg.memory_bytes {
                 break;
             }
             let w = self.queue.pop_front().expect("front exists");
@@ -196,4 +197,19 @@ impl<T: Target> Core<T> {
             self.round_guard.record(decoding, mode, self.round_committed, secs);
         }
     }
+}
+
+/// The largest `t` in `0..=max` with `bytes(t) <= budget` (0 when none), by bisection over a `bytes` that is
+/// monotone in `t`: O(log max) estimates, so a 10^9-token context costs ~30 of them, not a scan.
+pub fn largest_fitting(max: usize, budget: usize, bytes: impl Fn(usize) -> usize) -> usize {
+    let (mut lo, mut hi) = (0usize, max);
+    if bytes(hi) <= budget {
+        return hi;
+    }
+    // Invariant: bytes(hi) > budget; bytes(lo) <= budget, or lo == 0.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if bytes(mid) <= budget { lo = mid } else { hi = mid }
+    }
+    lo
 }

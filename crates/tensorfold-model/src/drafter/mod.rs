@@ -113,7 +113,8 @@ impl<B: Backend> Drafter<B> {
 
     /// Bytes of K/V a context of `tokens` positions holds (f32 K and V rows of every layer).
     pub fn context_bytes(&self, tokens: usize) -> usize {
-        self.cfg.layers * 2 * self.cfg.kv_heads * self.cfg.head_dim * 4 * tokens
+        let c = &self.cfg;
+        [c.layers, 2, c.kv_heads, c.head_dim, 4, tokens].into_iter().fold(1usize, usize::saturating_mul)
     }
 
     /// Bytes of the drafter's weights on the device.

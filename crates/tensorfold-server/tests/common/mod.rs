@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
 use tensorfold_kernels::CpuBackend;
 use tensorfold_model::Source;
+use tensorfold_server::listen::{ConnLimits, serve_connections};
 use tensorfold_server::state::{AppState, Ready};
 use tensorfold_server::{ServeOptions, new_state, router};
 use tokio::sync::oneshot;
@@ -37,6 +38,8 @@ pub struct Setup {
     pub ready: bool,
     /// Attach the `dspark-tiny` drafter fixture.
     pub drafter: bool,
+    /// Connection bounds (timeouts, the connection cap).
+    pub conn: ConnLimits,
 }
 
 impl Default for Setup {
@@ -58,6 +61,7 @@ impl Default for Setup {
             api_key: None,
             ready: true,
             drafter: false,
+            conn: ConnLimits::default(),
         }
     }
 }
@@ -107,6 +111,7 @@ pub async fn start(setup: Setup) -> Server {
         model_name: MODEL.into(),
         api_key: setup.api_key.clone(),
         grace: std::time::Duration::from_secs(1),
+        conn: setup.conn.clone(),
     };
     let state = new_state(&opts);
     let engine = if setup.ready {
@@ -120,13 +125,15 @@ pub async fn start(setup: Setup) -> Server {
     let base = format!("http://{}", listener.local_addr().expect("a bound address"));
     let (stop, stopped) = oneshot::channel::<()>();
     let app = router(state.clone());
+    // The server's own bounded accept loop (`listen.rs`), as `serve` runs it.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let conn = setup.conn.clone();
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("the server runs");
+        tokio::spawn(async move {
+            let _ = stopped.await;
+            let _ = stop_tx.send(true);
+        });
+        serve_connections(listener, app, conn, stop_rx).await;
     });
     let client = reqwest::Client::builder().no_proxy().build().expect("a client");
     Server { base, state, client, stop: Some(stop), task: Some(task), engine }
