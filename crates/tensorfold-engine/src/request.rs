@@ -1,6 +1,7 @@
 //! Requests into the lane core and the events that come back out of it.
 
 use crate::keyed::{SampleError, SamplingParams};
+use crate::penalties::{Penalties, PenaltyError};
 use std::time::Duration;
 
 /// Engine-wide request id.
@@ -24,6 +25,9 @@ pub struct Request {
     /// Verify drafted tokens (context copies) in windows; false runs the plain serial reference. The reply
     /// is the same tokens either way.
     pub draft: bool,
+    /// `logit_bias` and the presence, frequency and repetition penalties (`penalties.rs`); rows of a request with
+    /// any on are drawn on the host from the row's logits.
+    pub penalties: Penalties,
 }
 
 /// What a request is checked against: the target's vocabulary, and the context it may fill.
@@ -37,10 +41,11 @@ pub struct Limits {
 
 impl Request {
     /// The one check of a request (the lane core's submit and the serial [`crate::single::generate`] both run it),
-    /// in this order: its sampling parameters, an empty prompt, a prompt id past the vocabulary, `max_tokens` 0,
+    /// in this order: its sampling parameters, its logit controls, an empty prompt, a prompt id past the vocabulary, `max_tokens` 0,
     /// prompt plus `max_tokens` past the context (an overflowing sum included).
     pub fn validate(&self, limits: Limits) -> Result<(), SubmitError> {
         self.params.validate()?;
+        self.penalties.validate(limits.vocab)?;
         if self.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -68,6 +73,7 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             draft: true,
+            penalties: Penalties::default(),
         }
     }
 }
@@ -228,6 +234,9 @@ pub enum SubmitError {
     /// Bad sampling parameters.
     #[error(transparent)]
     Sampling(#[from] SampleError),
+    /// Bad logit controls (`logit_bias`, the penalties).
+    #[error(transparent)]
+    Penalty(#[from] PenaltyError),
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,

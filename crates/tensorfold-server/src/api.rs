@@ -39,6 +39,8 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// `draft` (default true; false asks for the plain serial reference).
     pub draft: bool,
+    /// `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logit_bias` (`penalties.rs`).
+    pub penalties: tensorfold_engine::Penalties,
 }
 
 /// Parses a JSON body into a request: a named 400 for invalid JSON or a body that is not an object. Every field of
@@ -111,6 +113,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
     };
     let max_tokens = max_tokens(o)?;
     refuse_unsupported(o)?;
+    let penalties = crate::penalties::penalties(o)?;
     let top_k = top_k(&o.top_k)?;
     let seed = match &o.seed {
         Field::Absent => None,
@@ -138,6 +141,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         ignore_eos: boolean(&o.ignore_eos, "ignore_eos", false)?,
         logprobs,
         draft: boolean(&o.draft, "draft", true)?,
+        penalties,
     })
 }
 
@@ -155,21 +159,10 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
 }
 
 /// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
-/// or `logit_bias` is ignored, as before the schema was typed).
+/// is ignored, as before the schema was typed).
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
     if let Some(n) = int(&o.n, "n")?.filter(|&n| n != 1) {
         return Err(ApiError::invalid("n", format!("`n` = {n} is not supported; only n = 1")));
-    }
-    for (k, f) in [("presence_penalty", &o.presence_penalty), ("frequency_penalty", &o.frequency_penalty)] {
-        if num(f, k, 0.0, -2.0, 2.0)? != 0.0 {
-            return Err(ApiError::invalid(k, format!("`{k}` is not supported; send 0 or omit it")));
-        }
-    }
-    if num(&o.repetition_penalty, "repetition_penalty", 1.0, 0.0, 10.0)? != 1.0 {
-        return Err(ApiError::invalid(
-            "repetition_penalty",
-            "`repetition_penalty` is not supported; send 1 or omit it",
-        ));
     }
     if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
@@ -185,9 +178,6 @@ fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
     }
     if int(&o.best_of, "best_of")?.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid("best_of", "`best_of` is not supported; only 1"));
-    }
-    if matches!(&o.logit_bias, Field::Given(m) if !m.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
     }
     Ok(())
 }

@@ -133,6 +133,7 @@ pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<R
         ignore_eos: params.ignore_eos,
         logprobs: params.logprobs,
         draft: params.draft,
+        penalties: params.penalties.clone(),
     };
     let (tx, rx) = unbounded_channel();
     let engine = ready.engine.clone();

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod completion;
 pub mod error;
+pub mod penalties;
 pub mod protocol;
 pub mod reply;
 pub mod routes;

@@ -210,24 +210,36 @@ fn table() -> Vec<Bad> {
             Some("top_logprobs"),
         ),
         Bad {
-            says: "not supported",
-            ..bad(
-                "presence_penalty 0.5",
-                CHAT,
-                with(&m, json!({"presence_penalty": 0.5})),
-                400,
-                Some("presence_penalty"),
-            )
+            says: "out of range [-2, 2]",
+            ..bad("presence_penalty 2.5", CHAT, with(&m, json!({"presence_penalty": 2.5})), 400, Some("presence_penalty"))
         },
         bad("frequency_penalty 3", CHAT, with(&m, json!({"frequency_penalty": 3})), 400, Some("frequency_penalty")),
-        bad(
-            "repetition_penalty 1.2",
-            COMPLETIONS,
-            with(&c, json!({"repetition_penalty": 1.2})),
-            400,
-            Some("repetition_penalty"),
-        ),
-        bad("a logit_bias", CHAT, with(&m, json!({"logit_bias": {"5": 10}})), 400, Some("logit_bias")),
+        Bad {
+            says: "must be a number > 0",
+            ..bad(
+                "repetition_penalty 0",
+                COMPLETIONS,
+                with(&c, json!({"repetition_penalty": 0})),
+                400,
+                Some("repetition_penalty"),
+            )
+        },
+        Bad {
+            says: "out of range [-100, 100]",
+            ..bad("logit_bias 101", CHAT, with(&m, json!({"logit_bias": {"5": 101}})), 400, Some("logit_bias"))
+        },
+        Bad {
+            says: "is not a token id",
+            ..bad("logit_bias key x", COMPLETIONS, with(&c, json!({"logit_bias": {"x": 1}})), 400, Some("logit_bias"))
+        },
+        Bad {
+            says: "outside the vocabulary",
+            ..bad("logit_bias id 10^9", CHAT, with(&m, json!({"logit_bias": {"1000000000": 1}})), 400, Some("logit_bias"))
+        },
+        Bad {
+            says: "twice",
+            ..bad("logit_bias id twice", CHAT, with(&m, json!({"logit_bias": {"5": 1, "05": 2}})), 400, Some("logit_bias"))
+        },
         // The model.
         Bad {
             kind: "not_found_error",
@@ -259,6 +271,8 @@ fn table() -> Vec<Bad> {
         ("stream_options", json!({"include_usage": "yes"})),
         ("presence_penalty", json!("0")),
         ("frequency_penalty", json!({})),
+        ("repetition_penalty", json!("1.1")),
+        ("logit_bias", json!([1, 2])),
     ] {
         for (route, base) in [(COMPLETIONS, &c), (CHAT, &m)] {
             let body = with(base, json!({ field: wrong.clone() }));

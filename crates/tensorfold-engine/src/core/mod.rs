@@ -6,6 +6,7 @@
 
 mod block_pass;
 mod config;
+mod controlled;
 mod failure;
 mod held;
 mod output;

@@ -23,6 +23,7 @@ impl<T: Target> Core<T> {
             {
                 continue;
             }
+            self.controlled_draws(i, rows, &mut out);
             if self.lanes[i].pending.is_some() {
                 let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
                 let w = WindowDraws { p0, rows, out: &out, vocab: self.caps.vocab };

@@ -64,6 +64,9 @@ impl<T: Target> Core<T> {
     fn want(&self, lane: usize, start: usize, rows: usize) -> SegWant {
         let s = &self.lanes[lane];
         let (params, logprobs) = (s.req.params, s.req.logprobs.is_some());
+        if s.penalties.is_some() {
+            return Self::controlled_want(s.pending.is_some(), start + rows == s.req.prompt.len(), rows);
+        }
         if s.pending.is_none() {
             let last = start + rows == s.req.prompt.len();
             let draws = if last { vec![DrawSpec { params, position: (start + rows) as u64 }] } else { Vec::new() };

@@ -7,6 +7,7 @@ use super::Core;
 use super::plan::{Entry, LaneDraft, RoundDrafts, RoundPlan};
 use super::stream::{Stream, Waiting};
 use crate::copies::{StreamGuard, context_copy};
+use crate::penalties::PenaltyState;
 use crate::request::{Event, FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
@@ -78,6 +79,7 @@ impl<T: Target> Core<T> {
                 ..Stats::default()
             };
             let history = w.req.prompt.clone();
+            let penalties = w.req.penalties.is_on().then(|| PenaltyState::new(w.req.penalties.clone(), &w.req.prompt));
             self.lanes.push(Stream {
                 id: w.id,
                 req: w.req,
@@ -91,6 +93,7 @@ impl<T: Target> Core<T> {
                 stats,
                 submitted: w.submitted,
                 first_token: None,
+                penalties,
             });
         }
     }

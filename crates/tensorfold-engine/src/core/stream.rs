@@ -2,6 +2,7 @@
 //! a single round decides (drafting, rows) lives in the round's types (`plan.rs`), not here.
 
 use crate::copies::StreamGuard;
+use crate::penalties::PenaltyState;
 use crate::request::{Request, RequestId, Sink, Stats};
 use std::time::Instant;
 
@@ -32,4 +33,6 @@ pub(super) struct Stream<S> {
     pub stats: Stats,
     pub submitted: Instant,
     pub first_token: Option<Instant>,
+    /// The logit controls' state when the request has any on: its rows are drawn on the host (`controlled.rs`).
+    pub penalties: Option<PenaltyState>,
 }

@@ -104,11 +104,11 @@ pub struct RequestOptions {
     pub max_completion_tokens: Field<i64>,
     /// `n`: choices per request (only 1).
     pub n: Field<i64>,
-    /// `presence_penalty` in [-2, 2] (only 0).
+    /// `presence_penalty` in [-2, 2] (OpenAI's).
     pub presence_penalty: Field<f64>,
-    /// `frequency_penalty` in [-2, 2] (only 0).
+    /// `frequency_penalty` in [-2, 2] (OpenAI's).
     pub frequency_penalty: Field<f64>,
-    /// `repetition_penalty` in [0, 10] (vLLM's; only 1).
+    /// `repetition_penalty` > 0 (vLLM's; 1 = off).
     pub repetition_penalty: Field<f64>,
     /// `tools` (function calling; only none). The tool definitions are not read.
     pub tools: Field<Vec<Value>>,
@@ -118,7 +118,7 @@ pub struct RequestOptions {
     pub echo: Field<bool>,
     /// `best_of` (only 1).
     pub best_of: Field<i64>,
-    /// `logit_bias`: token id -> bias (only empty).
+    /// `logit_bias`: token id -> bias in [-100, 100].
     pub logit_bias: Field<Map<String, Value>>,
     /// `top_k` (vLLM's): -1 or 0 is off; any JSON integer, signed or past `i64`.
     pub top_k: Field<Number>,
