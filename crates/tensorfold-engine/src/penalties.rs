@@ -239,7 +239,10 @@ mod tests {
         let top = draw(&SamplingParams::greedy(), 0, &logits).unwrap();
         let banned = PenaltyState::new(Penalties { logit_bias: vec![(top, -100.0)], ..Penalties::default() }, &[]);
         let next = banned.draw(&SamplingParams::greedy(), 0, &logits).unwrap();
-        assert!(next != top && logits[next as usize] == logits[top as usize] || logits[next as usize] < logits[top as usize]);
+        assert!(
+            next != top && logits[next as usize] == logits[top as usize]
+                || logits[next as usize] < logits[top as usize]
+        );
     }
 
     #[test]

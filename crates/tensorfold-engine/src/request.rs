@@ -237,6 +237,12 @@ pub enum SubmitError {
     /// Bad logit controls (`logit_bias`, the penalties).
     #[error(transparent)]
     Penalty(#[from] PenaltyError),
+    /// A group's requests must share one prompt, one sink each.
+    #[error("a group's requests must have the same prompt and one sink each")]
+    GroupPrompts,
+    /// A group larger than the engine's lanes can never be admitted whole.
+    #[error("n = {n} streams exceed the engine's {lanes} lanes (--parallel)")]
+    GroupTooLarge { n: usize, lanes: usize },
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,

@@ -23,7 +23,9 @@ pub fn penalties(o: &RequestOptions) -> Result<Penalties, ApiError> {
                 format!("`repetition_penalty` = {x} must be a number > 0 (1 = off)"),
             ));
         }
-        Field::Wrong(_) => return Err(ApiError::invalid("repetition_penalty", "`repetition_penalty` must be a number")),
+        Field::Wrong(_) => {
+            return Err(ApiError::invalid("repetition_penalty", "`repetition_penalty` must be a number"));
+        }
     };
     Ok(Penalties { presence, frequency, repetition, logit_bias: logit_bias(&o.logit_bias)? })
 }

@@ -211,7 +211,13 @@ fn table() -> Vec<Bad> {
         ),
         Bad {
             says: "out of range [-2, 2]",
-            ..bad("presence_penalty 2.5", CHAT, with(&m, json!({"presence_penalty": 2.5})), 400, Some("presence_penalty"))
+            ..bad(
+                "presence_penalty 2.5",
+                CHAT,
+                with(&m, json!({"presence_penalty": 2.5})),
+                400,
+                Some("presence_penalty"),
+            )
         },
         bad("frequency_penalty 3", CHAT, with(&m, json!({"frequency_penalty": 3})), 400, Some("frequency_penalty")),
         Bad {
@@ -234,11 +240,23 @@ fn table() -> Vec<Bad> {
         },
         Bad {
             says: "outside the vocabulary",
-            ..bad("logit_bias id 10^9", CHAT, with(&m, json!({"logit_bias": {"1000000000": 1}})), 400, Some("logit_bias"))
+            ..bad(
+                "logit_bias id 10^9",
+                CHAT,
+                with(&m, json!({"logit_bias": {"1000000000": 1}})),
+                400,
+                Some("logit_bias"),
+            )
         },
         Bad {
             says: "twice",
-            ..bad("logit_bias id twice", CHAT, with(&m, json!({"logit_bias": {"5": 1, "05": 2}})), 400, Some("logit_bias"))
+            ..bad(
+                "logit_bias id twice",
+                CHAT,
+                with(&m, json!({"logit_bias": {"5": 1, "05": 2}})),
+                400,
+                Some("logit_bias"),
+            )
         },
         // The model.
         Bad {

@@ -43,7 +43,8 @@ async fn a_logit_bias_of_100_forces_its_token_and_minus_100_bans_it() {
     let body = completion("Once upon a time", 12);
     let greedy = s.post(COMPLETIONS, &with(&body, json!({"logprobs": 0}))).await;
     let first = greedy.json["choices"][0]["logprobs"]["tokens"][0].clone();
-    let tokenized = s.post("/tokenize", &json!({"prompt": first.as_str().expect("a token"), "add_special_tokens": false})).await;
+    let tokenized =
+        s.post("/tokenize", &json!({"prompt": first.as_str().expect("a token"), "add_special_tokens": false})).await;
     let id = tokenized.json["tokens"][0].as_u64().expect("an id");
     assert_eq!(tokenized.json["tokens"].as_array().map(Vec::len), Some(1), "{}", tokenized.text);
     let banned = s.post(COMPLETIONS, &with(&body, json!({"logprobs": 0, "logit_bias": {id.to_string(): -100}}))).await;

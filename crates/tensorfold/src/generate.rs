@@ -5,9 +5,9 @@ use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tensorfold_engine::Penalties;
 use tensorfold_engine::keyed::{SamplingParams, resolve_seed, token_sha256};
 use tensorfold_engine::model_target::MAX_DRAFT;
-use tensorfold_engine::Penalties;
 use tensorfold_engine::single::{DraftSettings, GenerateOptions, generate};
 use tensorfold_text::ChatMessage;
 

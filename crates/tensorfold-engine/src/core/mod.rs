@@ -8,6 +8,7 @@ mod block_pass;
 mod config;
 mod controlled;
 mod failure;
+mod fanout;
 mod held;
 mod output;
 mod plan;

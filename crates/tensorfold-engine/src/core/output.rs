@@ -48,6 +48,9 @@ impl<T: Target> Core<T> {
         if pos < prompt_len {
             return;
         }
+        let id = self.lanes[i].id;
+        self.fan_out(i, &out.logits);
+        let Some(i) = self.lanes.iter().position(|s| s.id == id) else { return };
         let s = &mut self.lanes[i];
         let cached_tokens = s.stats.cached_tokens;
         s.sink.send(Event::Prefilled { cached_tokens });
@@ -112,6 +115,7 @@ impl<T: Target> Core<T> {
     /// Ends lane `i`: its last event, its lane and its memory are released at once.
     pub(super) fn finish(&mut self, i: usize, reason: FinishReason, error: Option<String>) {
         let mut s = self.lanes.swap_remove(i);
+        self.release_followers(s.id);
         let now = self.clock.now();
         self.reserved -= s.bytes;
         let mut stats = s.stats;

@@ -14,6 +14,8 @@ pub(super) struct Waiting {
     pub submitted: Instant,
     /// What memory admission reserves for it (its state at prompt plus `max_tokens` positions).
     pub bytes: usize,
+    /// The other members of its group (`n` streams of one prompt, `fanout.rs`), admitted with it.
+    pub followers: Vec<Waiting>,
 }
 
 /// A request in a lane, across rounds.
@@ -35,4 +37,7 @@ pub(super) struct Stream<S> {
     pub first_token: Option<Instant>,
     /// The logit controls' state when the request has any on: its rows are drawn on the host (`controlled.rs`).
     pub penalties: Option<PenaltyState>,
+    /// A group member waiting for its leader's prefill (`fanout.rs`): it takes a copy of the leader's state at the
+    /// prompt's end instead of prefilling, and is planned no rows until then.
+    pub leader: Option<RequestId>,
 }
