@@ -41,6 +41,30 @@ pub struct Params {
     pub draft: bool,
     /// `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logit_bias` (`penalties.rs`).
     pub penalties: tensorfold_engine::Penalties,
+    /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
+    pub n: usize,
+}
+
+/// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
+pub const MAX_N: i64 = 16;
+
+/// `n` in [1, MAX_N], and `best_of` absent or equal to it: a `best_of` above `n` would rank candidates by
+/// cumulative logprob (OpenAI's and vLLM's meaning), which is not served; one below `n` is refused as OpenAI does.
+fn choices(o: &RequestOptions) -> Result<usize, ApiError> {
+    let n = int(&o.n, "n")?.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid("n", format!("`n` = {n} is out of range [1, {MAX_N}]")));
+    }
+    match int(&o.best_of, "best_of")? {
+        Some(b) if b < n => Err(ApiError::invalid("best_of", format!("`best_of` = {b} must be at least `n` = {n}"))),
+        Some(b) if b > n => Err(ApiError::invalid(
+            "best_of",
+            format!(
+                "`best_of` = {b} above `n` = {n} is not supported (ranking candidates); send best_of = n or omit it"
+            ),
+        )),
+        _ => Ok(n as usize),
+    }
 }
 
 /// Parses a JSON body into a request: a named 400 for invalid JSON or a body that is not an object. Every field of
@@ -114,6 +138,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
     let max_tokens = max_tokens(o)?;
     refuse_unsupported(o)?;
     let penalties = crate::penalties::penalties(o)?;
+    let n = choices(o)?;
     let top_k = top_k(&o.top_k)?;
     let seed = match &o.seed {
         Field::Absent => None,
@@ -142,6 +167,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         logprobs,
         draft: boolean(&o.draft, "draft", true)?,
         penalties,
+        n,
     })
 }
 
@@ -161,9 +187,6 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
 /// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
 /// is ignored, as before the schema was typed).
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
-    if let Some(n) = int(&o.n, "n")?.filter(|&n| n != 1) {
-        return Err(ApiError::invalid("n", format!("`n` = {n} is not supported; only n = 1")));
-    }
     if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
     }
@@ -175,9 +198,6 @@ fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
     }
     if boolean(&o.echo, "echo", false)? {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
-    if int(&o.best_of, "best_of")?.is_some_and(|b| b != 1) {
-        return Err(ApiError::invalid("best_of", "`best_of` is not supported; only 1"));
     }
     Ok(())
 }

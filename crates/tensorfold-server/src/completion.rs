@@ -101,6 +101,53 @@ impl Drop for CancelGuard {
 
 /// Checks the request against the context and submits it. Client mistakes come back as 4xx.
 pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
+    Ok(submit_n(ready, prompt, params, 1).await?.remove(0))
+}
+
+/// Submits `n` streams of the prompt as one group sharing one prefill (`EngineHandle::submit_group`): stream `i`
+/// is keyed by seed `seed + i` (wrapping), as vLLM derives its `n` children's seeds. `n` 1 submits one request.
+pub async fn submit_n(ready: &Ready, prompt: Vec<u32>, params: Params, n: usize) -> Result<Vec<Running>, ApiError> {
+    let (req, seed) = request(ready, &prompt, &params)?;
+    let seeds: Vec<u64> = (0..n as u64).map(|i| seed.wrapping_add(i)).collect();
+    let reqs: Vec<Request> =
+        seeds.iter().map(|&seed| Request { params: SamplingParams { seed, ..req.params }, ..req.clone() }).collect();
+    let (sinks, rxs): (Vec<Sink>, Vec<_>) = (0..n)
+        .map(|_| {
+            let (tx, rx) = unbounded_channel();
+            (Sink::new(move |e| tx.send(e).is_ok()), rx)
+        })
+        .unzip();
+    let engine = ready.engine.clone();
+    let ids = tokio::task::spawn_blocking(move || {
+        if n == 1 {
+            engine
+                .submit_to(reqs.into_iter().next().expect("one"), sinks.into_iter().next().expect("one"))
+                .map(|id| vec![id])
+        } else {
+            engine.submit_group(reqs, sinks)
+        }
+    })
+    .await
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
+    let started = Instant::now();
+    Ok(ids
+        .into_iter()
+        .zip(rxs)
+        .zip(seeds)
+        .map(|((id, rx), seed)| Running {
+            rx,
+            guard: CancelGuard { engine: ready.engine.clone(), id, done: false },
+            ready: ready.clone(),
+            params: params.clone(),
+            prompt_tokens: prompt.len(),
+            seed,
+            started,
+        })
+        .collect())
+}
+
+/// The engine request of a checked completion and its resolved seed.
+fn request(ready: &Ready, prompt: &[u32], params: &Params) -> Result<(Request, u64), ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has zero tokens"));
     }
@@ -126,7 +173,7 @@ pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<R
         seed,
     };
     let req = Request {
-        prompt: prompt.clone(),
+        prompt: prompt.to_vec(),
         params: sampling,
         max_tokens,
         stop_ids: Vec::new(),
@@ -135,14 +182,7 @@ pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<R
         draft: params.draft,
         penalties: params.penalties.clone(),
     };
-    let (tx, rx) = unbounded_channel();
-    let engine = ready.engine.clone();
-    let sink = Sink::new(move |e| tx.send(e).is_ok());
-    let id = tokio::task::spawn_blocking(move || engine.submit_to(req, sink))
-        .await
-        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
-    let guard = CancelGuard { engine: ready.engine.clone(), id, done: false };
-    Ok(Running { rx, guard, ready: ready.clone(), params, prompt_tokens: prompt.len(), seed, started: Instant::now() })
+    Ok((req, seed))
 }
 
 impl Running {

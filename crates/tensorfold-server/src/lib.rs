@@ -5,6 +5,7 @@
 pub mod api;
 pub mod completion;
 pub mod error;
+pub mod fanout;
 pub mod penalties;
 pub mod protocol;
 pub mod reply;

@@ -184,7 +184,7 @@ fn table() -> Vec<Bad> {
             ..bad("seed -1", COMPLETIONS, with(&c, json!({"seed": -1})), 400, Some("seed"))
         },
         bad("seed past u64", CHAT, with(&m, json!({"seed": 18_446_744_073_709_551_616f64})), 400, Some("seed")),
-        Bad { says: "only n = 1", ..bad("n 2", COMPLETIONS, with(&c, json!({"n": 2})), 400, Some("n")) },
+        Bad { says: "out of range [1, 16]", ..bad("n 17", COMPLETIONS, with(&c, json!({"n": 17})), 400, Some("n")) },
         bad("n 0", CHAT, with(&m, json!({"n": 0})), 400, Some("n")),
         Bad {
             says: "must not be empty",

@@ -102,7 +102,7 @@ pub struct RequestOptions {
     pub max_tokens: Field<i64>,
     /// `max_completion_tokens`: the same, winning over `max_tokens`.
     pub max_completion_tokens: Field<i64>,
-    /// `n`: choices per request (only 1).
+    /// `n`: choices per request, 1 to `api::MAX_N`.
     pub n: Field<i64>,
     /// `presence_penalty` in [-2, 2] (OpenAI's).
     pub presence_penalty: Field<f64>,
@@ -116,7 +116,7 @@ pub struct RequestOptions {
     pub response_format: Option<Value>,
     /// `echo` (only false).
     pub echo: Field<bool>,
-    /// `best_of` (only 1).
+    /// `best_of`: absent or equal to `n` (ranking more candidates than `n` is not served).
     pub best_of: Field<i64>,
     /// `logit_bias`: token id -> bias in [-100, 100].
     pub logit_bias: Field<Map<String, Value>>,
