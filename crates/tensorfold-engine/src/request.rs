@@ -1,5 +1,6 @@
 //! Requests into the lane core and the events that come back out of it.
 
+use crate::grammar::Grammar;
 use crate::keyed::{SampleError, SamplingParams};
 use crate::penalties::{Penalties, PenaltyError};
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct Request {
     /// `logit_bias` and the presence, frequency and repetition penalties (`penalties.rs`); rows of a request with
     /// any on are drawn on the host from the row's logits.
     pub penalties: Penalties,
+    /// A compiled grammar the reply must follow (`grammar.rs`; `None`: free text); its rows are drawn on the host.
+    pub grammar: Option<Grammar>,
 }
 
 /// What a request is checked against: the target's vocabulary, and the context it may fill.
@@ -74,6 +77,7 @@ impl Request {
             logprobs: None,
             draft: true,
             penalties: Penalties::default(),
+            grammar: None,
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct GenerateOptions {
     pub params: SamplingParams,
     /// `logit_bias` and the penalties (`Penalties::default()`: off); with any on, draws are made on the host.
     pub penalties: Penalties,
+    /// A compiled grammar the reply must follow (`None`: free text).
+    pub grammar: Option<crate::grammar::Grammar>,
     /// Verify drafts in windows through the lane core (the model needs a drafter for block drafts; copies need
     /// none); `None` runs the solo loop. The reply is the same tokens either way.
     pub drafts: Option<DraftSettings>,
@@ -90,6 +92,7 @@ pub fn generate<B: Backend + 'static>(
         logprobs: None,
         draft: true,
         penalties: opts.penalties.clone(),
+        grammar: opts.grammar.clone(),
     };
     match req.validate(Limits { vocab: model.cfg.vocab, context: opts.context }) {
         Ok(()) | Err(SubmitError::ZeroMaxTokens) => {}

@@ -2,8 +2,9 @@
 //! the keyed sampler where the logits live (as the lane core draws). The serial reference that shared rounds and
 //! drafting must equal; [`crate::single::generate`] runs it.
 
+use crate::controls::Controls;
+use crate::keyed::SampleError;
 use crate::keyed::{DrawSpec, SamplingParams};
-use crate::penalties::PenaltyState;
 use crate::request::{FinishReason, SubmitError};
 use crate::single::{GenerateError, GenerateOptions, GenerateStats};
 use std::time::Instant;
@@ -39,7 +40,7 @@ fn forward_draw<B: Backend>(
     tokens: &[u32],
     state: &mut StreamState<B>,
     params: Option<&SamplingParams>,
-    controls: Option<&mut PenaltyState>,
+    controls: Option<&mut Controls>,
 ) -> Result<Option<u32>, GenerateError> {
     let seg = Segment { first_row: 0, rows: tokens.len(), start_pos: state.pos, cache: 0 };
     let position = (state.pos + tokens.len()) as u64;
@@ -54,11 +55,7 @@ fn forward_draw<B: Backend>(
         .collect();
     let out = model.forward(Batch::new(tokens, &[seg], &mut [state], LogitRows::Want(want)))?;
     match (params, controls) {
-        (Some(params), Some(c)) => {
-            let t = c.draw(params, position, &out.logits)?;
-            c.push(t);
-            Ok(Some(t))
-        }
+        (Some(params), Some(c)) => Ok(Some(c.draw(params, position, &out.logits).map_err(SampleError::Constraint)?)),
         _ => Ok(out.draws.into_iter().next().flatten().transpose()?),
     }
 }
@@ -73,7 +70,7 @@ pub(crate) fn run<B: Backend>(
 ) -> Result<(Vec<u32>, GenerateStats), GenerateError> {
     let t0 = Instant::now();
     let mut state = model.new_state();
-    let mut controls = opts.penalties.is_on().then(|| PenaltyState::new(opts.penalties.clone(), prompt));
+    let mut controls = Controls::new(&opts.penalties, opts.grammar.as_ref(), prompt);
     let chunks: Vec<&[u32]> = prompt.chunks(opts.chunk).collect();
     let mut tok = 0;
     for (j, part) in chunks.iter().enumerate() {
@@ -90,7 +87,7 @@ pub(crate) fn run<B: Backend>(
             finish = FinishReason::Cancelled;
             break;
         }
-        if opts.stop_ids.contains(&tok) {
+        if opts.stop_ids.contains(&tok) || controls.as_ref().is_some_and(Controls::done) {
             finish = FinishReason::Stop;
             break;
         }

@@ -142,6 +142,7 @@ fn penalized_drafted_replies_equal_plain_replies_and_the_solo_loop_on_the_fixtur
                 stop_ids: Vec::new(),
                 params: r.params,
                 penalties: r.penalties.clone(),
+                grammar: None,
                 drafts: None,
             };
             generate(&t.model, &r.prompt, &opts, |_| true).expect("solo runs").0

@@ -32,6 +32,7 @@ fn config(max_tokens: usize, params: SamplingParams) -> GenerateOptions {
         stop_ids: Vec::new(),
         params,
         penalties: Default::default(),
+        grammar: None,
         drafts: None,
     }
 }
@@ -229,6 +230,7 @@ fn greedy_generation_reproduces_the_reference_continuation_of_every_fixture() {
         assert_eq!(want.len(), 8, "{name}: expected.json holds 8 greedy tokens");
         let cfg = GenerateOptions {
             penalties: Default::default(),
+            grammar: None,
             chunk: 16,
             max_tokens: 8,
             context: loaded.model.cfg.max_positions,

@@ -43,6 +43,8 @@ pub struct Params {
     pub penalties: tensorfold_engine::Penalties,
     /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
     pub n: usize,
+    /// The reply's constraint (`structured.rs`), compiled at submission.
+    pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
 }
 
 /// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
@@ -139,6 +141,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
     refuse_unsupported(o)?;
     let penalties = crate::penalties::penalties(o)?;
     let n = choices(o)?;
+    let grammar = crate::structured::grammar_spec(o)?;
     let top_k = top_k(&o.top_k)?;
     let seed = match &o.seed {
         Field::Absent => None,
@@ -168,6 +171,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         draft: boolean(&o.draft, "draft", true)?,
         penalties,
         n,
+        grammar,
     })
 }
 
@@ -189,12 +193,6 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
     if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
-    }
-    if let Some(rf) = o.response_format.as_ref().filter(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(ApiError::invalid(
-            "response_format",
-            format!("`response_format` {rf} is not supported; only text"),
-        ));
     }
     if boolean(&o.echo, "echo", false)? {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));

@@ -7,7 +7,7 @@ use crate::state::Ready;
 use axum::http::StatusCode;
 use std::time::Instant;
 use tensorfold_engine::keyed::{SamplingParams, resolve_seed};
-use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
+use tensorfold_engine::{EngineHandle, Event, FinishReason, Grammar, Request, RequestId, Sink, TokenLogprobs};
 use tensorfold_text::{Detokenizer, TextError};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -107,7 +107,11 @@ pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<R
 /// Submits `n` streams of the prompt as one group sharing one prefill (`EngineHandle::submit_group`): stream `i`
 /// is keyed by seed `seed + i` (wrapping), as vLLM derives its `n` children's seeds. `n` 1 submits one request.
 pub async fn submit_n(ready: &Ready, prompt: Vec<u32>, params: Params, n: usize) -> Result<Vec<Running>, ApiError> {
-    let (req, seed) = request(ready, &prompt, &params)?;
+    // Compiling a grammar can take milliseconds: keep it off the async workers.
+    let (r, p, q) = (ready.clone(), prompt.clone(), params.clone());
+    let (req, seed) = tokio::task::spawn_blocking(move || request(&r, &p, &q))
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
     let seeds: Vec<u64> = (0..n as u64).map(|i| seed.wrapping_add(i)).collect();
     let reqs: Vec<Request> =
         seeds.iter().map(|&seed| Request { params: SamplingParams { seed, ..req.params }, ..req.clone() }).collect();
@@ -146,6 +150,17 @@ pub async fn submit_n(ready: &Ready, prompt: Vec<u32>, params: Params, n: usize)
         .collect())
 }
 
+/// The request's grammar compiled for the checkpoint's tokenizer (a 400 naming the field that sent it, with
+/// llguidance's reason, when it does not compile).
+fn grammar(ready: &Ready, params: &Params) -> Result<Option<Grammar>, ApiError> {
+    let Some((field, spec)) = &params.grammar else { return Ok(None) };
+    let text = ready.text.as_ref().ok_or_else(|| {
+        ApiError::invalid(field, "structured output needs the checkpoint's tokenizer, and this model has none")
+    })?;
+    let env = text.grammar_env().map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    Grammar::compile(&env.factory, spec).map(Some).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
 /// The engine request of a checked completion and its resolved seed.
 fn request(ready: &Ready, prompt: &[u32], params: &Params) -> Result<(Request, u64), ApiError> {
     if prompt.is_empty() {
@@ -181,6 +196,7 @@ fn request(ready: &Ready, prompt: &[u32], params: &Params) -> Result<(Request, u
         logprobs: params.logprobs,
         draft: params.draft,
         penalties: params.penalties.clone(),
+        grammar: grammar(ready, params)?,
     };
     Ok((req, seed))
 }

@@ -12,6 +12,7 @@ pub mod reply;
 pub mod routes;
 pub mod state;
 pub mod stops;
+pub mod structured;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};

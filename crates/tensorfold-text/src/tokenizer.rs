@@ -17,6 +17,8 @@ pub struct Text {
     pub(crate) bos_token: Option<String>,
     pub(crate) eos_token: Option<String>,
     pub(crate) pad_token: Option<String>,
+    /// The structured-output token environment, built on first use (`grammar_env.rs`).
+    pub(crate) grammar: std::sync::OnceLock<Result<crate::grammar_env::GrammarEnv, String>>,
 }
 
 impl std::fmt::Debug for Text {
@@ -130,7 +132,14 @@ impl Text {
     ) -> Result<Text, TextError> {
         let tokenizer = Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TextError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-        let mut text = Text { tokenizer, chat_template: None, bos_token: None, eos_token: None, pad_token: None };
+        let mut text = Text {
+            tokenizer,
+            chat_template: None,
+            bos_token: None,
+            eos_token: None,
+            pad_token: None,
+            grammar: std::sync::OnceLock::new(),
+        };
         if let Some((bytes, path)) = config {
             let cfg: serde_json::Value =
                 serde_json::from_slice(bytes).map_err(|e| config_error(path, format!("invalid JSON: {e}")))?;
@@ -146,6 +155,11 @@ impl Text {
             text.chat_template = jinja;
         }
         Ok(text)
+    }
+
+    /// The tokenizers library's tokenizer (for `grammar_env.rs`).
+    pub(crate) fn hf(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     /// Token ids of `text`; `add_special_tokens` runs the tokenizer's post-processor (e.g. a

@@ -206,6 +206,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                             stop_ids: Vec::new(),
                             params: r.params,
                             penalties: r.penalties.clone(),
+                            grammar: r.grammar.clone(),
                             drafts: None,
                         };
                         let (want, _) = generate(&solo_model, &r.prompt, &solo_cfg, |_| true)?;

@@ -153,6 +153,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
             repetition: a.repetition_penalty,
             logit_bias: Vec::new(),
         },
+        grammar: None,
         drafts: None,
     };
     let mut detok = text.map(|t| t.detokenizer(false));

@@ -5,6 +5,7 @@
 //! commits, and a drafted reply equals its plain reply.
 
 use super::Core;
+use crate::keyed::SampleError;
 use crate::target::{SegOut, SegWant, Target};
 
 impl<T: Target> Core<T> {
@@ -21,26 +22,23 @@ impl<T: Target> Core<T> {
         let v = self.caps.vocab;
         let pos = self.target.pos(&self.lanes[i].state);
         let s = &mut self.lanes[i];
-        let Some(state) = s.penalties.as_mut() else { return };
+        let Some(c) = s.controls.as_mut() else { return };
         let params = s.req.params;
         if s.pending.is_none() {
             if pos == s.req.prompt.len() {
-                let d = state.draw(&params, pos as u64, out.logits.get(..v).unwrap_or(&[]));
-                if let Ok(t) = d {
-                    state.push(t);
-                }
-                out.draws = vec![d];
+                let d = c.draw(&params, pos as u64, out.logits.get(..v).unwrap_or(&[]));
+                out.draws = vec![d.map_err(SampleError::Constraint)];
             }
             return;
         }
         let p0 = pos - rows.len();
         out.draws.clear();
         for r in 0..rows.len() {
-            let d = state.draw(&params, (p0 + 1 + r) as u64, out.logits.get(r * v..(r + 1) * v).unwrap_or(&[]));
+            let d = c.draw(&params, (p0 + 1 + r) as u64, out.logits.get(r * v..(r + 1) * v).unwrap_or(&[]));
             let next = d.clone().ok();
-            out.draws.push(d);
-            let Some(t) = next else { break };
-            state.push(t);
+            out.draws.push(d.map_err(SampleError::Constraint));
+            // A grammar that is complete takes no more: the commit of `t` ends the stream.
+            let Some(t) = next.filter(|_| !c.done()) else { break };
             if rows.get(r + 1) != Some(&t) {
                 break;
             }

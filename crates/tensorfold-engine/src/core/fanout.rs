@@ -81,9 +81,9 @@ impl<T: Target> Core<T> {
             s.leader = None;
             s.stats.cached_tokens = pos;
             s.sink.send(Event::Prefilled { cached_tokens: pos });
-            let d = match s.penalties.as_mut() {
-                Some(p) => p.draw(&s.req.params, pos as u64, logits).inspect(|&t| p.push(t)),
-                None => draw(&s.req.params, pos as u64, logits),
+            let d = match s.controls.as_mut() {
+                Some(c) => c.draw(&s.req.params, pos as u64, logits),
+                None => draw(&s.req.params, pos as u64, logits).map_err(|e| e.to_string()),
             };
             match d {
                 Ok(tok) => {

@@ -100,7 +100,9 @@ impl<T: Target> Core<T> {
             self.finish(i, FinishReason::Cancelled, None);
             return false;
         }
-        let stop = s.req.stop_ids.contains(&tok) || (!s.req.ignore_eos && self.caps.eos.contains(&tok));
+        let stop = s.req.stop_ids.contains(&tok)
+            || (!s.req.ignore_eos && self.caps.eos.contains(&tok))
+            || s.controls.as_ref().is_some_and(|c| c.done());
         if stop {
             self.finish(i, FinishReason::Stop, None);
         } else if s.generated >= s.req.max_tokens || at + 1 >= context {

@@ -64,7 +64,7 @@ impl<T: Target> Core<T> {
     fn want(&self, lane: usize, start: usize, rows: usize) -> SegWant {
         let s = &self.lanes[lane];
         let (params, logprobs) = (s.req.params, s.req.logprobs.is_some());
-        if s.penalties.is_some() {
+        if s.controls.is_some() {
             return Self::controlled_want(s.pending.is_some(), start + rows == s.req.prompt.len(), rows);
         }
         if s.pending.is_none() {

@@ -6,8 +6,8 @@
 use super::Core;
 use super::plan::{Entry, LaneDraft, RoundDrafts, RoundPlan};
 use super::stream::{Stream, Waiting};
+use crate::controls::Controls;
 use crate::copies::{StreamGuard, context_copy};
-use crate::penalties::PenaltyState;
 use crate::request::{FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
@@ -88,7 +88,7 @@ impl<T: Target> Core<T> {
             ..Stats::default()
         };
         let history = w.req.prompt.clone();
-        let penalties = w.req.penalties.is_on().then(|| PenaltyState::new(w.req.penalties.clone(), &w.req.prompt));
+        let controls = Controls::of(&w.req);
         self.lanes.push(Stream {
             id: w.id,
             req: w.req,
@@ -102,7 +102,7 @@ impl<T: Target> Core<T> {
             stats,
             submitted: w.submitted,
             first_token: None,
-            penalties,
+            controls,
             leader,
         });
     }

@@ -112,8 +112,17 @@ pub struct RequestOptions {
     pub repetition_penalty: Field<f64>,
     /// `tools` (function calling; only none). The tool definitions are not read.
     pub tools: Field<Vec<Value>>,
-    /// `response_format`, kept as sent: only `{"type": "text"}` is served, and a refusal quotes the value.
+    /// `response_format`, kept as sent: `text`, `json_object` or `json_schema` (`structured.rs`), and a refusal
+    /// quotes the value.
     pub response_format: Option<Value>,
+    /// `structured_outputs` (vLLM's): one of `json`, `regex`, `grammar`, `json_object`.
+    pub structured_outputs: Option<Value>,
+    /// `guided_json` (vLLM's older form): a JSON schema, or a string holding one.
+    pub guided_json: Option<Value>,
+    /// `guided_regex` (vLLM's older form).
+    pub guided_regex: Field<String>,
+    /// `guided_grammar` (vLLM's older form): a Lark grammar in llguidance's dialect.
+    pub guided_grammar: Field<String>,
     /// `echo` (only false).
     pub echo: Field<bool>,
     /// `best_of`: absent or equal to `n` (ranking more candidates than `n` is not served).
