@@ -34,19 +34,21 @@ impl GrammarSpec {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
-            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            // One fixed spelling of JSON (`compact`): a model cannot loop on whitespace (llama.cpp bounds it too).
+            Self::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
+            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
             Self::Regex(r) => TopLevelGrammar::from_regex(r),
             Self::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
         }
     }
 }
 
-/// `schema` with llguidance's JSON options set to one fixed spelling (no free whitespace; `", "` between items and
+/// `schema` with llguidance's JSON options (its `x-guidance` key, unless the schema sets its own) set to one fixed
+/// spelling (no free whitespace; `", "` between items and
 /// `": "` after keys, as Python's `json.dumps` writes), so a model cannot spend its tokens on whitespace (vLLM's
 /// `disable_any_whitespace`). A schema that is not an object is returned as it is.
 pub fn compact(mut schema: Value) -> Value {
-    if let Some(o) = schema.as_object_mut() {
+    if let Some(o) = schema.as_object_mut().filter(|o| !o.contains_key("x-guidance")) {
         o.insert(
             "x-guidance".into(),
             serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
