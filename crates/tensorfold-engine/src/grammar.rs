@@ -69,13 +69,14 @@ pub struct GrammarError {
 
 /// One stream's grammar state: an llguidance matcher at the stream's committed tokens.
 pub struct Grammar {
-    matcher: Matcher,
+    /// Boxed: a matcher is large, and requests move through channels.
+    matcher: Box<Matcher>,
 }
 
 impl Clone for Grammar {
     /// An independent copy (its own parser and lexer caches).
     fn clone(&self) -> Self {
-        Self { matcher: self.matcher.deep_clone() }
+        Self { matcher: Box::new(self.matcher.deep_clone()) }
     }
 }
 
@@ -96,7 +97,7 @@ impl Grammar {
         let matcher = Matcher::new(Ok(parser));
         match matcher.get_error() {
             Some(e) => Err(err(e)),
-            None => Ok(Self { matcher }),
+            None => Ok(Self { matcher: Box::new(matcher) }),
         }
     }
 

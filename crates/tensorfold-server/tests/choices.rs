@@ -32,8 +32,8 @@ async fn each_choice_equals_its_seeded_request_alone_whole_and_streamed() {
         let choices = r.json["choices"].as_array().expect("choices");
         assert_eq!(choices.len(), 3);
         let mut shas = Vec::new();
-        for i in 0..3 {
-            assert_eq!(choices[i]["index"], i);
+        for (i, choice) in choices.iter().enumerate() {
+            assert_eq!(choice["index"], i);
             let alone = s.post(route, &with(&body, json!({"n": 1, "seed": 40 + i}))).await;
             assert_eq!(alone.status, StatusCode::OK);
             assert_eq!(r.json["tensorfold"]["choices"][i]["token_sha256"], alone.json["tensorfold"]["token_sha256"]);
