@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 enum Command {
     Submit(Request, Sink, Sender<Result<RequestId, SubmitError>>),
+    SubmitGroup(Vec<Request>, Vec<Sink>, Sender<Result<Vec<RequestId>, SubmitError>>),
     Cancel(RequestId),
     Shutdown,
 }
@@ -35,6 +36,14 @@ impl EngineHandle {
     pub fn submit_to(&self, req: Request, sink: Sink) -> Result<RequestId, SubmitError> {
         let (rtx, rrx) = mpsc::channel();
         self.tx.send(Command::Submit(req, sink, rtx)).map_err(|_| SubmitError::Stopped)?;
+        rrx.recv().map_err(|_| SubmitError::Stopped)?
+    }
+
+    /// Submits a group sharing one prefill (`n` streams of one prompt; `Core::submit_group`): request `i`'s events
+    /// go to `sinks[i]`; returns their ids. All or nothing.
+    pub fn submit_group(&self, reqs: Vec<Request>, sinks: Vec<Sink>) -> Result<Vec<RequestId>, SubmitError> {
+        let (rtx, rrx) = mpsc::channel();
+        self.tx.send(Command::SubmitGroup(reqs, sinks, rtx)).map_err(|_| SubmitError::Stopped)?;
         rrx.recv().map_err(|_| SubmitError::Stopped)?
     }
 
@@ -125,6 +134,9 @@ fn run<T: Target>(mut core: Core<T>, rx: Receiver<Command>, metrics: Arc<Mutex<M
             match cmd {
                 Command::Submit(req, sink, reply) => {
                     let _ = reply.send(core.submit(req, sink));
+                }
+                Command::SubmitGroup(reqs, sinks, reply) => {
+                    let _ = reply.send(core.submit_group(reqs, sinks));
                 }
                 Command::Cancel(id) => {
                     core.cancel(id);

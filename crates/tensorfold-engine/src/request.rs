@@ -1,6 +1,8 @@
 //! Requests into the lane core and the events that come back out of it.
 
+use crate::grammar::Grammar;
 use crate::keyed::{SampleError, SamplingParams};
+use crate::penalties::{Penalties, PenaltyError};
 use std::time::Duration;
 
 /// Engine-wide request id.
@@ -24,6 +26,11 @@ pub struct Request {
     /// Verify drafted tokens (context copies) in windows; false runs the plain serial reference. The reply
     /// is the same tokens either way.
     pub draft: bool,
+    /// `logit_bias` and the presence, frequency and repetition penalties (`penalties.rs`); rows of a request with
+    /// any on are drawn on the host from the row's logits.
+    pub penalties: Penalties,
+    /// A compiled grammar the reply must follow (`grammar.rs`; `None`: free text); its rows are drawn on the host.
+    pub grammar: Option<Grammar>,
 }
 
 /// What a request is checked against: the target's vocabulary, and the context it may fill.
@@ -37,10 +44,11 @@ pub struct Limits {
 
 impl Request {
     /// The one check of a request (the lane core's submit and the serial [`crate::single::generate`] both run it),
-    /// in this order: its sampling parameters, an empty prompt, a prompt id past the vocabulary, `max_tokens` 0,
+    /// in this order: its sampling parameters, its logit controls, an empty prompt, a prompt id past the vocabulary, `max_tokens` 0,
     /// prompt plus `max_tokens` past the context (an overflowing sum included).
     pub fn validate(&self, limits: Limits) -> Result<(), SubmitError> {
         self.params.validate()?;
+        self.penalties.validate(limits.vocab)?;
         if self.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -68,6 +76,8 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             draft: true,
+            penalties: Penalties::default(),
+            grammar: None,
         }
     }
 }
@@ -228,6 +238,15 @@ pub enum SubmitError {
     /// Bad sampling parameters.
     #[error(transparent)]
     Sampling(#[from] SampleError),
+    /// Bad logit controls (`logit_bias`, the penalties).
+    #[error(transparent)]
+    Penalty(#[from] PenaltyError),
+    /// A group's requests must share one prompt, one sink each.
+    #[error("a group's requests must have the same prompt and one sink each")]
+    GroupPrompts,
+    /// A group larger than the engine's lanes can never be admitted whole.
+    #[error("n = {n} streams exceed the engine's {lanes} lanes (--parallel)")]
+    GroupTooLarge { n: usize, lanes: usize },
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,

@@ -4,6 +4,7 @@
 
 use crate::keyed::{SampleError, SamplingParams};
 use crate::model_target::ModelTarget;
+use crate::penalties::Penalties;
 use crate::request::{FinishReason, Limits, Request, Stats, SubmitError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub struct GenerateOptions {
     pub stop_ids: Vec<u32>,
     /// Sampling parameters (temperature 0 = greedy).
     pub params: SamplingParams,
+    /// `logit_bias` and the penalties (`Penalties::default()`: off); with any on, draws are made on the host.
+    pub penalties: Penalties,
+    /// A compiled grammar the reply must follow (`None`: free text).
+    pub grammar: Option<crate::grammar::Grammar>,
     /// Verify drafts in windows through the lane core (the model needs a drafter for block drafts; copies need
     /// none); `None` runs the solo loop. The reply is the same tokens either way.
     pub drafts: Option<DraftSettings>,
@@ -86,6 +91,8 @@ pub fn generate<B: Backend + 'static>(
         ignore_eos: true,
         logprobs: None,
         draft: true,
+        penalties: opts.penalties.clone(),
+        grammar: opts.grammar.clone(),
     };
     match req.validate(Limits { vocab: model.cfg.vocab, context: opts.context }) {
         Ok(()) | Err(SubmitError::ZeroMaxTokens) => {}

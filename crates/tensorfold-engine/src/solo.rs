@@ -2,6 +2,8 @@
 //! the keyed sampler where the logits live (as the lane core draws). The serial reference that shared rounds and
 //! drafting must equal; [`crate::single::generate`] runs it.
 
+use crate::controls::Controls;
+use crate::keyed::SampleError;
 use crate::keyed::{DrawSpec, SamplingParams};
 use crate::request::{FinishReason, SubmitError};
 use crate::single::{GenerateError, GenerateOptions, GenerateStats};
@@ -31,21 +33,31 @@ pub fn prefill<B: Backend>(
 }
 
 /// Runs `tokens` at the state's position; with `params`, the keyed draw of the last row for the next position
-/// (where the logits live), otherwise nothing (the head is skipped).
+/// (where the logits live; on the host after the logit controls when `controls` is given, the token then recorded
+/// there), otherwise nothing (the head is skipped).
 fn forward_draw<B: Backend>(
     model: &Model<B>,
     tokens: &[u32],
     state: &mut StreamState<B>,
     params: Option<&SamplingParams>,
+    controls: Option<&mut Controls>,
 ) -> Result<Option<u32>, GenerateError> {
     let seg = Segment { first_row: 0, rows: tokens.len(), start_pos: state.pos, cache: 0 };
     let position = (state.pos + tokens.len()) as u64;
+    let host = controls.is_some();
     let want: Vec<RowWant> = params
-        .map(|&params| RowWant { row: tokens.len() - 1, draw: Some(DrawSpec { params, position }), logits: false })
+        .map(|&params| RowWant {
+            row: tokens.len() - 1,
+            draw: (!host).then_some(DrawSpec { params, position }),
+            logits: host,
+        })
         .into_iter()
         .collect();
     let out = model.forward(Batch::new(tokens, &[seg], &mut [state], LogitRows::Want(want)))?;
-    Ok(out.draws.into_iter().next().flatten().transpose()?)
+    match (params, controls) {
+        (Some(params), Some(c)) => Ok(Some(c.draw(params, position, &out.logits).map_err(SampleError::Constraint)?)),
+        _ => Ok(out.draws.into_iter().next().flatten().transpose()?),
+    }
 }
 
 /// The serial reference loop over a checked request (see [`crate::single::generate`]): chunked prefill, then one
@@ -58,11 +70,12 @@ pub(crate) fn run<B: Backend>(
 ) -> Result<(Vec<u32>, GenerateStats), GenerateError> {
     let t0 = Instant::now();
     let mut state = model.new_state();
+    let mut controls = Controls::new(&opts.penalties, opts.grammar.as_ref(), prompt);
     let chunks: Vec<&[u32]> = prompt.chunks(opts.chunk).collect();
     let mut tok = 0;
     for (j, part) in chunks.iter().enumerate() {
         let last = j + 1 == chunks.len() && opts.max_tokens > 0;
-        tok = forward_draw(model, part, &mut state, last.then_some(&opts.params))?.unwrap_or(0);
+        tok = forward_draw(model, part, &mut state, last.then_some(&opts.params), controls.as_mut())?.unwrap_or(0);
     }
     let prefill_time = t0.elapsed();
     let t1 = Instant::now();
@@ -74,14 +87,14 @@ pub(crate) fn run<B: Backend>(
             finish = FinishReason::Cancelled;
             break;
         }
-        if opts.stop_ids.contains(&tok) {
+        if opts.stop_ids.contains(&tok) || controls.as_ref().is_some_and(Controls::done) {
             finish = FinishReason::Stop;
             break;
         }
         if out.len() == opts.max_tokens {
             break;
         }
-        tok = forward_draw(model, &[tok], &mut state, Some(&opts.params))?.unwrap_or(0);
+        tok = forward_draw(model, &[tok], &mut state, Some(&opts.params), controls.as_mut())?.unwrap_or(0);
     }
     let stats = GenerateStats {
         prompt_tokens: prompt.len(),

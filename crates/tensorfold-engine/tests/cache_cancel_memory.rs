@@ -108,6 +108,8 @@ fn the_fixture_models_resumed_reply_equals_the_solo_loop() {
     let seen = run_one(&mut c, &req(p2.clone(), 16, sampled(5)));
     assert_eq!(seen.cached, Some(21));
     let solo_cfg = GenerateOptions {
+        penalties: Default::default(),
+        grammar: None,
         chunk: 7,
         max_tokens: 16,
         context: 4096,

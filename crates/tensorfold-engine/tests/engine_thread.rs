@@ -117,6 +117,8 @@ fn sixteen_requests_from_four_threads_each_equal_their_solo_run_with_exact_stats
             stop_ids.extend(&eos);
         }
         let cfg = GenerateOptions {
+            penalties: Default::default(),
+            grammar: None,
             chunk: 8,
             max_tokens: r.max_tokens,
             context: 128_000,

@@ -25,7 +25,16 @@ fn prompt() -> Vec<u32> {
 }
 
 fn config(max_tokens: usize, params: SamplingParams) -> GenerateOptions {
-    GenerateOptions { chunk: 16, max_tokens, context: 4096, stop_ids: Vec::new(), params, drafts: None }
+    GenerateOptions {
+        chunk: 16,
+        max_tokens,
+        context: 4096,
+        stop_ids: Vec::new(),
+        params,
+        penalties: Default::default(),
+        grammar: None,
+        drafts: None,
+    }
 }
 
 fn sampled(seed: u64) -> SamplingParams {
@@ -220,6 +229,8 @@ fn greedy_generation_reproduces_the_reference_continuation_of_every_fixture() {
         let want = id_list(&exp["fixtures"][&name]["greedy_new_tokens"]);
         assert_eq!(want.len(), 8, "{name}: expected.json holds 8 greedy tokens");
         let cfg = GenerateOptions {
+            penalties: Default::default(),
+            grammar: None,
             chunk: 16,
             max_tokens: 8,
             context: loaded.model.cfg.max_positions,

@@ -31,6 +31,9 @@ pub enum SampleError {
     /// The device failed while drawing (the backend's own error follows the call).
     #[error("the device failed while drawing: {0}")]
     Device(String),
+    /// The stream's constraint (a grammar) refused the row: a dead end, or the grammar's own failure.
+    #[error("the stream's constraint failed: {0}")]
+    Constraint(String),
     /// More logits than a `u32` token id can name.
     #[error("{len} logits exceed the u32 token id range")]
     TooManyLogits {

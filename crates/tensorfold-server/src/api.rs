@@ -39,6 +39,34 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// `draft` (default true; false asks for the plain serial reference).
     pub draft: bool,
+    /// `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logit_bias` (`penalties.rs`).
+    pub penalties: tensorfold_engine::Penalties,
+    /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
+    pub n: usize,
+    /// The reply's constraint (`structured.rs`), compiled at submission.
+    pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
+}
+
+/// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
+pub const MAX_N: i64 = 16;
+
+/// `n` in [1, MAX_N], and `best_of` absent or equal to it: a `best_of` above `n` would rank candidates by
+/// cumulative logprob (OpenAI's and vLLM's meaning), which is not served; one below `n` is refused as OpenAI does.
+fn choices(o: &RequestOptions) -> Result<usize, ApiError> {
+    let n = int(&o.n, "n")?.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid("n", format!("`n` = {n} is out of range [1, {MAX_N}]")));
+    }
+    match int(&o.best_of, "best_of")? {
+        Some(b) if b < n => Err(ApiError::invalid("best_of", format!("`best_of` = {b} must be at least `n` = {n}"))),
+        Some(b) if b > n => Err(ApiError::invalid(
+            "best_of",
+            format!(
+                "`best_of` = {b} above `n` = {n} is not supported (ranking candidates); send best_of = n or omit it"
+            ),
+        )),
+        _ => Ok(n as usize),
+    }
 }
 
 /// Parses a JSON body into a request: a named 400 for invalid JSON or a body that is not an object. Every field of
@@ -111,6 +139,9 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
     };
     let max_tokens = max_tokens(o)?;
     refuse_unsupported(o)?;
+    let penalties = crate::penalties::penalties(o)?;
+    let n = choices(o)?;
+    let grammar = crate::structured::grammar_spec(o)?;
     let top_k = top_k(&o.top_k)?;
     let seed = match &o.seed {
         Field::Absent => None,
@@ -138,6 +169,9 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         ignore_eos: boolean(&o.ignore_eos, "ignore_eos", false)?,
         logprobs,
         draft: boolean(&o.draft, "draft", true)?,
+        penalties,
+        n,
+        grammar,
     })
 }
 
@@ -155,39 +189,13 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
 }
 
 /// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
-/// or `logit_bias` is ignored, as before the schema was typed).
+/// is ignored, as before the schema was typed).
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
-    if let Some(n) = int(&o.n, "n")?.filter(|&n| n != 1) {
-        return Err(ApiError::invalid("n", format!("`n` = {n} is not supported; only n = 1")));
-    }
-    for (k, f) in [("presence_penalty", &o.presence_penalty), ("frequency_penalty", &o.frequency_penalty)] {
-        if num(f, k, 0.0, -2.0, 2.0)? != 0.0 {
-            return Err(ApiError::invalid(k, format!("`{k}` is not supported; send 0 or omit it")));
-        }
-    }
-    if num(&o.repetition_penalty, "repetition_penalty", 1.0, 0.0, 10.0)? != 1.0 {
-        return Err(ApiError::invalid(
-            "repetition_penalty",
-            "`repetition_penalty` is not supported; send 1 or omit it",
-        ));
-    }
     if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
     }
-    if let Some(rf) = o.response_format.as_ref().filter(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(ApiError::invalid(
-            "response_format",
-            format!("`response_format` {rf} is not supported; only text"),
-        ));
-    }
     if boolean(&o.echo, "echo", false)? {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
-    if int(&o.best_of, "best_of")?.is_some_and(|b| b != 1) {
-        return Err(ApiError::invalid("best_of", "`best_of` is not supported; only 1"));
-    }
-    if matches!(&o.logit_bias, Field::Given(m) if !m.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use crate::state::Ready;
 use axum::http::StatusCode;
 use std::time::Instant;
 use tensorfold_engine::keyed::{SamplingParams, resolve_seed};
-use tensorfold_engine::{EngineHandle, Event, FinishReason, Request, RequestId, Sink, TokenLogprobs};
+use tensorfold_engine::{EngineHandle, Event, FinishReason, Grammar, Request, RequestId, Sink, TokenLogprobs};
 use tensorfold_text::{Detokenizer, TextError};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -103,6 +103,68 @@ impl Drop for CancelGuard {
 
 /// Checks the request against the context and submits it. Client mistakes come back as 4xx.
 pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<Running, ApiError> {
+    Ok(submit_n(ready, prompt, params, 1).await?.remove(0))
+}
+
+/// Submits `n` streams of the prompt as one group sharing one prefill (`EngineHandle::submit_group`): stream `i`
+/// is keyed by seed `seed + i` (wrapping), as vLLM derives its `n` children's seeds. `n` 1 submits one request.
+pub async fn submit_n(ready: &Ready, prompt: Vec<u32>, params: Params, n: usize) -> Result<Vec<Running>, ApiError> {
+    // Compiling a grammar can take milliseconds: keep it off the async workers.
+    let (r, p, q) = (ready.clone(), prompt.clone(), params.clone());
+    let (req, seed) = tokio::task::spawn_blocking(move || request(&r, &p, &q))
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
+    let seeds: Vec<u64> = (0..n as u64).map(|i| seed.wrapping_add(i)).collect();
+    let reqs: Vec<Request> =
+        seeds.iter().map(|&seed| Request { params: SamplingParams { seed, ..req.params }, ..req.clone() }).collect();
+    let (sinks, rxs): (Vec<Sink>, Vec<_>) = (0..n)
+        .map(|_| {
+            let (tx, rx) = unbounded_channel();
+            (Sink::new(move |e| tx.send(e).is_ok()), rx)
+        })
+        .unzip();
+    let engine = ready.engine.clone();
+    let ids = tokio::task::spawn_blocking(move || {
+        if n == 1 {
+            engine
+                .submit_to(reqs.into_iter().next().expect("one"), sinks.into_iter().next().expect("one"))
+                .map(|id| vec![id])
+        } else {
+            engine.submit_group(reqs, sinks)
+        }
+    })
+    .await
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
+    let started = Instant::now();
+    Ok(ids
+        .into_iter()
+        .zip(rxs)
+        .zip(seeds)
+        .map(|((id, rx), seed)| Running {
+            rx,
+            guard: CancelGuard { engine: ready.engine.clone(), id, done: false },
+            ready: ready.clone(),
+            params: params.clone(),
+            prompt_tokens: prompt.len(),
+            seed,
+            started,
+        })
+        .collect())
+}
+
+/// The request's grammar compiled for the checkpoint's tokenizer (a 400 naming the field that sent it, with
+/// llguidance's reason, when it does not compile).
+fn grammar(ready: &Ready, params: &Params) -> Result<Option<Grammar>, ApiError> {
+    let Some((field, spec)) = &params.grammar else { return Ok(None) };
+    let text = ready.text.as_ref().ok_or_else(|| {
+        ApiError::invalid(field, "structured output needs the checkpoint's tokenizer, and this model has none")
+    })?;
+    let env = text.grammar_env().map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    Grammar::compile(&env.factory, spec).map(Some).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
+/// The engine request of a checked completion and its resolved seed.
+fn request(ready: &Ready, prompt: &[u32], params: &Params) -> Result<(Request, u64), ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has zero tokens"));
     }
@@ -128,22 +190,17 @@ pub async fn submit(ready: &Ready, prompt: Vec<u32>, params: Params) -> Result<R
         seed,
     };
     let req = Request {
-        prompt: prompt.clone(),
+        prompt: prompt.to_vec(),
         params: sampling,
         max_tokens,
         stop_ids: Vec::new(),
         ignore_eos: params.ignore_eos,
         logprobs: params.logprobs,
         draft: params.draft,
+        penalties: params.penalties.clone(),
+        grammar: grammar(ready, params)?,
     };
-    let (tx, rx) = unbounded_channel();
-    let engine = ready.engine.clone();
-    let sink = Sink::new(move |e| tx.send(e).is_ok());
-    let id = tokio::task::spawn_blocking(move || engine.submit_to(req, sink))
-        .await
-        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))??;
-    let guard = CancelGuard { engine: ready.engine.clone(), id, done: false };
-    Ok(Running { rx, guard, ready: ready.clone(), params, prompt_tokens: prompt.len(), seed, started: Instant::now() })
+    Ok((req, seed))
 }
 
 impl Running {

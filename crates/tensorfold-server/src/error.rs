@@ -84,7 +84,10 @@ impl From<tensorfold_engine::SubmitError> for ApiError {
             S::TokenOutOfRange { .. } => ApiError::invalid("prompt", e.to_string()),
             S::NeverFits { .. } => ApiError::invalid("max_tokens", e.to_string()).with_code("insufficient_memory"),
             S::Sampling(_) => ApiError::bad_request(e.to_string()),
+            S::Penalty(p) => ApiError::invalid(p.param(), e.to_string()),
             S::QueueFull { .. } => ApiError::status(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", e.to_string()),
+            S::GroupTooLarge { .. } => ApiError::invalid("n", e.to_string()),
+            S::GroupPrompts => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()),
             S::Stopped => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()),
         }
     }

@@ -6,14 +6,17 @@
 pub mod api;
 pub mod completion;
 pub mod error;
+pub mod fanout;
 pub mod limits;
 pub mod listen;
+pub mod penalties;
 pub mod protocol;
 pub mod reply;
 pub mod routes;
 pub mod shutdown;
 pub mod state;
 pub mod stops;
+pub mod structured;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};

@@ -206,7 +206,7 @@ fn completion_logprobs(lps: &[LogprobEntry], offset: usize) -> CompletionLogprob
     }
 }
 
-fn usage(o: &Outcome) -> Usage {
+pub(crate) fn usage(o: &Outcome) -> Usage {
     Usage {
         prompt_tokens: o.prompt_tokens,
         completion_tokens: o.tokens.len(),
@@ -215,7 +215,7 @@ fn usage(o: &Outcome) -> Usage {
     }
 }
 
-fn engine_stats(o: &Outcome) -> EngineStats {
+pub(crate) fn engine_stats(o: &Outcome) -> EngineStats {
     EngineStats {
         token_sha256: token_sha256(&o.tokens),
         drafted: o.drafted,

@@ -104,6 +104,9 @@ async fn complete_chat(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<
 
 /// Submits the prompt and answers: an SSE stream, or the whole reply once it has finished.
 async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
+    if params.n > 1 {
+        return crate::fanout::respond(s, r, ids, params, chat).await;
+    }
     let prompt_tokens = ids.len() as u64;
     let running = tokio::select! {
         running = submit(&r, ids, params.clone()) => running?,

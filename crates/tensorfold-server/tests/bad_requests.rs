@@ -184,7 +184,7 @@ fn table() -> Vec<Bad> {
             ..bad("seed -1", COMPLETIONS, with(&c, json!({"seed": -1})), 400, Some("seed"))
         },
         bad("seed past u64", CHAT, with(&m, json!({"seed": 18_446_744_073_709_551_616f64})), 400, Some("seed")),
-        Bad { says: "only n = 1", ..bad("n 2", COMPLETIONS, with(&c, json!({"n": 2})), 400, Some("n")) },
+        Bad { says: "out of range [1, 16]", ..bad("n 17", COMPLETIONS, with(&c, json!({"n": 17})), 400, Some("n")) },
         bad("n 0", CHAT, with(&m, json!({"n": 0})), 400, Some("n")),
         Bad {
             says: "must not be empty",
@@ -210,24 +210,54 @@ fn table() -> Vec<Bad> {
             Some("top_logprobs"),
         ),
         Bad {
-            says: "not supported",
+            says: "out of range [-2, 2]",
             ..bad(
-                "presence_penalty 0.5",
+                "presence_penalty 2.5",
                 CHAT,
-                with(&m, json!({"presence_penalty": 0.5})),
+                with(&m, json!({"presence_penalty": 2.5})),
                 400,
                 Some("presence_penalty"),
             )
         },
         bad("frequency_penalty 3", CHAT, with(&m, json!({"frequency_penalty": 3})), 400, Some("frequency_penalty")),
-        bad(
-            "repetition_penalty 1.2",
-            COMPLETIONS,
-            with(&c, json!({"repetition_penalty": 1.2})),
-            400,
-            Some("repetition_penalty"),
-        ),
-        bad("a logit_bias", CHAT, with(&m, json!({"logit_bias": {"5": 10}})), 400, Some("logit_bias")),
+        Bad {
+            says: "must be a number > 0",
+            ..bad(
+                "repetition_penalty 0",
+                COMPLETIONS,
+                with(&c, json!({"repetition_penalty": 0})),
+                400,
+                Some("repetition_penalty"),
+            )
+        },
+        Bad {
+            says: "out of range [-100, 100]",
+            ..bad("logit_bias 101", CHAT, with(&m, json!({"logit_bias": {"5": 101}})), 400, Some("logit_bias"))
+        },
+        Bad {
+            says: "is not a token id",
+            ..bad("logit_bias key x", COMPLETIONS, with(&c, json!({"logit_bias": {"x": 1}})), 400, Some("logit_bias"))
+        },
+        Bad {
+            says: "outside the vocabulary",
+            ..bad(
+                "logit_bias id 10^9",
+                CHAT,
+                with(&m, json!({"logit_bias": {"1000000000": 1}})),
+                400,
+                Some("logit_bias"),
+            )
+        },
+        Bad {
+            says: "twice",
+            ..bad(
+                "logit_bias id twice",
+                CHAT,
+                with(&m, json!({"logit_bias": {"5": 1, "05": 2}})),
+                400,
+                Some("logit_bias"),
+            )
+        },
         // The model.
         Bad {
             kind: "not_found_error",
@@ -259,6 +289,8 @@ fn table() -> Vec<Bad> {
         ("stream_options", json!({"include_usage": "yes"})),
         ("presence_penalty", json!("0")),
         ("frequency_penalty", json!({})),
+        ("repetition_penalty", json!("1.1")),
+        ("logit_bias", json!([1, 2])),
     ] {
         for (route, base) in [(COMPLETIONS, &c), (CHAT, &m)] {
             let body = with(base, json!({ field: wrong.clone() }));

@@ -6,12 +6,14 @@ pub mod chat_template;
 mod content_tokens;
 pub mod detokenizer;
 pub mod error;
+pub mod grammar_env;
 pub mod template_limits;
 pub mod tokenizer;
 
 pub use chat_template::{ChatMessage, ContentPart, MessageContent};
 pub use detokenizer::Detokenizer;
 pub use error::TextError;
+pub use grammar_env::GrammarEnv;
 pub use tokenizer::Text;
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ pub struct Text {
     pub(crate) pad_token: Option<String>,
     /// Keeps special-token strings in chat content plain text.
     pub(crate) guard: ContentGuard,
+    /// The structured-output token environment, built on first use (`grammar_env.rs`).
+    pub(crate) grammar: std::sync::OnceLock<Result<crate::grammar_env::GrammarEnv, String>>,
 }
 
 impl std::fmt::Debug for Text {
@@ -134,8 +136,15 @@ impl Text {
         let tokenizer = Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TextError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
         let guard = ContentGuard::new(&tokenizer)?;
-        let mut text =
-            Text { tokenizer, chat_template: None, bos_token: None, eos_token: None, pad_token: None, guard };
+        let mut text = Text {
+            tokenizer,
+            chat_template: None,
+            bos_token: None,
+            eos_token: None,
+            pad_token: None,
+            guard,
+            grammar: std::sync::OnceLock::new(),
+        };
         if let Some((bytes, path)) = config {
             let cfg: serde_json::Value =
                 serde_json::from_slice(bytes).map_err(|e| config_error(path, format!("invalid JSON: {e}")))?;
@@ -152,6 +161,11 @@ impl Text {
         }
         text.probe_chat_template()?;
         Ok(text)
+    }
+
+    /// The tokenizers library's tokenizer (for `grammar_env.rs`).
+    pub(crate) fn hf(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     /// Token ids of `text`; `add_special_tokens` runs the tokenizer's post-processor (e.g. a

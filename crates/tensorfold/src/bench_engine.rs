@@ -205,6 +205,8 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                             context,
                             stop_ids: Vec::new(),
                             params: r.params,
+                            penalties: r.penalties.clone(),
+                            grammar: r.grammar.clone(),
                             drafts: None,
                         };
                         let (want, _) = generate(&solo_model, &r.prompt, &solo_cfg, |_| true)?;

@@ -5,6 +5,7 @@ use anyhow::{Context, bail};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tensorfold_engine::Penalties;
 use tensorfold_engine::keyed::{SamplingParams, resolve_seed, token_sha256};
 use tensorfold_engine::model_target::MAX_DRAFT;
 use tensorfold_engine::single::{DraftSettings, GenerateOptions, generate};
@@ -48,6 +49,15 @@ pub struct Args {
     /// Drop tokens below min_p times the top probability (0 = off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    /// Subtracted once from every token already generated, in [-2, 2] (0 = off; vLLM's semantics).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtracted once per occurrence in the generated tokens, in [-2, 2] (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or the reply, > 0 (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
     /// Sampling seed (default: a fresh random one, printed so the reply can be reproduced).
     #[arg(long)]
     seed: Option<u64>,
@@ -137,6 +147,13 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         context: a.context.unwrap_or(loaded.model.cfg.max_positions).min(loaded.model.cfg.max_positions),
         stop_ids: if a.ignore_eos { Vec::new() } else { loaded.eos_ids.clone() },
         params,
+        penalties: Penalties {
+            presence: a.presence_penalty,
+            frequency: a.frequency_penalty,
+            repetition: a.repetition_penalty,
+            logit_bias: Vec::new(),
+        },
+        grammar: None,
         drafts: None,
     };
     let mut detok = text.map(|t| t.detokenizer(false));

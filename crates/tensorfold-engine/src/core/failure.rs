@@ -5,7 +5,7 @@
 
 use super::Core;
 use super::plan::Entry;
-use crate::request::{Event, FinishReason, Stats};
+use crate::request::FinishReason;
 use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
@@ -31,10 +31,8 @@ impl<T: Target> Core<T> {
         while !self.lanes.is_empty() {
             self.finish(0, FinishReason::Error, Some(msg.clone()));
         }
-        while let Some(mut w) = self.queue.pop_front() {
-            let stats =
-                Stats { prompt_tokens: w.req.prompt.len(), queued: self.clock.now() - w.submitted, ..Stats::default() };
-            w.sink.send(Event::Finished { reason: FinishReason::Error, error: Some(msg.clone()), stats });
+        while let Some(w) = self.queue.pop_front() {
+            self.finish_waiting(w, FinishReason::Error, Some(msg.clone()));
         }
         self.counters.failure = Some(msg);
     }

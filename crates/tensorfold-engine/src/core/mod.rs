@@ -6,7 +6,9 @@
 
 mod block_pass;
 mod config;
+mod controlled;
 mod failure;
+mod fanout;
 mod held;
 mod output;
 mod plan;

@@ -23,6 +23,7 @@ impl<T: Target> Core<T> {
             {
                 continue;
             }
+            self.controlled_draws(i, rows, &mut out);
             if self.lanes[i].pending.is_some() {
                 let p0 = self.target.pos(&self.lanes[i].state) - rows.len();
                 let w = WindowDraws { p0, rows, out: &out, vocab: self.caps.vocab };
@@ -47,6 +48,9 @@ impl<T: Target> Core<T> {
         if pos < prompt_len {
             return;
         }
+        let id = self.lanes[i].id;
+        self.fan_out(i, &out.logits);
+        let Some(i) = self.lanes.iter().position(|s| s.id == id) else { return };
         let s = &mut self.lanes[i];
         let cached_tokens = s.stats.cached_tokens;
         s.sink.send(Event::Prefilled { cached_tokens });
@@ -96,7 +100,9 @@ impl<T: Target> Core<T> {
             self.finish(i, FinishReason::Cancelled, None);
             return false;
         }
-        let stop = s.req.stop_ids.contains(&tok) || (!s.req.ignore_eos && self.caps.eos.contains(&tok));
+        let stop = s.req.stop_ids.contains(&tok)
+            || (!s.req.ignore_eos && self.caps.eos.contains(&tok))
+            || s.controls.as_ref().is_some_and(|c| c.done());
         if stop {
             self.finish(i, FinishReason::Stop, None);
         } else if s.generated >= s.req.max_tokens || at + 1 >= context {
@@ -111,6 +117,7 @@ impl<T: Target> Core<T> {
     /// Ends lane `i`: its last event, its lane and its memory are released at once.
     pub(super) fn finish(&mut self, i: usize, reason: FinishReason, error: Option<String>) {
         let mut s = self.lanes.swap_remove(i);
+        self.release_followers(s.id);
         let now = self.clock.now();
         self.reserved -= s.bytes;
         let mut stats = s.stats;

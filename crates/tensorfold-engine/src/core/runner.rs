@@ -64,10 +64,14 @@ impl<T: Target> Core<T> {
     fn want(&self, lane: usize, start: usize, rows: usize) -> SegWant {
         let s = &self.lanes[lane];
         let (params, logprobs) = (s.req.params, s.req.logprobs.is_some());
+        if s.controls.is_some() {
+            return Self::controlled_want(s.pending.is_some(), start + rows == s.req.prompt.len(), rows);
+        }
         if s.pending.is_none() {
             let last = start + rows == s.req.prompt.len();
             let draws = if last { vec![DrawSpec { params, position: (start + rows) as u64 }] } else { Vec::new() };
-            return SegWant { all_rows: false, draws, logits: last && logprobs };
+            // A group's leader hands its last row's logits to its followers (`fanout.rs`).
+            return SegWant { all_rows: false, draws, logits: last && (logprobs || self.leads(lane)) };
         }
         let shift = |r: usize| usize::from(self.planted.draw_at_wrong_position() && r + 1 < rows);
         let draws = (0..rows).map(|r| DrawSpec { params, position: (start + 1 + r + shift(r)) as u64 }).collect();

@@ -6,8 +6,9 @@
 use super::Core;
 use super::plan::{Entry, LaneDraft, RoundDrafts, RoundPlan};
 use super::stream::{Stream, Waiting};
+use crate::controls::Controls;
 use crate::copies::{StreamGuard, context_copy};
-use crate::request::{Event, FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError};
+use crate::request::{FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
 
@@ -33,18 +34,14 @@ impl<T: Target> Core<T> {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back(Waiting { id, req, sink, submitted: self.clock.now(), bytes });
+        self.queue.push_back(Waiting { id, req, sink, submitted: self.clock.now(), bytes, followers: Vec::new() });
         Ok(id)
     }
 
     /// Cancels a waiting or running request: it finishes `Cancelled` now and frees its lane and memory.
     /// Returns false when the id is unknown (already finished). Touches no other request.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        if let Some(i) = self.queue.iter().position(|w| w.id == id) {
-            let mut w = self.queue.remove(i).expect("index from position");
-            let stats =
-                Stats { prompt_tokens: w.req.prompt.len(), queued: self.clock.now() - w.submitted, ..Stats::default() };
-            w.sink.send(Event::Finished { reason: FinishReason::Cancelled, error: None, stats });
+        if self.cancel_waiting(id) {
             return true;
         }
         match self.lanes.iter().position(|s| s.id == id) {
@@ -56,44 +53,61 @@ impl<T: Target> Core<T> {
         }
     }
 
-    /// Admits waiting requests, first come first served, while lanes and memory allow.
+    /// Admits waiting requests (a group whole), first come first served, while lanes and memory allow.
     pub(super) fn admit(&mut self) {
         while self.lanes.len() < self.cfg.parallel {
             let Some(w) = self.queue.front() else { break };
-            if self.reserved.saturating_add(w.bytes) > self.cfg.memory_bytes {
+            let (lanes, bytes) = w.followers.iter().fold((1, w.bytes), |(l, b), f| (l + 1, b.saturating_add(f.bytes)));
+            if self.lanes.len() + lanes > self.cfg.parallel
+                || self.reserved.saturating_add(bytes) > self.cfg.memory_bytes
+            {
                 break;
             }
-            let w = self.queue.pop_front().expect("front exists");
-            let now = self.clock.now();
-            let (mut state, cached) = match self.cache.lookup(&w.req.prompt) {
-                Some((s, n)) => (s, n),
-                None => (self.target.new_state(), 0),
-            };
-            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens);
-            self.reserved += w.bytes;
-            self.counters.prompt_tokens += w.req.prompt.len() as u64;
-            let stats = Stats {
-                prompt_tokens: w.req.prompt.len(),
-                cached_tokens: cached,
-                queued: now - w.submitted,
-                ..Stats::default()
-            };
-            let history = w.req.prompt.clone();
-            self.lanes.push(Stream {
-                id: w.id,
-                req: w.req,
-                sink: w.sink,
-                state,
-                pending: None,
-                history,
-                guard: StreamGuard::default(),
-                generated: 0,
-                bytes: w.bytes,
-                stats,
-                submitted: w.submitted,
-                first_token: None,
-            });
+            let mut w = self.queue.pop_front().expect("front exists");
+            let followers = std::mem::take(&mut w.followers);
+            let leader = w.id;
+            self.admit_one(w, None);
+            for f in followers {
+                self.admit_one(f, Some(leader));
+            }
         }
+    }
+
+    /// Puts one waiting request in a lane (a group's follower waits for `leader`'s prefill).
+    fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) {
+        let now = self.clock.now();
+        // A follower's state is its leader's at the prompt's end (`fanout.rs`); until then a placeholder.
+        let looked = if leader.is_none() { self.cache.lookup(&w.req.prompt) } else { None };
+        let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
+        if leader.is_none() {
+            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens);
+        }
+        self.reserved += w.bytes;
+        self.counters.prompt_tokens += w.req.prompt.len() as u64;
+        let stats = Stats {
+            prompt_tokens: w.req.prompt.len(),
+            cached_tokens: cached,
+            queued: now - w.submitted,
+            ..Stats::default()
+        };
+        let history = w.req.prompt.clone();
+        let controls = Controls::of(&w.req);
+        self.lanes.push(Stream {
+            id: w.id,
+            req: w.req,
+            sink: w.sink,
+            state,
+            pending: None,
+            history,
+            guard: StreamGuard::default(),
+            generated: 0,
+            bytes: w.bytes,
+            stats,
+            submitted: w.submitted,
+            first_token: None,
+            controls,
+            leader,
+        });
     }
 
     /// This round's mode: plain or drafted under the shared-round guard (drafted when it is off).
@@ -138,7 +152,7 @@ impl<T: Target> Core<T> {
         budget = budget.max(1);
         for (i, s) in self.lanes.iter().enumerate() {
             let pos = self.target.pos(&s.state);
-            if s.pending.is_some() || pos >= s.req.prompt.len() || budget == 0 {
+            if s.pending.is_some() || s.leader.is_some() || pos >= s.req.prompt.len() || budget == 0 {
                 continue;
             }
             let chunk = self.cfg.prefill_chunk.max(1);

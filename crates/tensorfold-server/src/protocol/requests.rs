@@ -102,23 +102,32 @@ pub struct RequestOptions {
     pub max_tokens: Field<i64>,
     /// `max_completion_tokens`: the same, winning over `max_tokens`.
     pub max_completion_tokens: Field<i64>,
-    /// `n`: choices per request (only 1).
+    /// `n`: choices per request, 1 to `api::MAX_N`.
     pub n: Field<i64>,
-    /// `presence_penalty` in [-2, 2] (only 0).
+    /// `presence_penalty` in [-2, 2] (OpenAI's).
     pub presence_penalty: Field<f64>,
-    /// `frequency_penalty` in [-2, 2] (only 0).
+    /// `frequency_penalty` in [-2, 2] (OpenAI's).
     pub frequency_penalty: Field<f64>,
-    /// `repetition_penalty` in [0, 10] (vLLM's; only 1).
+    /// `repetition_penalty` > 0 (vLLM's; 1 = off).
     pub repetition_penalty: Field<f64>,
     /// `tools` (function calling; only none). The tool definitions are not read.
     pub tools: Field<Vec<Value>>,
-    /// `response_format`, kept as sent: only `{"type": "text"}` is served, and a refusal quotes the value.
+    /// `response_format`, kept as sent: `text`, `json_object` or `json_schema` (`structured.rs`), and a refusal
+    /// quotes the value.
     pub response_format: Option<Value>,
+    /// `structured_outputs` (vLLM's): one of `json`, `regex`, `grammar`, `json_object`.
+    pub structured_outputs: Option<Value>,
+    /// `guided_json` (vLLM's older form): a JSON schema, or a string holding one.
+    pub guided_json: Option<Value>,
+    /// `guided_regex` (vLLM's older form).
+    pub guided_regex: Field<String>,
+    /// `guided_grammar` (vLLM's older form): a Lark grammar in llguidance's dialect.
+    pub guided_grammar: Field<String>,
     /// `echo` (only false).
     pub echo: Field<bool>,
-    /// `best_of` (only 1).
+    /// `best_of`: absent or equal to `n` (ranking more candidates than `n` is not served).
     pub best_of: Field<i64>,
-    /// `logit_bias`: token id -> bias (only empty).
+    /// `logit_bias`: token id -> bias in [-100, 100].
     pub logit_bias: Field<Map<String, Value>>,
     /// `top_k` (vLLM's): -1 or 0 is off; any JSON integer, signed or past `i64`.
     pub top_k: Field<Number>,

@@ -1,0 +1,198 @@
+//! Structured output in the lane core, on the fixture model and its tokenizer: a constrained reply follows its
+//! grammar (a regex, a JSON schema, a tool call) and stops when the grammar is complete; a drafted constrained reply
+//! equals its `draft: false` reply and the solo loop token for token (context copies and held block drafts, greedy
+//! and sampled); concurrent equals alone; a grammar llguidance cannot compile is refused with its reason.
+
+mod common;
+
+use serde_json::json;
+use tensorfold_engine::core::EngineConfig;
+use tensorfold_engine::keyed::SamplingParams;
+use tensorfold_engine::single::{GenerateOptions, generate};
+use tensorfold_engine::tool_grammar::{ToolCallForm, ToolConstraint, ToolSpec, tool_call_spec};
+use tensorfold_engine::{Grammar, GrammarSpec, ModelTarget, Penalties, Request};
+use tensorfold_kernels::CpuBackend;
+use tensorfold_model::Source;
+use tensorfold_text::Text;
+
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn text() -> Text {
+    Text::open(&root().join("lfm2-moe-f32")).expect("opens").expect("a tokenizer")
+}
+
+fn compile(t: &Text, spec: &GrammarSpec) -> Grammar {
+    Grammar::compile(&t.grammar_env().expect("a grammar env").factory, spec).expect("compiles")
+}
+
+fn target() -> ModelTarget<CpuBackend> {
+    let mut l = tensorfold_model::open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target");
+    let d = tensorfold_model::drafter::open_drafter(
+        &Source::Dir(root().join("dspark-tiny")),
+        &l.model.cfg,
+        &l.model.backend,
+    )
+    .expect("drafter");
+    l.model.drafter = Some(d);
+    ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
+}
+
+fn cfg(copy_min: usize) -> EngineConfig {
+    EngineConfig {
+        copy_min,
+        max_draft: 6,
+        round_rows: 40,
+        prefill_chunk: 8,
+        round_guard: false,
+        ..EngineConfig::default()
+    }
+}
+
+/// Requests under `g`, greedy and sampled, one with a repetition penalty too.
+fn requests(t: &Text, spec: &GrammarSpec) -> Vec<Request> {
+    (0..4u64)
+        .map(|i| {
+            let prompt = t.encode(&format!("Example {i}: "), true).expect("encodes");
+            Request {
+                params: SamplingParams {
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+                    seed: 3 + i,
+                    ..SamplingParams::greedy()
+                },
+                ignore_eos: true,
+                penalties: if i == 3 {
+                    Penalties { repetition: 1.2, ..Penalties::default() }
+                } else {
+                    Penalties::default()
+                },
+                grammar: Some(compile(t, spec)),
+                ..Request::greedy(prompt, 72)
+            }
+        })
+        .collect()
+}
+
+/// Runs `reqs` every way that must agree: the solo loop, plain, context copies, held block drafts, all at once.
+fn all_ways(reqs: &[Request]) -> Vec<Vec<u32>> {
+    let t = target();
+    let solo: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|r| {
+            let opts = GenerateOptions {
+                chunk: 8,
+                max_tokens: r.max_tokens,
+                context: 4096,
+                stop_ids: Vec::new(),
+                params: r.params,
+                penalties: r.penalties.clone(),
+                grammar: r.grammar.clone(),
+                drafts: None,
+            };
+            generate(&t.model, &r.prompt, &opts, |_| true).expect("solo runs").0
+        })
+        .collect();
+    let plain: Vec<Request> = reqs.iter().map(|r| Request { draft: false, ..r.clone() }).collect();
+    let (undrafted, _) = common::run_all(t.clone(), cfg(2), &plain);
+    let (copies, _) = common::run_all(t.clone(), cfg(2), reqs);
+    let (blocks, stats) = common::run_all(t.clone(), cfg(0), reqs);
+    for i in 0..reqs.len() {
+        assert_eq!(undrafted[i], solo[i], "request {i}: plain vs solo loop");
+        assert_eq!(copies[i], solo[i], "request {i}: copy drafts vs solo loop");
+        assert_eq!(blocks[i], solo[i], "request {i}: block drafts vs solo loop");
+        let (alone, _) = common::run_all(t.clone(), cfg(0), std::slice::from_ref(&reqs[i]));
+        assert_eq!(alone[0], solo[i], "request {i}: alone vs beside the others");
+    }
+    let d: usize = stats.iter().map(|s| s.drafted).sum();
+    assert!(d > 0, "block drafts were verified");
+    solo
+}
+
+#[test]
+fn a_regex_constrained_reply_matches_it_stops_at_its_end_and_drafting_changes_no_token() {
+    let t = text();
+    let spec = GrammarSpec::Regex("[a-z]{3,8}-[0-9]{2,3}!".into());
+    let replies = all_ways(&requests(&t, &spec));
+    for (i, r) in replies.iter().enumerate() {
+        let s = t.decode(r, false).expect("decodes");
+        let (word, rest) = s.split_once('-').unwrap_or_else(|| panic!("request {i}: {s:?}"));
+        let digits = rest.strip_suffix('!').unwrap_or_else(|| panic!("request {i} ends at the grammar's end: {s:?}"));
+        assert!((3..=8).contains(&word.len()) && word.chars().all(|c| c.is_ascii_lowercase()), "{s:?}");
+        assert!((2..=3).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_digit()), "{s:?}");
+    }
+    // The mask is applied: unconstrained replies are not of that shape.
+    let free: Vec<Request> = requests(&t, &spec).into_iter().map(|r| Request { grammar: None, ..r }).collect();
+    let (free, _) = common::run_all(target(), cfg(2), &free);
+    assert!(free.iter().zip(&replies).all(|(a, b)| a != b));
+}
+
+#[test]
+fn a_json_schema_reply_parses_under_the_schema() {
+    let t = text();
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+                        "required": ["ok", "n"], "additionalProperties": false});
+    let replies = all_ways(&requests(&t, &GrammarSpec::JsonSchema(tensorfold_engine::grammar::compact(schema))));
+    for r in replies {
+        let s = t.decode(&r, false).expect("decodes");
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        assert!(v["ok"].is_boolean() && [1, 2, 3].contains(&v["n"].as_i64().unwrap_or(0)), "{s}");
+        assert_eq!(v.as_object().map(|o| o.len()), Some(2), "{s}");
+    }
+}
+
+#[test]
+fn a_required_tool_call_is_a_call_of_an_offered_tool() {
+    let t = text();
+    let tools = vec![
+        ToolSpec {
+            name: "get_weather".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                                "required": ["city"], "additionalProperties": false}),
+        },
+        ToolSpec { name: "now".into(), parameters: serde_json::Value::Null },
+    ];
+    for form in [ToolCallForm::Pythonic, ToolCallForm::Json] {
+        let c = ToolConstraint {
+            tools: tools.clone(),
+            parallel: false,
+            form,
+            markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
+            special_markers: true,
+        };
+        let spec = tool_call_spec(&c).expect("a grammar");
+        let start = t.token_to_id("<|tool_call_start|>").expect("a special token");
+        for r in all_ways(&requests(&t, &spec)) {
+            assert_eq!(r[0], start, "the call list opens with the special token: {r:?}");
+            let s = t.decode(&r, false).expect("decodes");
+            let inner = s.strip_prefix("<|tool_call_start|>[").and_then(|x| x.strip_suffix("]<|tool_call_end|>"));
+            let inner = inner.unwrap_or_else(|| panic!("{form:?}: {s:?}"));
+            match form {
+                ToolCallForm::Pythonic => assert!(
+                    inner == "now()"
+                        || ["Paris", "Oslo"].iter().any(|c| inner == format!("get_weather(city=\"{c}\")"))
+                        || inner == "get_weather()",
+                    "{s}"
+                ),
+                ToolCallForm::Json => {
+                    let v: serde_json::Value = serde_json::from_str(inner).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+                    assert!(["get_weather", "now"].contains(&v["name"].as_str().unwrap_or("")), "{s}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_grammar_llguidance_cannot_compile_is_refused_with_its_reason() {
+    let t = text();
+    let env = t.grammar_env().expect("env");
+    for (spec, says) in [
+        (GrammarSpec::Regex("(unclosed".into()), "regex"),
+        (GrammarSpec::Lark("start: missing_rule".into()), "grammar"),
+        (GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})), "JSON schema"),
+    ] {
+        let e = Grammar::compile(&env.factory, &spec).expect_err("refused");
+        assert!(e.to_string().contains(says) && e.why.len() > 5, "{e}");
+    }
+}

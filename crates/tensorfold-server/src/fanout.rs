@@ -1,0 +1,145 @@
+//! Replies with `n` > 1 choices: `n` engine streams of one prompt sharing one prefill (`submit_n`), choice `i` keyed
+//! by seed `seed + i`. A whole reply lists the choices by index, sums `completion_tokens` over them (the prompt
+//! counted once, as OpenAI and vLLM count it) and adds `tensorfold.choices` (each choice's engine block; the
+//! top-level block is choice 0's); a stream interleaves the choices' chunks, each carrying its `index`, each
+//! choice's finish chunk its own engine block, then one usage chunk and `[DONE]`.
+
+use crate::api::Params;
+use crate::completion::{LogprobEntry, Outcome, Piece, Running, submit_n};
+use crate::error::ApiError;
+use crate::reply::{Chunk, Shape, engine_stats, usage};
+use crate::state::{AppState, Ready};
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// Submits the `params.n` choices and answers: one SSE stream of them all, or the whole reply once every choice
+/// has finished.
+pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
+    let prompt_tokens = ids.len() as u64;
+    let runs = submit_n(&r, ids, params.clone(), params.n).await?;
+    metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
+    let shape = Shape::new(chat, s.model_name.clone());
+    if params.stream {
+        return Ok(stream(runs, shape, params.include_usage).into_response());
+    }
+    let mut choices = Vec::new();
+    // The engine runs every stream at once; reading them one after another only orders the reads.
+    for run in runs {
+        let mut pieces = Vec::new();
+        let out = run
+            .drive(|p| {
+                pieces.push(p);
+                true
+            })
+            .await
+            .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
+        if let Some(e) = &out.error {
+            let status =
+                if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
+            return Err(ApiError::status(status, "server_error", e.clone()));
+        }
+        metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
+        choices.push((pieces, out));
+    }
+    Ok(Json(merge(&shape, &params, choices)).into_response())
+}
+
+/// The whole reply of several choices: choice `i`'s reply with its index, the choices together, the usage summed.
+fn merge(shape: &Shape, params: &Params, choices: Vec<(Vec<Piece>, Outcome)>) -> Value {
+    let mut merged = Value::Null;
+    let (mut list, mut stats, mut completion_tokens) = (Vec::new(), Vec::new(), 0);
+    for (i, (pieces, out)) in choices.into_iter().enumerate() {
+        let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        let lps: Vec<LogprobEntry> = pieces.into_iter().flat_map(|p| p.logprobs).collect();
+        let mut reply = serde_json::to_value(shape.reply(text, params.logprobs.map(|_| lps.as_slice()), &out))
+            .expect("a reply has string keys only, so it always serializes");
+        completion_tokens += out.tokens.len();
+        stats.push(serde_json::to_value(engine_stats(&out)).expect("string keys"));
+        if let Some(Value::Array(c)) = reply.get_mut("choices") {
+            c.iter_mut().for_each(|c| c["index"] = json!(i));
+            list.append(c);
+        }
+        if i == 0 {
+            merged = reply;
+        }
+    }
+    merged["choices"] = Value::Array(list);
+    merged["tensorfold"]["choices"] = Value::Array(stats);
+    let prompt_tokens = merged["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+    merged["usage"]["completion_tokens"] = json!(completion_tokens);
+    merged["usage"]["total_tokens"] = json!(prompt_tokens + completion_tokens);
+    merged
+}
+
+/// A chunk's JSON with every choice's `index` set to `i`.
+fn indexed(chunk: Chunk, i: usize) -> String {
+    let mut v = serde_json::to_value(&chunk).expect("a chunk has string keys only, so it always serializes");
+    if let Some(Value::Array(c)) = v.get_mut("choices") {
+        c.iter_mut().for_each(|c| c["index"] = json!(i));
+    }
+    v.to_string()
+}
+
+/// An SSE reply of several choices: each choice's chunks as its stream releases them (first chunk, pieces, its
+/// finish chunk), then the usage chunk if asked (completion tokens summed) and `[DONE]`. A client that leaves
+/// cancels every choice's stream.
+fn stream(runs: Vec<Running>, shape: Shape, include_usage: bool) -> impl IntoResponse {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let tasks: Vec<_> = runs
+        .into_iter()
+        .enumerate()
+        .map(|(i, running)| {
+            let (tx, shape) = (tx.clone(), shape.clone());
+            tokio::spawn(async move {
+                let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
+                if let Some(first) = shape.first_chunk()
+                    && !send(indexed(first, i))
+                {
+                    return None;
+                }
+                let want_lp = running.wants_logprobs();
+                let mut offset = 0;
+                let driving = running.drive(|p: Piece| {
+                    let chunk = shape.piece_chunk(p.text, want_lp.then_some((p.logprobs.as_slice(), offset)));
+                    offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
+                    send(indexed(chunk, i))
+                });
+                let out = tokio::select! {
+                    out = driving => out,
+                    _ = tx.closed() => None,
+                }?;
+                if let Some(e) = &out.error {
+                    send(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()).to_json());
+                    return None;
+                }
+                metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
+                send(indexed(shape.finish_chunk(&out), i)).then_some(out)
+            })
+        })
+        .collect();
+    tokio::spawn(async move {
+        let mut outs = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(Some(out)) => outs.push(out),
+                // A failed or abandoned choice ends the reply (its error, if any, was sent).
+                _ => return,
+            }
+        }
+        if include_usage && let Some(first) = outs.first() {
+            let mut u = serde_json::to_value(shape.usage_chunk(first)).expect("string keys");
+            let completion: usize = outs.iter().map(|o| o.tokens.len()).sum();
+            u["usage"] = serde_json::to_value(usage(first)).expect("string keys");
+            u["usage"]["completion_tokens"] = json!(completion);
+            u["usage"]["total_tokens"] = json!(first.prompt_tokens + completion);
+            let _ = tx.send(Ok(SseEvent::default().data(u.to_string())));
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+    });
+    Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}
