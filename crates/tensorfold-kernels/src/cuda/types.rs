@@ -83,6 +83,7 @@ impl CudaMat {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
             Dtype::Q8 => "q8",
+            Dtype::Q4 => "q4",
         };
         format!("{kind}_{dt}_{}", if self.v8() { "v8" } else { "v1" })
     }
@@ -112,6 +113,8 @@ impl CudaMat {
             Dtype::F32 => 0,
             Dtype::Bf16 => 1,
             Dtype::Q8 => 2,
+            // Refused at upload (`ops::upload_mat`): no device kernel reads 4-bit codes yet.
+            Dtype::Q4 => 3,
         }
     }
 }
