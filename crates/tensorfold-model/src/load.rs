@@ -103,7 +103,9 @@ pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
 pub fn quant_kinds(cfg: &ModelConfig, table: &TensorTable) -> BTreeMap<String, BTreeSet<String>> {
     let mut kinds: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, e) in &table.tensors {
-        let Some(module) = name.strip_suffix(".weight").filter(|_| e.shape.len() >= 2 && !name.ends_with("conv.conv.weight")) else {
+        let Some(module) =
+            name.strip_suffix(".weight").filter(|_| e.shape.len() >= 2 && !name.ends_with("conv.conv.weight"))
+        else {
             continue;
         };
         let how = match table.tensors.contains_key(&format!("{module}.scales")) {

@@ -51,14 +51,18 @@ impl QuantConfig {
             (Some(q), _) if !q.is_null() => q,
             (_, Some(q)) if !q.is_null() => {
                 if let Some(m) = q.get("quant_method") {
-                    return Err(refuse("quantization_config", format!("quant_method {m} is not served (MLX affine only)")));
+                    return Err(refuse(
+                        "quantization_config",
+                        format!("quant_method {m} is not served (MLX affine only)"),
+                    ));
                 }
                 q
             }
             _ => return Ok(None),
         };
         let q = block.as_object().ok_or_else(|| refuse("quantization", format!("{block} is not an object")))?;
-        let default = params("quantization", q)?.ok_or_else(|| refuse("quantization", "lacks group_size or bits".into()))?;
+        let default =
+            params("quantization", q)?.ok_or_else(|| refuse("quantization", "lacks group_size or bits".into()))?;
         let mut overrides = BTreeMap::new();
         for (k, v) in q.iter().filter(|(k, _)| !matches!(k.as_str(), "group_size" | "bits" | "mode")) {
             let p = match v {
@@ -86,7 +90,8 @@ fn params(module: &str, m: &Map<String, Value>) -> Result<Option<QuantParams>, C
     {
         return Err(refuse(module, format!("mode {mode} is not served (MLX affine only)")));
     }
-    let int = |k: &str| m.get(k).map(|v| v.as_u64().ok_or_else(|| refuse(module, format!("{k} = {v} is not an integer"))));
+    let int =
+        |k: &str| m.get(k).map(|v| v.as_u64().ok_or_else(|| refuse(module, format!("{k} = {v} is not an integer"))));
     let (bits, group) = match (int("bits").transpose()?, int("group_size").transpose()?) {
         (None, None) => return Ok(None),
         (Some(b), Some(g)) => (b, g),

@@ -209,9 +209,7 @@ pub fn to_f32(e: &TensorEntry) -> Vec<f32> {
             b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
         }
         // Never reached through a binder (codes are refused outside a quantized module); the words' values.
-        StoredDtype::U32 => {
-            b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect()
-        }
+        StoredDtype::U32 => b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect(),
     }
 }
 

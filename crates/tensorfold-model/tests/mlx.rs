@@ -25,8 +25,9 @@ fn root() -> PathBuf {
 fn names() -> Vec<String> {
     let mut n: Vec<String> = std::fs::read_dir(root())
         .expect("tests/fixtures/mlx is readable")
-        .map(|e| e.expect("an entry").file_name().into_string().expect("UTF-8"))
-        .filter(|n| !n.starts_with('.'))
+        .map(|e| e.expect("an entry"))
+        .filter(|e| e.file_type().expect("a file type").is_dir())
+        .map(|e| e.file_name().into_string().expect("UTF-8"))
         .collect();
     n.sort();
     n
@@ -213,14 +214,14 @@ fn an_override_naming_no_module_and_codes_the_config_keeps_float_are_refused_by_
     }
     let tmp = copy("lfm2-moe-f32-q4g32");
     edit_config(tmp.path(), |o| {
-        o["quantization"]["model.layers.0.self_attn.q_proj"] = json!(false);
+        o["quantization"]["model.layers.2.self_attn.q_proj"] = json!(false);
     });
     let tmp2 = copy("lfm2-moe-f32-q4g32");
     edit_config(tmp2.path(), |o| {
         o.remove("quantization");
         o.remove("quantization_config");
     });
-    for (dir, module) in [(tmp.path(), "model.layers.0.self_attn.q_proj"), (tmp2.path(), "model.embed_tokens")] {
+    for (dir, module) in [(tmp.path(), "model.layers.2.self_attn.q_proj"), (tmp2.path(), "model.embed_tokens")] {
         match open_err(dir) {
             OpenError::Weights(WeightError::Quant { module: m, why }) => {
                 assert_eq!(m, module);
@@ -234,21 +235,21 @@ fn an_override_naming_no_module_and_codes_the_config_keeps_float_are_refused_by_
 #[test]
 fn truncated_codes_misshapen_scales_and_float_codes_are_refused_by_tensor_name() {
     let cases: [(&str, fn(&mut Vec<(String, StDtype, Vec<usize>, Vec<u8>)>)); 4] = [
-        ("model.layers.0.self_attn.q_proj.weight", |t| {
-            let e = t.iter_mut().find(|e| e.0 == "model.layers.0.self_attn.q_proj.weight").expect("q_proj");
+        ("model.layers.2.self_attn.q_proj.weight", |t| {
+            let e = t.iter_mut().find(|e| e.0 == "model.layers.2.self_attn.q_proj.weight").expect("q_proj");
             e.2[1] -= 1;
             e.3.truncate(e.2.iter().product::<usize>() * 4);
         }),
-        ("model.layers.0.self_attn.q_proj.scales", |t| {
-            let e = t.iter_mut().find(|e| e.0 == "model.layers.0.self_attn.q_proj.scales").expect("scales");
+        ("model.layers.2.self_attn.q_proj.scales", |t| {
+            let e = t.iter_mut().find(|e| e.0 == "model.layers.2.self_attn.q_proj.scales").expect("scales");
             e.2[1] -= 1;
             e.3.truncate(e.2.iter().product::<usize>() * 4);
         }),
-        ("model.layers.0.self_attn.q_proj.biases", |t| {
-            t.retain(|e| e.0 != "model.layers.0.self_attn.q_proj.biases");
+        ("model.layers.2.self_attn.q_proj.biases", |t| {
+            t.retain(|e| e.0 != "model.layers.2.self_attn.q_proj.biases");
         }),
-        ("model.layers.0.self_attn.q_proj.weight", |t| {
-            let e = t.iter_mut().find(|e| e.0 == "model.layers.0.self_attn.q_proj.weight").expect("q_proj");
+        ("model.layers.2.self_attn.q_proj.weight", |t| {
+            let e = t.iter_mut().find(|e| e.0 == "model.layers.2.self_attn.q_proj.weight").expect("q_proj");
             e.1 = StDtype::F32;
         }),
     ];

@@ -9,7 +9,7 @@ use tensorfold_kernels::backend::Ffn;
 use tensorfold_kernels::bytes::{Affine, Dtype, HostBytes, MatView};
 use tensorfold_kernels::cpu::{moe, ops};
 
-pub struct Affine4And8;
+pub(crate) struct Affine4And8;
 faults! {
     /// The planted controls of `cpu.affine`.
     enum AffineFault {
@@ -64,8 +64,11 @@ impl Mlx {
             None => {}
         }
         let dtype = if self.bits == 4 { Dtype::Q4 } else { Dtype::Q8 };
-        let affine =
-            Affine { group: self.group, scales: HostBytes::from_f32(&scales), biases: HostBytes::from_f32(&self.biases) };
+        let affine = Affine {
+            group: self.group,
+            scales: HostBytes::from_f32(&scales),
+            biases: HostBytes::from_f32(&self.biases),
+        };
         MatView::quantized(self.rows, self.cols, dtype, HostBytes::copy_from(&bytes), affine).expect("consistent")
     }
 }
@@ -179,7 +182,11 @@ fn expert_gates(fault: Option<AffineFault>, rng: &mut StdRng) -> Vec<Gate> {
     for bits in [4, 8] {
         let raw: Vec<[Mlx; 3]> = (0..ne)
             .map(|_| {
-                [Mlx::random(rng, inter, h, bits, 32), Mlx::random(rng, inter, h, bits, 32), Mlx::random(rng, h, inter, bits, 32)]
+                [
+                    Mlx::random(rng, inter, h, bits, 32),
+                    Mlx::random(rng, inter, h, bits, 32),
+                    Mlx::random(rng, h, inter, bits, 32),
+                ]
             })
             .collect();
         let ex: Vec<Ffn<MatView>> =

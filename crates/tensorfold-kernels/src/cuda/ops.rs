@@ -37,7 +37,10 @@ pub(crate) fn mul(a: usize, b: usize) -> Result<usize, CudaError> {
 pub(crate) fn upload_mat(be: &CudaBackend, m: &MatView) -> Result<CudaMat, CudaError> {
     // MLX 8-bit affine is Q8 exactly (u8 codes, f32 scales and biases); the 4-bit form has no device kernels yet.
     expect(m.dtype != Dtype::Q4, || {
-        format!("matrix [{}, {}] is 4-bit affine codes, which the CUDA backend does not run yet (8-bit does)", m.rows, m.cols)
+        format!(
+            "matrix [{}, {}] is 4-bit affine codes, which the CUDA backend does not run yet (8-bit does)",
+            m.rows, m.cols
+        )
     })?;
     let want = mul(mul(m.rows, m.cols)?, m.dtype.size())?;
     expect(m.bytes.len() == want, || {
