@@ -145,8 +145,14 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
     std::fs::write(dir.join("config.json"), serde_json::to_vec(&o).expect("serializes")).expect("writes");
 }
 
-/// Rewrites `model.safetensors` of `dir`: `edit` gets `(name, dtype, shape, bytes)` of every tensor.
-fn edit_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, StDtype, Vec<usize>, Vec<u8>)>)) {
+/// Every tensor of a weights file as `(name, dtype, shape, bytes)`.
+type Tensors = Vec<(String, StDtype, Vec<usize>, Vec<u8>)>;
+
+/// A damage done to a copy's tensors.
+type Damage = fn(&mut Tensors);
+
+/// Rewrites `model.safetensors` of `dir` through `edit`.
+fn edit_weights(dir: &Path, edit: impl FnOnce(&mut Tensors)) {
     let bytes = std::fs::read(dir.join("model.safetensors")).expect("weights");
     let st = SafeTensors::deserialize(&bytes).expect("parses");
     let mut t: Vec<_> =
@@ -234,7 +240,7 @@ fn an_override_naming_no_module_and_codes_the_config_keeps_float_are_refused_by_
 
 #[test]
 fn truncated_codes_misshapen_scales_and_float_codes_are_refused_by_tensor_name() {
-    let cases: [(&str, fn(&mut Vec<(String, StDtype, Vec<usize>, Vec<u8>)>)); 4] = [
+    let cases: [(&str, Damage); 4] = [
         ("model.layers.2.self_attn.q_proj.weight", |t| {
             let e = t.iter_mut().find(|e| e.0 == "model.layers.2.self_attn.q_proj.weight").expect("q_proj");
             e.2[1] -= 1;

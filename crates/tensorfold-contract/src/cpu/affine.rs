@@ -102,8 +102,11 @@ fn linear_err(m: &Mlx, x: &[f32], rows: usize, out: &[f32]) -> f64 {
     err
 }
 
+/// A linear-like call: `(x [rows, k], rows, out [rows, n])`.
+type RowsCall<'a> = &'a dyn Fn(&[f32], usize, &mut [f32]);
+
 /// Outputs that differ between wide calls and one-row calls of `f` over `x` `[33, k]`, at every width.
-fn widths_diffs(f: &dyn Fn(&[f32], usize, &mut [f32]), x: &[f32], k: usize, n: usize) -> usize {
+fn widths_diffs(f: RowsCall, x: &[f32], k: usize, n: usize) -> usize {
     let mut one = vec![0f32; 33 * n];
     for r in 0..33 {
         f(&x[r * k..(r + 1) * k], 1, &mut one[r * n..(r + 1) * n]);
