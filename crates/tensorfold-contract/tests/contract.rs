@@ -36,6 +36,7 @@ fn the_registry_covers_every_kernel_of_the_forward() {
     for want in [
         "cpu.dot",
         "cpu.linear",
+        "cpu.affine",
         "cpu.embed",
         "cpu.rmsnorm",
         "cpu.qk_norm_rope",

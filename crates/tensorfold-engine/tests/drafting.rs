@@ -79,19 +79,24 @@ fn drafted_replies_equal_plain_replies_and_the_serial_reference_on_the_fake_targ
 
 #[test]
 fn drafted_replies_equal_plain_replies_on_the_fixture_model_through_rejections_and_acceptances() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2-moe-f32");
-    let load = || {
-        let l = tensorfold_model::open(&Source::Dir(dir.clone()), CpuBackend).expect("fixture opens");
-        ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
-    };
-    let reqs: Vec<Request> =
-        requests(40).into_iter().map(|r| Request { prompt: r.prompt.iter().map(|t| t + 100).collect(), ..r }).collect();
-    let plain: Vec<Request> = reqs.iter().map(|r| Request { draft: false, ..r.clone() }).collect();
-    let (drafted, stats) = run(load(), cfg(2), &reqs);
-    let (undrafted, _) = run(load(), cfg(2), &plain);
-    assert_eq!(drafted, undrafted);
-    let (d, a): (usize, usize) = stats.iter().fold((0, 0), |(d, a), s| (d + s.drafted, a + s.accepted));
-    assert!(a > 0 && d > a, "both accepted and rejected drafts: {a} of {d}");
+    // The float fixture and an MLX 4-bit conversion of it (codes through the same rollback paths).
+    for name in ["lfm2-moe-f32", "mlx/lfm2-moe-f32-q4g32"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name);
+        let load = || {
+            let l = tensorfold_model::open(&Source::Dir(dir.clone()), CpuBackend).expect("fixture opens");
+            ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids }
+        };
+        let reqs: Vec<Request> = requests(40)
+            .into_iter()
+            .map(|r| Request { prompt: r.prompt.iter().map(|t| t + 100).collect(), ..r })
+            .collect();
+        let plain: Vec<Request> = reqs.iter().map(|r| Request { draft: false, ..r.clone() }).collect();
+        let (drafted, stats) = run(load(), cfg(2), &reqs);
+        let (undrafted, _) = run(load(), cfg(2), &plain);
+        assert_eq!(drafted, undrafted, "{name}");
+        let (d, a): (usize, usize) = stats.iter().fold((0, 0), |(d, a), s| (d + s.drafted, a + s.accepted));
+        assert!(a > 0 && d > a, "{name}: both accepted and rejected drafts: {a} of {d}");
+    }
 }
 
 #[test]

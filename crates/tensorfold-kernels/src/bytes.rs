@@ -10,17 +10,44 @@ pub enum Dtype {
     /// IEEE binary32.
     F32,
     /// 8-bit affine codes (MLX's affine quantization): element `i` of a row is
-    /// `code[i] * scale[g] + bias[g]` for its group `g = i / group`, computed as one f32 FMA.
+    /// `code[i] * scale[g] + bias[g]` for its group `g = i / group`, computed as one f32 FMA. One byte a code:
+    /// MLX's uint32 words of four codes, first in the low bits, are these bytes in little-endian order.
     Q8,
+    /// 4-bit affine codes (MLX's affine quantization at 4 bits): two codes a byte, element `2i` in the low nibble
+    /// of byte `i` and `2i + 1` in the high one (MLX's uint32 words of eight codes, first in the low bits, read as
+    /// little-endian bytes); each element is `fma(code, scale[g], bias[g])` in f32 as [`Dtype::Q8`].
+    Q4,
 }
 
 impl Dtype {
-    /// Bytes per element.
+    /// Bytes per element of the unpacked dtypes (a [`Dtype::Q4`] element is half a byte: use [`Dtype::bytes`]).
     pub fn size(self) -> usize {
         match self {
             Dtype::Bf16 => 2,
             Dtype::F32 => 4,
-            Dtype::Q8 => 1,
+            Dtype::Q8 | Dtype::Q4 => 1,
+        }
+    }
+
+    /// Bytes of `elems` elements; `None` on overflow or a Q4 run of odd length (half a byte).
+    pub fn bytes(self, elems: usize) -> Option<usize> {
+        match self {
+            Dtype::Q4 => elems.is_multiple_of(2).then_some(elems / 2),
+            d => elems.checked_mul(d.size()),
+        }
+    }
+
+    /// Whether the elements are affine codes with per-group scales and biases.
+    pub fn is_affine(self) -> bool {
+        matches!(self, Dtype::Q8 | Dtype::Q4)
+    }
+
+    /// Bits of one code of an affine dtype (8 or 4); `None` for the float dtypes.
+    pub fn code_bits(self) -> Option<u32> {
+        match self {
+            Dtype::Q8 => Some(8),
+            Dtype::Q4 => Some(4),
+            _ => None,
         }
     }
 }
@@ -120,7 +147,7 @@ pub struct MatView {
     pub dtype: Dtype,
     /// `rows * cols * dtype.size()` bytes, aligned to the element size.
     pub bytes: HostBytes,
-    /// Scales and biases of a [`Dtype::Q8`] matrix; `None` otherwise.
+    /// Scales and biases of a [`Dtype::Q8`] or [`Dtype::Q4`] matrix; `None` otherwise.
     pub affine: Option<Affine>,
 }
 
@@ -140,7 +167,22 @@ impl MatView {
     pub fn new(rows: usize, cols: usize, dtype: Dtype, bytes: HostBytes) -> Option<Self> {
         (rows.checked_mul(cols)?.checked_mul(dtype.size())? == bytes.len())
             .then(|| Self { rows, cols, dtype, bytes: bytes.aligned(dtype.size()), affine: None })
-            .filter(|_| dtype != Dtype::Q8)
+            .filter(|_| !dtype.is_affine())
+    }
+
+    /// An affine-quantized matrix over its codes (zero-copy): `codes` are `rows * cols` codes of `dtype` (Q8 or Q4,
+    /// packed as [`Dtype::Q4`] says), `affine` holds f32 scales and biases `[rows, cols / group]`. `None` when a
+    /// length disagrees with the shape, the group does not divide `cols`, or `dtype` is not affine.
+    pub fn quantized(rows: usize, cols: usize, dtype: Dtype, codes: HostBytes, affine: Affine) -> Option<Self> {
+        let g = affine.group;
+        let groups = rows.checked_mul(cols.checked_div(g)?)?;
+        let ok = dtype.is_affine()
+            && cols.is_multiple_of(g)
+            && dtype.bytes(cols)?.checked_mul(rows)? == codes.len()
+            && affine.scales.len() == groups * 4
+            && affine.biases.len() == groups * 4;
+        let affine = Affine { group: g, scales: affine.scales.aligned(4), biases: affine.biases.aligned(4) };
+        ok.then_some(Self { rows, cols, dtype, bytes: codes, affine: Some(affine) })
     }
 
     /// An f32 matrix from values (for tests and the contract).
@@ -157,7 +199,7 @@ impl MatView {
 
     /// Rows `[start, start + count)` as their own matrix (zero-copy).
     pub fn row_range(&self, start: usize, count: usize) -> Option<Self> {
-        let row_bytes = self.cols * self.dtype.size();
+        let row_bytes = self.dtype.bytes(self.cols)?;
         let affine = match &self.affine {
             Some(a) => {
                 let gb = self.cols / a.group * 4;
@@ -182,19 +224,26 @@ impl MatView {
         match self.dtype {
             Dtype::F32 => f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap_or([0; 4])),
             Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16),
-            Dtype::Q8 => {
-                let a = self.affine.as_ref().expect("a Q8 matrix has scales and biases");
+            Dtype::Q8 | Dtype::Q4 => {
+                let a = self.affine.as_ref().expect("an affine matrix has scales and biases");
                 let g = r * (self.cols / a.group) + c / a.group;
                 let f = |h: &HostBytes| bytemuck::cast_slice::<u8, f32>(h.as_slice())[g];
-                (b[i] as f32).mul_add(f(&a.scales), f(&a.biases))
+                let code = if self.dtype == Dtype::Q8 { b[i] } else { (b[i / 2] >> (4 * (i % 2))) & 15 };
+                (code as f32).mul_add(f(&a.scales), f(&a.biases))
             }
         }
     }
 
-    /// The matrix quantized to 8-bit affine codes in groups of `group` columns (MLX's affine scheme: per
-    /// group, `scale = (max - min) / 255`, `bias = min`, `code = round((w - bias) / scale)`). `None` when
-    /// `group` does not divide `cols`.
+    /// The matrix quantized to 8-bit affine codes in groups of `group` columns ([`MatView::quantize_affine`]).
     pub fn quantize_q8(&self, group: usize) -> Option<Self> {
+        self.quantize_affine(Dtype::Q8, group)
+    }
+
+    /// The matrix quantized to affine codes of `dtype` (Q8 or Q4) in groups of `group` columns (MLX's affine
+    /// scheme, min-max form: per group, `scale = (max - min) / (2^bits - 1)`, `bias = min`,
+    /// `code = round((w - bias) / scale)`). `None` when `group` does not divide `cols` or `dtype` is not affine.
+    pub fn quantize_affine(&self, dtype: Dtype, group: usize) -> Option<Self> {
+        let top = ((1u32 << dtype.code_bits()?) - 1) as f32;
         if group == 0 || !self.cols.is_multiple_of(group) {
             return None;
         }
@@ -203,26 +252,24 @@ impl MatView {
         let (mut scales, mut biases) = (Vec::new(), Vec::new());
         for (gi, chunk) in w.chunks(group).enumerate() {
             let (lo, hi) = chunk.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-            let scale = (hi - lo) / 255.0;
+            let scale = (hi - lo) / top;
             for (k, &v) in chunk.iter().enumerate() {
-                codes[gi * group + k] =
-                    if scale > 0.0 { ((v - lo) / scale).round().clamp(0.0, 255.0) as u8 } else { 0 };
+                codes[gi * group + k] = if scale > 0.0 { ((v - lo) / scale).round().clamp(0.0, top) as u8 } else { 0 };
             }
             scales.push(scale);
             biases.push(lo);
         }
-        Some(Self {
-            rows: self.rows,
-            cols: self.cols,
-            dtype: Dtype::Q8,
-            bytes: HostBytes::copy_from(&codes),
-            affine: Some(Affine { group, scales: HostBytes::from_f32(&scales), biases: HostBytes::from_f32(&biases) }),
-        })
+        let packed = match dtype {
+            Dtype::Q4 => codes.chunks(2).map(|p| p[0] | (p.get(1).copied().unwrap_or(0) << 4)).collect(),
+            _ => codes,
+        };
+        let affine = Affine { group, scales: HostBytes::from_f32(&scales), biases: HostBytes::from_f32(&biases) };
+        Self::quantized(self.rows, self.cols, dtype, HostBytes::copy_from(&packed), affine)
     }
 
     /// All elements widened to f32, row-major.
     pub fn to_f32(&self) -> Vec<f32> {
-        if self.dtype == Dtype::Q8 {
+        if self.dtype.is_affine() {
             return (0..self.rows)
                 .flat_map(|r| (0..self.cols).map(move |c| (r, c)))
                 .map(|(r, c)| self.get(r, c))
@@ -234,7 +281,7 @@ impl MatView {
                 .iter()
                 .map(|&h| f32::from_bits((h as u32) << 16))
                 .collect(),
-            Dtype::Q8 => unreachable!("handled above"),
+            Dtype::Q8 | Dtype::Q4 => unreachable!("handled above"),
         }
     }
 }

@@ -77,6 +77,18 @@ pub enum WRow<'a> {
         /// Elements a group.
         group: usize,
     },
+    /// 4-bit affine codes, two a byte (element `2i` in the low nibble of byte `i`): element `i` is
+    /// `fma(code(i), scales[i / group], biases[i / group])`.
+    Q4 {
+        /// Packed codes (`len / 2` bytes).
+        codes: &'a [u8],
+        /// One scale a group.
+        scales: &'a [f32],
+        /// One bias a group.
+        biases: &'a [f32],
+        /// Elements a group.
+        group: usize,
+    },
 }
 
 impl WRow<'_> {
@@ -86,6 +98,7 @@ impl WRow<'_> {
             WRow::F32(w) => w.len(),
             WRow::Bf16(w) => w.len(),
             WRow::Q8 { codes, .. } => codes.len(),
+            WRow::Q4 { codes, .. } => 2 * codes.len(),
         }
     }
 
@@ -102,7 +115,16 @@ impl WRow<'_> {
             WRow::Q8 { codes, scales, biases, group } => {
                 (codes[i] as f32).mul_add(scales[i / group], biases[i / group])
             }
+            WRow::Q4 { codes, scales, biases, group } => {
+                let q = (codes[i / 2] >> (4 * (i % 2))) & 15;
+                (q as f32).mul_add(scales[i / group], biases[i / group])
+            }
         }
+    }
+
+    /// Whether the elements are affine codes (widened by [`WRow::get`] before the canonical dot).
+    pub fn is_affine(&self) -> bool {
+        matches!(self, WRow::Q8 { .. } | WRow::Q4 { .. })
     }
 }
 
@@ -123,6 +145,12 @@ pub fn fold(l: &[f32; LANES]) -> f32 {
 pub fn dot_tile(level: Level, xs: &[&[f32]], w: WRow, out: &mut [f32]) {
     // The SIMD paths load by `w.len()`: a shorter row would be read past its end.
     assert!(xs.iter().all(|x| x.len() == w.len()) && out.len() == xs.len(), "dot_tile: row lengths differ");
+    if w.is_affine() {
+        // Codes widen once a tile, each weight exactly `fma(q, scale, bias)` in f32 (the value the portable path
+        // multiplies by), then run the f32 dot: the canonical order, the same bits on every level and width.
+        let wide: Vec<f32> = (0..w.len()).map(|i| w.get(i)).collect();
+        return dot_tile(level, xs, WRow::F32(&wide), out);
+    }
     #[cfg(target_arch = "x86_64")]
     if level != Level::Portable {
         let mut r = 0;
@@ -181,7 +209,7 @@ mod x86 {
                 (_, WRow::Bf16(w)) => avx2_bf16::<R>(xs, w),
                 // 8-bit rows widen each 16-element chunk to f32 with the same FMA as the portable path,
                 // then take the f32 path: the same bits on every level.
-                (_, q @ WRow::Q8 { .. }) => q8::<R>(level, xs, q),
+                (_, q @ (WRow::Q8 { .. } | WRow::Q4 { .. })) => q8::<R>(level, xs, q),
             }
         }
     }

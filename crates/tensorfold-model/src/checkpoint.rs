@@ -33,7 +33,7 @@ pub enum CheckpointError {
     #[error("model.safetensors.index.json places tensor {tensor} in {index}, but {found}")]
     IndexMismatch { tensor: String, index: String, found: String },
     /// A tensor dtype we cannot run.
-    #[error("tensor {name} has dtype {dtype}; supported are BF16, F16 and F32")]
+    #[error("tensor {name} has dtype {dtype}; supported are BF16, F16, F32 and U32 (MLX codes)")]
     Dtype { name: String, dtype: String },
     /// A synthetic checkpoint's spec is refused (unknown shape, bad seed, config refused).
     #[error("synthetic checkpoint: {0}")]
@@ -111,6 +111,8 @@ pub enum StoredDtype {
     F16,
     /// IEEE single.
     F32,
+    /// Unsigned 32-bit words: MLX affine codes (a quantized module's `weight`, beside its `scales` and `biases`).
+    U32,
 }
 
 impl StoredDtype {
@@ -120,6 +122,7 @@ impl StoredDtype {
             StoredDtype::Bf16 => "BF16",
             StoredDtype::F16 => "F16",
             StoredDtype::F32 => "F32",
+            StoredDtype::U32 => "U32",
         }
     }
 }
@@ -187,6 +190,7 @@ impl TensorTable {
                 StDtype::BF16 => StoredDtype::Bf16,
                 StDtype::F16 => StoredDtype::F16,
                 StDtype::F32 => StoredDtype::F32,
+                StDtype::U32 => StoredDtype::U32,
                 other => return Err(CheckpointError::Dtype { name, dtype: format!("{other:?}") }),
             };
             let start = view.data().as_ptr() as usize - buf.as_ptr() as usize;

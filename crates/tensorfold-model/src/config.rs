@@ -18,6 +18,9 @@ pub enum ConfigError {
     /// A value we do not run (named so the user knows what to change).
     #[error("config.json `{field}` = {value} is not supported: {why}")]
     Unsupported { field: &'static str, value: String, why: &'static str },
+    /// The quantization block refused for one module path (or `quantization`, the checkpoint-wide values).
+    #[error("config.json quantization of {module} is refused: {why}")]
+    Quantization { module: String, why: String },
 }
 
 /// Model family (`model_type`).
@@ -104,6 +107,8 @@ pub struct ModelConfig {
     pub eos_ids: Vec<u32>,
     /// `bos_token_id`.
     pub bos_id: Option<u32>,
+    /// MLX affine quantization (`quantization`, as mlx-lm writes it); `None` for a float checkpoint.
+    pub quant: Option<crate::quant::QuantConfig>,
 }
 
 impl ModelConfig {
@@ -130,9 +135,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
     if let Some(act) = o.get("hidden_act").filter(|v| !v.is_null() && v.as_str() != Some("silu")) {
         return Err(unsupported("hidden_act", &act.to_string(), "LFM2 FFNs are SwiGLU (silu)"));
     }
-    if let Some(q) = o.get("quantization_config").filter(|v| !v.is_null()) {
-        return Err(unsupported("quantization_config", &q.to_string(), "quantized checkpoints are not supported yet"));
-    }
+    let quant = crate::quant::QuantConfig::parse(o)?;
     let hidden = usize_field(o, "hidden_size")?;
     let heads = usize_field(o, "num_attention_heads")?;
     let kv_heads = opt_usize(o, "num_key_value_heads")?.unwrap_or(heads);
@@ -193,6 +196,7 @@ fn admit(o: &Map<String, Value>) -> Result<ModelConfig, ConfigError> {
         moe,
         eos_ids: id_list(o, "eos_token_id")?,
         bos_id: id_list(o, "bos_token_id")?.first().copied(),
+        quant,
     };
     // Sizes whose products overflow or exceed any device are refused here, so no later estimate can wrap.
     crate::config_bounds::check(&cfg)?;

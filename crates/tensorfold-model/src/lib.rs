@@ -11,6 +11,7 @@ pub mod forward;
 mod hooks;
 pub mod layers;
 pub mod load;
+pub mod quant;
 pub mod state;
 pub mod synthetic;
 pub mod weights;

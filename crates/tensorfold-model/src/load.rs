@@ -4,7 +4,7 @@ use crate::checkpoint::{CheckpointError, Source, TensorTable};
 use crate::config::{ConfigError, Mixer, ModelConfig};
 use crate::forward::Model;
 use crate::weights::{WeightError, bind_owning};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tensorfold_kernels::Backend;
 use tensorfold_text::{Text, TextError};
 
@@ -46,6 +46,9 @@ pub struct Summary {
     pub files: Vec<String>,
     /// Whether tokenizer files are present.
     pub has_tokenizer: bool,
+    /// How each kind of matrix is stored (`self_attn.q_proj` -> `4-bit g64`, `BF16`, ...): the module path less
+    /// `model.` and the layer index ([`quant_kinds`]).
+    pub quant: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A model ready to run, with its text side and stop ids.
@@ -90,7 +93,36 @@ pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
         e.1 += t.bytes.len();
     }
     let has_tokenizer = src.read("tokenizer.json")?.is_some();
-    Ok(Summary { cfg, params, bytes: table.total_bytes(), dtypes, files: table.files.clone(), has_tokenizer })
+    let quant = quant_kinds(&cfg, &table);
+    Ok(Summary { cfg, params, bytes: table.total_bytes(), dtypes, files: table.files.clone(), has_tokenizer, quant })
+}
+
+/// Each matrix kind's storage: a module with `.scales` by its quantization (override or checkpoint-wide), another
+/// matrix (a `.weight` of two or more dimensions, the conv kernel aside) by its stored dtype. The kind is the module
+/// path without `model.` and `layers.N.` (`feed_forward.switch_mlp.gate_proj`, `embed_tokens`).
+pub fn quant_kinds(cfg: &ModelConfig, table: &TensorTable) -> BTreeMap<String, BTreeSet<String>> {
+    let mut kinds: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, e) in &table.tensors {
+        let Some(module) =
+            name.strip_suffix(".weight").filter(|_| e.shape.len() >= 2 && !name.ends_with("conv.conv.weight"))
+        else {
+            continue;
+        };
+        let how = match table.tensors.contains_key(&format!("{module}.scales")) {
+            true => match cfg.quant.as_ref().and_then(|q| q.params(module)) {
+                Some(p) => p.describe(),
+                None => "codes the config keeps float (refused at open)".into(),
+            },
+            false => e.dtype.as_str().to_string(),
+        };
+        let kind = module.strip_prefix("model.").unwrap_or(module);
+        let kind = match kind.strip_prefix("layers.").and_then(|k| k.split_once('.')) {
+            Some((_, rest)) => rest,
+            None => kind,
+        };
+        kinds.entry(kind.to_string()).or_default().insert(how);
+    }
+    kinds
 }
 
 /// A synthetic checkpoint's summary from its tensor shapes, without making the values.
@@ -105,7 +137,7 @@ fn synthetic_summary(cfg: ModelConfig, s: &crate::synthetic::Synthetic) -> Summa
         let e = dtypes.entry(dt.as_str()).or_default();
         (e.0, e.1) = (e.0 + 1, e.1 + b);
     }
-    Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false }
+    Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false, quant: BTreeMap::new() }
 }
 
 /// Opens a checkpoint on `backend`: admits the config, binds every tensor, reads the text files.

@@ -252,6 +252,7 @@ pub fn write(dir: &Path, config: &[u8], table: &TensorTable) -> Result<(), Check
             StoredDtype::Bf16 => safetensors::Dtype::BF16,
             StoredDtype::F16 => safetensors::Dtype::F16,
             StoredDtype::F32 => safetensors::Dtype::F32,
+            StoredDtype::U32 => safetensors::Dtype::U32,
         };
         let view = safetensors::tensor::TensorView::new(dt, e.shape.clone(), e.bytes.as_slice())
             .expect("a generated tensor's bytes match its shape");

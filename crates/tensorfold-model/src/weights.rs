@@ -4,8 +4,10 @@
 use crate::checkpoint::{StoredDtype, TensorEntry, TensorTable};
 use crate::config::{Mixer, ModelConfig};
 pub use crate::layers::{AttnWeights, ConvWeights, FfnWeights, LayerWeights, MixerWeights};
-use std::collections::BTreeSet;
+use crate::quant::QuantConfig;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use tensorfold_kernels::bytes::Affine;
 use tensorfold_kernels::{Backend, Dtype, HostBytes, KernelError, MatView, backend::Ffn};
 
 /// A tensor that does not fit the admitted config.
@@ -26,6 +28,13 @@ pub enum WeightError {
     /// A weight is NaN or infinite (a damaged or badly converted checkpoint: every request would fail).
     #[error("tensor {name} holds a non-finite value (NaN or inf) at element {index}")]
     NonFinite { name: String, index: usize },
+    /// A tensor's dtype does not fit its role (codes outside a quantized module, float codes, integer scales).
+    #[error("tensor {name} has dtype {dtype}: {why}")]
+    Dtype { name: String, dtype: &'static str, why: &'static str },
+    /// A quantized module that disagrees with `config.json`'s quantization (codes the config says are float, an
+    /// override naming no module, a group size that does not divide the input width).
+    #[error("quantized module {module}: {why}")]
+    Quant { module: String, why: String },
 }
 
 /// Every weight of the model on the device.
@@ -48,26 +57,53 @@ pub(crate) struct Binder<'a, B: Backend> {
     /// The MoE experts this device holds (expert parallelism); the others are shape-checked, marked used, and left
     /// on the host.
     pub(crate) owned: Range<usize>,
+    /// `config.json`'s MLX quantization; `None` for a float checkpoint.
+    pub(crate) quant: Option<QuantConfig>,
+    /// Every matrix module bound (`name` less `.weight`), so an override naming none is refused.
+    pub(crate) modules: BTreeSet<String>,
+    /// Stacked `[E, rows, cols]` matrices viewed whole once (MLX `switch_mlp`), sliced per expert.
+    stacks: BTreeMap<String, MatView>,
 }
 
 impl<'a, B: Backend> Binder<'a, B> {
     /// A binder over `table` with nothing used yet.
     pub(crate) fn new(table: &'a TensorTable, backend: &'a B) -> Self {
-        Self { table, used: BTreeSet::new(), backend, owned: 0..usize::MAX }
+        let (used, modules, stacks) = (BTreeSet::new(), BTreeSet::new(), BTreeMap::new());
+        Self { table, used, backend, owned: 0..usize::MAX, quant: None, modules, stacks }
     }
 
-    /// Refuses the first tensor no binding used.
+    /// Refuses the first tensor no binding used, then the first quantization override naming no matrix bound.
     pub(crate) fn finish(&self) -> Result<(), WeightError> {
-        match self.table.tensors.keys().find(|k| !self.used.contains(*k)) {
-            Some(extra) => Err(WeightError::Unexpected(extra.clone())),
+        if let Some(extra) = self.table.tensors.keys().find(|k| !self.used.contains(*k)) {
+            return Err(WeightError::Unexpected(extra.clone()));
+        }
+        let overrides = self.quant.as_ref().map(|q| q.overrides.keys()).into_iter().flatten();
+        match overrides.into_iter().find(|m| !self.modules.contains(*m)) {
+            Some(m) => Err(WeightError::Quant {
+                module: m.clone(),
+                why: "config.json's quantization names it, but the model has no such matrix".into(),
+            }),
             None => Ok(()),
         }
     }
 
+    /// A float tensor of shape `want` (marked used); codes (U32) are refused here: only a quantized module has them.
     pub(crate) fn entry(&mut self, name: &str, want: &[usize]) -> Result<&TensorEntry, WeightError> {
+        self.entry_of(name, want, false)
+    }
+
+    fn entry_of(&mut self, name: &str, want: &[usize], codes: bool) -> Result<&TensorEntry, WeightError> {
         let e = self.table.tensors.get(name).ok_or_else(|| WeightError::Missing(name.to_string()))?;
         if e.shape != want {
             return Err(WeightError::Shape { name: name.to_string(), got: e.shape.clone(), want: want.to_vec() });
+        }
+        let why = match (codes, e.dtype == StoredDtype::U32) {
+            (false, true) => Some("U32 codes without a `.scales` beside them (codes belong to a quantized module)"),
+            (true, false) => Some("a quantized module's weight must be U32 codes, as mlx-lm writes them"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(WeightError::Dtype { name: name.to_string(), dtype: e.dtype.as_str(), why });
         }
         // A full scan by exponent bits: one pass over bytes the upload reads anyway (bounded by the weights' size).
         if let Some(index) = first_nonfinite(e) {
@@ -82,10 +118,54 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.upload(name, &view)
     }
 
-    /// The host view of a `[rows, cols]` tensor (shape checked, marked used).
+    /// The host view of a `[rows, cols]` matrix `name` (`MODULE.weight`; shape checked, marked used): float as
+    /// stored, or MLX affine codes when `MODULE.scales` exists ([`Binder::stack_view`]).
     pub(crate) fn view(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatView, WeightError> {
-        let e = self.entry(name, &[rows, cols])?.clone();
-        Ok(to_mat(&e, rows, cols))
+        self.stack_view(name, &[], rows, cols)
+    }
+
+    /// The host view of matrix `name` of shape `lead ++ [rows, cols]` as one `[prod(lead) * rows, cols]` matrix:
+    /// float as stored, or, when `MODULE.scales` exists, MLX affine codes (`weight` U32 `[.., rows, cols * bits /
+    /// 32]`, `scales` and `biases` `[.., rows, cols / group]` in a float dtype, widened to f32 exactly), the codes
+    /// zero-copy in the mapped file.
+    fn stack_view(&mut self, name: &str, lead: &[usize], rows: usize, cols: usize) -> Result<MatView, WeightError> {
+        let module = name.strip_suffix(".weight").unwrap_or(name).to_string();
+        self.modules.insert(module.clone());
+        let n = lead.iter().product::<usize>() * rows;
+        let shape = |last: usize| [lead, &[rows, last]].concat();
+        let scales = format!("{module}.scales");
+        let configured = self.quant.as_ref().and_then(|q| q.overrides.get(&module).copied().flatten());
+        if !self.table.tensors.contains_key(&scales) {
+            if configured.is_some() {
+                let why = "config.json's quantization names it, but the checkpoint stores no `.scales` for it".into();
+                return Err(WeightError::Quant { module, why });
+            }
+            let e = self.entry(name, &shape(cols))?.clone();
+            return Ok(to_mat(&e, n, cols));
+        }
+        let quant_err = |why: String| WeightError::Quant { module: module.clone(), why };
+        let p = self.quant.as_ref().and_then(|q| q.params(&module)).ok_or_else(|| {
+            quant_err("the checkpoint stores codes and scales, but config.json's quantization keeps it float".into())
+        })?;
+        if !cols.is_multiple_of(p.group) {
+            return Err(quant_err(format!("group size {} does not divide its input width {cols}", p.group)));
+        }
+        let codes = self.entry_of(name, &shape(cols * p.bits as usize / 32), true)?.bytes.clone();
+        let groups = shape(cols / p.group);
+        let scales = self.affine_part(&scales, &groups)?;
+        let biases = self.affine_part(&format!("{module}.biases"), &groups)?;
+        let affine = Affine { group: p.group, scales, biases };
+        MatView::quantized(n, cols, p.dtype(), codes, affine)
+            .ok_or_else(|| quant_err(format!("codes disagree with {} bits at [{n}, {cols}]", p.bits)))
+    }
+
+    /// A quantized module's `scales` or `biases` (a float dtype, shape `want`) widened to f32 exactly.
+    fn affine_part(&mut self, name: &str, want: &[usize]) -> Result<HostBytes, WeightError> {
+        let e = self.entry(name, want)?;
+        Ok(match e.dtype {
+            StoredDtype::F32 => e.bytes.clone(),
+            _ => HostBytes::from_f32(&to_f32(e)),
+        })
     }
 
     /// Uploads a host view.
@@ -93,7 +173,7 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.backend.upload_mat(view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
     }
 
-    /// Rows `[start, start+count)` of expert `e` of a stacked `[experts, rows, cols]` tensor.
+    /// Rows `[start, start+count)` of expert `e` of a stacked `[experts, rows, cols]` matrix (float, or MLX codes).
     fn stacked(
         &mut self,
         name: &str,
@@ -102,8 +182,14 @@ impl<'a, B: Backend> Binder<'a, B> {
         start: usize,
         count: usize,
     ) -> Result<B::Mat, WeightError> {
-        let ent = self.entry(name, &shape)?.clone();
-        let full = to_mat(&ent, shape[0] * shape[1], shape[2]);
+        let full = match self.stacks.get(name) {
+            Some(v) => v.clone(),
+            None => {
+                let v = self.stack_view(name, &shape[..1], shape[1], shape[2])?;
+                self.stacks.insert(name.to_string(), v.clone());
+                v
+            }
+        };
         let view = full.row_range(e * shape[1] + start, count).expect("in range: shape checked");
         self.backend.upload_mat(&view).map_err(|source| WeightError::Upload { name: name.to_string(), source })
     }
@@ -130,6 +216,7 @@ pub fn first_nonfinite(e: &TensorEntry) -> Option<usize> {
         }
         StoredDtype::Bf16 => half(0x7F80),
         StoredDtype::F16 => half(0x7C00),
+        StoredDtype::U32 => None, // MLX affine codes: integers, never non-finite
     }
 }
 
@@ -144,6 +231,8 @@ pub fn to_f32(e: &TensorEntry) -> Vec<f32> {
         StoredDtype::F16 => {
             b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
         }
+        // Never reached through a binder (codes are refused outside a quantized module); the words' values.
+        StoredDtype::U32 => b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect(),
     }
 }
 
@@ -152,7 +241,7 @@ pub(crate) fn to_mat(e: &TensorEntry, rows: usize, cols: usize) -> MatView {
     let (dtype, bytes) = match e.dtype {
         StoredDtype::Bf16 => (Dtype::Bf16, e.bytes.clone()),
         StoredDtype::F32 => (Dtype::F32, e.bytes.clone()),
-        StoredDtype::F16 => (Dtype::F32, HostBytes::from_f32(&to_f32(e))),
+        StoredDtype::F16 | StoredDtype::U32 => (Dtype::F32, HostBytes::from_f32(&to_f32(e))),
     };
     MatView::new(rows, cols, dtype, bytes).expect("byte length matches the checked shape")
 }
@@ -172,6 +261,7 @@ pub fn bind_owning<B: Backend>(
 ) -> Result<Weights<B>, WeightError> {
     let mut b = Binder::new(table, backend);
     b.owned = owned;
+    b.quant = cfg.quant.clone();
     let (h, v) = (cfg.hidden, cfg.vocab);
     let embed = b.mat("model.embed_tokens.weight", v, h)?;
     let head = if cfg.tied { None } else { Some(b.mat("lm_head.weight", v, h)?) };
@@ -191,7 +281,7 @@ fn bind_layer<B: Backend>(cfg: &ModelConfig, b: &mut Binder<B>, i: usize) -> Res
             MixerWeights::Conv(ConvWeights {
                 in_proj: b.mat(&format!("{p}.conv.in_proj.weight"), 3 * h, h)?,
                 in_bias: b.opt_vec(bias, &format!("{p}.conv.in_proj.bias"), 3 * h)?,
-                kernel: b.vec(&format!("{p}.conv.conv.weight"), &[h, 1, taps])?,
+                kernel: conv_kernel(b, &format!("{p}.conv.conv.weight"), h, taps)?,
                 kernel_bias: b.opt_vec(bias, &format!("{p}.conv.conv.bias"), h)?,
                 out_proj: b.mat(&format!("{p}.conv.out_proj.weight"), h, h)?,
                 out_bias: b.opt_vec(bias, &format!("{p}.conv.out_proj.bias"), h)?,
@@ -228,11 +318,23 @@ fn bind_layer<B: Backend>(cfg: &ModelConfig, b: &mut Binder<B>, i: usize) -> Res
     })
 }
 
+/// The depthwise conv kernel `[h, 1, taps]` as transformers stores it, or `[h, taps, 1]` as mlx-lm's sanitize
+/// transposes it (the same values in the same order).
+fn conv_kernel<B: Backend>(b: &mut Binder<B>, name: &str, h: usize, taps: usize) -> Result<B::Buf, WeightError> {
+    let mlx = b.table.tensors.get(name).is_some_and(|e| e.shape == [h, taps, 1]);
+    let shape = if mlx { [h, taps, 1] } else { [h, 1, taps] };
+    b.vec(name, &shape)
+}
+
+/// A SwiGLU FFN: `w1` / `w3` / `w2` as released, or `gate_proj` / `up_proj` / `down_proj` as mlx-lm's LFM2-MoE
+/// sanitize renames them.
 fn dense<B: Backend>(b: &mut Binder<B>, p: &str, inter: usize, h: usize) -> Result<Ffn<B::Mat>, WeightError> {
+    let mlx = b.table.tensors.contains_key(&format!("{p}.gate_proj.weight"));
+    let [n1, n3, n2] = if mlx { ["gate_proj", "up_proj", "down_proj"] } else { ["w1", "w3", "w2"] };
     Ok(Ffn {
-        w1: b.mat(&format!("{p}.w1.weight"), inter, h)?,
-        w3: b.mat(&format!("{p}.w3.weight"), inter, h)?,
-        w2: b.mat(&format!("{p}.w2.weight"), h, inter)?,
+        w1: b.mat(&format!("{p}.{n1}.weight"), inter, h)?,
+        w3: b.mat(&format!("{p}.{n3}.weight"), inter, h)?,
+        w2: b.mat(&format!("{p}.{n2}.weight"), h, inter)?,
     })
 }
 
@@ -247,6 +349,9 @@ fn bind_experts<B: Backend>(
 ) -> Result<Vec<Ffn<B::Mat>>, WeightError> {
     let fused = format!("{f}.experts.gate_up_proj");
     let owned = b.owned.start.min(n)..b.owned.end.min(n);
+    if b.table.tensors.contains_key(&format!("{f}.switch_mlp.gate_proj.weight")) {
+        return switch_mlp(b, f, [n, inter, h], owned);
+    }
     if !b.table.tensors.contains_key(&fused) {
         for e in (0..n).filter(|e| !owned.contains(e)) {
             for (w, shape) in [("w1", [inter, h]), ("w3", [inter, h]), ("w2", [h, inter])] {
@@ -269,6 +374,38 @@ fn bind_experts<B: Backend>(
         .collect()
 }
 
+/// Experts stacked as mlx-lm writes them: `switch_mlp.{gate,up,down}_proj.weight` `[E, I, h]`, `[E, I, h]`,
+/// `[E, h, I]` (float, or codes with `scales` and `biases` stacked alike). The whole stacks are checked once; the
+/// `owned` experts are uploaded.
+fn switch_mlp<B: Backend>(
+    b: &mut Binder<B>,
+    f: &str,
+    [n, inter, h]: [usize; 3],
+    owned: Range<usize>,
+) -> Result<Vec<Ffn<B::Mat>>, WeightError> {
+    let name = |p: &str| format!("{f}.switch_mlp.{p}.weight");
+    owned
+        .map(|e| {
+            Ok(Ffn {
+                w1: b.stacked(&name("gate_proj"), [n, inter, h], e, 0, inter)?,
+                w3: b.stacked(&name("up_proj"), [n, inter, h], e, 0, inter)?,
+                w2: b.stacked(&name("down_proj"), [n, h, inter], e, 0, h)?,
+            })
+        })
+        .collect::<Result<Vec<_>, WeightError>>()
+        .and_then(|v| {
+            // Experts this device does not own are still checked whole (the stack views above cover every expert).
+            for p in ["gate_proj", "up_proj", "down_proj"] {
+                let shape = if p == "down_proj" { [n, h, inter] } else { [n, inter, h] };
+                if !b.stacks.contains_key(&name(p)) {
+                    let v = b.stack_view(&name(p), &shape[..1], shape[1], shape[2])?;
+                    b.stacks.insert(name(p), v);
+                }
+            }
+            Ok(v)
+        })
+}
+
 /// One device's experts of every layer, in layer order: `None` for a dense layer.
 pub type LayerExperts<B> = Vec<Option<Vec<Ffn<<B as tensorfold_kernels::backend::Memory>::Mat>>>>;
 
@@ -282,6 +419,7 @@ pub fn bind_experts_only<B: Backend>(
 ) -> Result<LayerExperts<B>, WeightError> {
     let mut b = Binder::new(table, backend);
     b.owned = owned;
+    b.quant = cfg.quant.clone();
     (0..cfg.layers.len())
         .map(|i| match &cfg.moe {
             Some(m) if i >= m.dense_layers => {

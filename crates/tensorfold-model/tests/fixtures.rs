@@ -21,14 +21,15 @@ fn fixture(name: &str) -> Source {
     Source::Dir(fixtures_root().join(name))
 }
 
-/// Names of the target fixture directories, sorted (drafter fixtures, `dspark-*`, have their own test).
+/// Names of the target fixture directories, sorted (drafter fixtures, `dspark-*`, and the MLX ones, `mlx/`, have
+/// their own tests).
 fn fixture_names() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(fixtures_root())
         .expect("tests/fixtures is readable")
         .map(|e| e.expect("a directory entry"))
         .filter(|e| e.file_type().expect("a file type").is_dir())
         .map(|e| e.file_name().into_string().expect("a UTF-8 name"))
-        .filter(|n| !n.starts_with("dspark-"))
+        .filter(|n| !n.starts_with("dspark-") && n != "mlx")
         .collect();
     names.sort();
     names

@@ -39,6 +39,16 @@ pub fn run(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         println!("dtype {d:>4}:  {n} tensors, {b} bytes");
     }
     println!("bytes:       {} ({:.2} MiB) in {}", s.bytes, s.bytes as f64 / (1 << 20) as f64, s.files.join(", "));
+    if let Some(q) = &c.quant {
+        println!(
+            "quantized:   MLX affine, {} by default, {} per-module overrides",
+            q.default.describe(),
+            q.overrides.len()
+        );
+    }
+    for (kind, how) in &s.quant {
+        println!("matrix:      {kind:<36} {}", how.iter().cloned().collect::<Vec<_>>().join(", "));
+    }
     println!("tokenizer:   {}", if s.has_tokenizer { "yes" } else { "no (token-id work only)" });
     Ok(ExitCode::SUCCESS)
 }

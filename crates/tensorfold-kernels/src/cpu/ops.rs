@@ -38,12 +38,16 @@ pub fn wrow(w: &MatView, j: usize) -> WRow<'_> {
     match w.dtype {
         Dtype::F32 => WRow::F32(&bytemuck::cast_slice::<u8, f32>(b)[j * w.cols..(j + 1) * w.cols]),
         Dtype::Bf16 => WRow::Bf16(&bytemuck::cast_slice::<u8, u16>(b)[j * w.cols..(j + 1) * w.cols]),
-        Dtype::Q8 => {
-            let a = w.affine.as_ref().expect("a Q8 matrix has scales and biases");
+        Dtype::Q8 | Dtype::Q4 => {
+            let a = w.affine.as_ref().expect("an affine matrix has scales and biases");
             let g = w.cols / a.group;
             let scales = &bytemuck::cast_slice::<u8, f32>(a.scales.as_slice())[j * g..(j + 1) * g];
             let biases = &bytemuck::cast_slice::<u8, f32>(a.biases.as_slice())[j * g..(j + 1) * g];
-            WRow::Q8 { codes: &b[j * w.cols..(j + 1) * w.cols], scales, biases, group: a.group }
+            if w.dtype == Dtype::Q8 {
+                WRow::Q8 { codes: &b[j * w.cols..(j + 1) * w.cols], scales, biases, group: a.group }
+            } else {
+                WRow::Q4 { codes: &b[j * w.cols / 2..(j + 1) * w.cols / 2], scales, biases, group: a.group }
+            }
         }
     }
 }
@@ -125,7 +129,7 @@ pub fn embed(table: &MatView, ids: &[u32], out: &mut [f32]) -> Result<(), Kernel
         match wrow(table, id as usize) {
             WRow::F32(w) => row.copy_from_slice(w),
             WRow::Bf16(w) => row.iter_mut().zip(w).for_each(|(o, &b)| *o = f32::from_bits((b as u32) << 16)),
-            q @ WRow::Q8 { .. } => row.iter_mut().enumerate().for_each(|(i, o)| *o = q.get(i)),
+            q @ (WRow::Q8 { .. } | WRow::Q4 { .. }) => row.iter_mut().enumerate().for_each(|(i, o)| *o = q.get(i)),
         }
     }
     Ok(())
