@@ -159,7 +159,7 @@ impl TensorTable {
             Some(idx) => Some(weight_map(&idx)?),
             None => None,
         };
-        let files = index.as_ref().map_or_else(|| Ok(vec!["model.safetensors".to_string()]), |m| shard_files(m))?;
+        let files = index.as_ref().map_or_else(|| Ok(vec!["model.safetensors".to_string()]), shard_files)?;
         let mut table = TensorTable::default();
         let mut origin = std::collections::BTreeMap::new();
         for f in &files {

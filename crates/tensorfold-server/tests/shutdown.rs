@@ -53,8 +53,11 @@ impl Target for Slow {
     }
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut SlowDrop]) -> Result<Vec<SegOut>, ForwardError> {
         self.entered.store(true, Ordering::Release);
-        while self.wedge {
-            std::thread::park();
+        if self.wedge {
+            // A device that never answers: parked for good (spurious wake-ups park again).
+            loop {
+                std::thread::park();
+            }
         }
         std::thread::sleep(self.delay);
         let mut inner: Vec<&mut Vec<u32>> = states.iter_mut().map(|s| &mut s.0).collect();
