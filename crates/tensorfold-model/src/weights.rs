@@ -48,12 +48,15 @@ pub(crate) struct Binder<'a, B: Backend> {
     /// The MoE experts this device holds (expert parallelism); the others are shape-checked, marked used, and left
     /// on the host.
     pub(crate) owned: Range<usize>,
+    /// Refuse non-finite values at bind (the target). The drafter's binder leaves it off: a non-finite drafter
+    /// block is refused at run time, per stream, and drafting goes on without it (`docs/architecture.md`).
+    pub(crate) finite: bool,
 }
 
 impl<'a, B: Backend> Binder<'a, B> {
     /// A binder over `table` with nothing used yet.
     pub(crate) fn new(table: &'a TensorTable, backend: &'a B) -> Self {
-        Self { table, used: BTreeSet::new(), backend, owned: 0..usize::MAX }
+        Self { table, used: BTreeSet::new(), backend, owned: 0..usize::MAX, finite: true }
     }
 
     /// Refuses the first tensor no binding used.
@@ -70,7 +73,7 @@ impl<'a, B: Backend> Binder<'a, B> {
             return Err(WeightError::Shape { name: name.to_string(), got: e.shape.clone(), want: want.to_vec() });
         }
         // A full scan by exponent bits: one pass over bytes the upload reads anyway (bounded by the weights' size).
-        if let Some(index) = first_nonfinite(e) {
+        if let Some(index) = first_nonfinite(e).filter(|_| self.finite) {
             return Err(WeightError::NonFinite { name: name.to_string(), index });
         }
         self.used.insert(name.to_string());
