@@ -63,13 +63,16 @@ pub(crate) struct Binder<'a, B: Backend> {
     pub(crate) modules: BTreeSet<String>,
     /// Stacked `[E, rows, cols]` matrices viewed whole once (MLX `switch_mlp`), sliced per expert.
     stacks: BTreeMap<String, MatView>,
+    /// Refuse non-finite values at bind (the target). The drafter's binder leaves it off: a non-finite drafter
+    /// block is refused at run time, per stream, and drafting goes on without it (`docs/architecture.md`).
+    pub(crate) finite: bool,
 }
 
 impl<'a, B: Backend> Binder<'a, B> {
     /// A binder over `table` with nothing used yet.
     pub(crate) fn new(table: &'a TensorTable, backend: &'a B) -> Self {
         let (used, modules, stacks) = (BTreeSet::new(), BTreeSet::new(), BTreeMap::new());
-        Self { table, used, backend, owned: 0..usize::MAX, quant: None, modules, stacks }
+        Self { table, used, backend, owned: 0..usize::MAX, quant: None, modules, stacks, finite: true }
     }
 
     /// Refuses the first tensor no binding used, then the first quantization override naming no matrix bound.
@@ -106,7 +109,7 @@ impl<'a, B: Backend> Binder<'a, B> {
             return Err(WeightError::Dtype { name: name.to_string(), dtype: e.dtype.as_str(), why });
         }
         // A full scan by exponent bits: one pass over bytes the upload reads anyway (bounded by the weights' size).
-        if let Some(index) = first_nonfinite(e) {
+        if let Some(index) = first_nonfinite(e).filter(|_| self.finite) {
             return Err(WeightError::NonFinite { name: name.to_string(), index });
         }
         self.used.insert(name.to_string());

@@ -101,6 +101,7 @@ pub fn bind<B: Backend>(
 ) -> Result<DrafterWeights<B>, WeightError> {
     let table = strip_prefix(table)?;
     let mut b = Binder::new(&table, backend);
+    b.finite = false;
     let (d, m, r, v) = (c.hidden, c.taps.len(), c.markov_rank, c.vocab);
     let fc = split_columns(&mut b, "fc.weight", d, m, d, bits)?;
     let hidden_norm = b.vec("hidden_norm.weight", &[d])?;
