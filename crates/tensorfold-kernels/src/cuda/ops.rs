@@ -35,14 +35,9 @@ pub(crate) fn mul(a: usize, b: usize) -> Result<usize, CudaError> {
 
 /// Copies a host matrix to the device in its stored dtype (Q8 and Q4 with their scales and biases).
 pub(crate) fn upload_mat(be: &CudaBackend, m: &MatView) -> Result<CudaMat, CudaError> {
-    // MLX 8-bit affine is Q8 exactly (u8 codes, f32 scales and biases); the 4-bit form has no device kernels yet.
-    expect(m.dtype != Dtype::Q4, || {
-        format!(
-            "matrix [{}, {}] is 4-bit affine codes, which the CUDA backend does not run yet (8-bit does)",
-            m.rows, m.cols
-        )
-    })?;
-    let want = mul(mul(m.rows, m.cols)?, m.dtype.size())?;
+    // MLX 8-bit affine is Q8 exactly (u8 codes, f32 scales and biases); 4-bit is Q4 (two codes a byte).
+    let elems = mul(m.rows, m.cols)?;
+    let want = m.dtype.bytes(elems).ok_or_else(|| CudaError::Shape(format!("{elems} elements of {:?}", m.dtype)))?;
     expect(m.bytes.len() == want, || {
         format!("matrix [{}, {}] has {} bytes, expected {want}", m.rows, m.cols, m.bytes.len())
     })?;
