@@ -254,11 +254,15 @@ fn a_yarn_rope_type_is_refused_as_unsupported() {
 }
 
 #[test]
-fn a_quantization_config_is_refused_as_unsupported() {
+fn a_quantization_config_of_another_method_is_refused_naming_it() {
+    // MLX affine is served (tests/mlx.rs); any other quant_method (fp8, AWQ, GPTQ, ...) is refused by name.
     let e = config_refusal("lfm2-moe-f32", |o| {
         o.insert("quantization_config".into(), json!({"quant_method": "fp8"}));
     });
-    assert!(matches!(&e, ConfigError::Unsupported { field: "quantization_config", .. }), "{e:?}");
+    assert!(
+        matches!(&e, ConfigError::Quantization { module, why } if module == "quantization_config" && why.contains("fp8")),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("quantization_config"), "{e}");
 }
 

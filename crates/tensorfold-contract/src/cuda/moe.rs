@@ -134,7 +134,7 @@ impl Kernel for Moe {
             .chain(dense_names("moe_down"))
             .chain(wide_names("moe_gateup"))
             .chain(wide_names("moe_down"))
-            .filter(|n| !n.contains("q8") && !n.contains("q4"))
+            .filter(|n| !n.contains("q8"))
             .collect();
         l.extend(limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>()));
         l
