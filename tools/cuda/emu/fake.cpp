@@ -38,7 +38,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(int) { return 0; }
 API CUresult cuCtxSetCurrent(void* c) { g_cur = c; return 0; }
 API CUresult cuCtxGetCurrent(void** c) { *c = g_cur; return 0; }
 API CUresult cuCtxSynchronize() { return 0; }
-API CUresult cuDeviceGetAttribute(int* v, int a, int) { *v = a == 75 ? 9 : a == 76 ? 0 : a == 115 ? 1 : 0; return 0; }
+API CUresult cuDeviceGetAttribute(int* v, int a, int) { *v = a == 75 ? 9 : a == 76 ? 0 : a == 115 ? 1 : a == 16 ? 4 : 0; return 0; }
 API CUresult cuDeviceGetName(char* s, int len, int) { snprintf(s, len, "TensorFold CPU emulator"); return 0; }
 API CUresult cuDeviceTotalMem_v2(size_t* b, int) { *b = 1ull << 34; return 0; }
 API CUresult cuStreamCreate(void** s, unsigned) { *s = (void*)0x5678; return 0; }

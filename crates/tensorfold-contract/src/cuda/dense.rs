@@ -228,7 +228,7 @@ pub(super) const SWIGLU_PLANTS: &[Planted<SwigluFault>] = &[
 
 /// An FFN of `kind`; q8 quantizes each matrix in the first of groups 64, 32, 16 or the whole row that divides it
 /// (as `--drafter-bits 8` does).
-fn ffn(rng: &mut StdRng, h: usize, inter: usize, kind: &str) -> Ffn<MatView> {
+pub(super) fn ffn(rng: &mut StdRng, h: usize, inter: usize, kind: &str) -> Ffn<MatView> {
     let mut m = |n, k| {
         let w = if kind == "f32" { f32_mat(rng, n, k, 0.2) } else { bf16_mat(rng, n, k, 0.2) };
         if kind == "q8" {

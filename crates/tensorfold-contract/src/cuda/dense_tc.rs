@@ -1,10 +1,13 @@
 //! CUDA contract entry of the tensor-core forms (dense_tc.cu): the linear, the dense SwiGLU and the MoE experts with three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
 
+use super::dense::ffn;
 use super::{Planted, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
+use tensorfold_kernels::backend::Ffn;
+use tensorfold_kernels::bytes::MatView;
 use tensorfold_kernels::cuda::{CudaBackend, Src};
 use tensorfold_kernels::prelude::*;
 
@@ -44,6 +47,7 @@ pub(super) const TC_PLANTS: &[Planted<TcFault>] = &[
     (TcFault::DroppedPieces, Src::Dense, "FAULT_TC_DROP_LO"),
     (TcFault::WidthSplit, Src::Dense, "FAULT_TC_WIDTH_SPLIT"),
     (TcFault::RowMix, Src::Dense, "FAULT_TC_ROW_MIX"),
+    (TcFault::GroupOrder, Src::Dense, "FAULT_TC_GROUP_ORDER"),
 ];
 
 faults! {
@@ -52,6 +56,7 @@ faults! {
         DroppedPieces = ("dropped-pieces", "the activations enter as one bf16 piece (lo and lo2 dropped)"),
         WidthSplit = ("width-split", "the wide form splits k into 2 segments, the narrow into 4 (a split chosen by width)"),
         RowMix = ("row-mix", "a row of a wide tile (linear, gate-up, experts) reads the next row's activations"),
+        GroupOrder = ("group-order", "narrow blocks of several column groups add the K segments in reverse"),
     }
 }
 
@@ -101,6 +106,54 @@ impl LinearTc {
     }
 }
 
+/// Sets the narrow forms' column groups for a gate and puts the host's choice back when dropped.
+struct GroupsAt<'a>(&'a CudaBackend, Option<usize>);
+
+impl<'a> GroupsAt<'a> {
+    fn new(be: &'a CudaBackend, groups: usize) -> Self {
+        let was = be.set_tc_group(Some(groups));
+        GroupsAt(be, was)
+    }
+}
+
+impl Drop for GroupsAt<'_> {
+    fn drop(&mut self) {
+        self.0.set_tc_group(self.1);
+    }
+}
+
+impl LinearTc {
+    /// Gate `groups`: the narrow forms at 1, 2 and 4 column groups a block (the linear; the gate-up reads two
+    /// matrices, so 1 and 2) give every output the same bits, at 1, 9 and 16 rows (one and two row groups).
+    fn groups(be: &CudaBackend, rng: &mut StdRng) -> Gate {
+        let w = be.upload_mat(&bf16_mat(rng, 72, 96, 0.5)).expect("upload");
+        let f = ffn(rng, 64, 96, "bf16");
+        let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
+        let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
+        let mut diffs = 0;
+        for rows in [1, 9, 16] {
+            let (x, xh) = (up(be, &uniform(rng, rows * 96)), up(be, &uniform(rng, rows * 64)));
+            let run = |groups: usize| {
+                let _g = GroupsAt::new(be, groups);
+                let (mut o, mut s) = (poisoned(be, rows * 72), poisoned(be, rows * 64));
+                be.linear(&x, rows, &w, None, &mut o);
+                be.swiglu(&xh, rows, &fm, &mut s);
+                (rd(be, &o), rd(be, &s))
+            };
+            let (o1, s1) = run(1);
+            for groups in [2, 4] {
+                let (o, s) = run(groups);
+                diffs += bit_diffs(&o, &o1) + bit_diffs(&s, &s1);
+            }
+        }
+        Gate::new(
+            "groups",
+            diffs == 0,
+            format!("narrow forms at 2 and 4 column groups against 1: {diffs} values differ"),
+        )
+    }
+}
+
 impl Kernel for LinearTc {
     fn name(&self) -> &'static str {
         "cuda.tensor_cores"
@@ -137,6 +190,7 @@ impl Kernel for LinearTc {
             gates.push(super::dense::linear_invariance(&be, rng, &w, &shape));
         }
         gates.push(Self::multi(&be, rng));
+        gates.push(Self::groups(&be, rng));
         gates.extend(super::dense::swiglu_gates(&be, &swiglu_shapes(scale), rng));
         gates.extend(super::moe::moe_gates(&be, &moe_shapes(scale), rng));
         gates.push(device_gate(&be));
@@ -146,7 +200,6 @@ impl Kernel for LinearTc {
         let names = ["linear", "gateup", "moe_gateup", "moe_down"]
             .iter()
             .flat_map(|k| [format!("{k}_tc_bf16"), format!("{k}_tcw_bf16")])
-            .chain(["tc_pieces".to_string()])
             .collect::<Vec<_>>();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }

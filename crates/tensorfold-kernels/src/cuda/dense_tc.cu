@@ -11,7 +11,7 @@
 // - A chunk's value is one tensor-core partial from +0: mma.sync m16n8k16 (bf16 in, f32 accumulate) over pieces
 //   hi, lo, lo2 in that order, each over the chunk's two k16 halves in order. Slot (2t + 8j + e) of half h of an mma
 //   holds element 8t + 4h + 2j + e of the chunk (t = lane % 4, j, e in {0, 1}): each lane loads 16 contiguous
-//   bytes of its weight column (tc_frag_pieces and the wide tile's staging use the same map).
+//   bytes of its weight column (tc_frag_split and the wide tile's staging use the same map).
 // - A segment adds its chunks' values in increasing order from +0 with f32 adds; the segments add in order:
 //   ((seg0 + seg1) + seg2) + seg3.
 // The tensor cores' internal sum of a partial is not IEEE round-to-nearest, which is why each 32-element chunk gets
@@ -67,112 +67,157 @@ __device__ __forceinline__ void tc_chunk(float acc[4], const u32 a[3][2][4], uin
 // First chunk of segment s of C chunks.
 __device__ __forceinline__ int tc_seg_start(int s, int c) { return (int)(((long long)s * c) / TC_SEGS); }
 
-// The three bf16 pieces of the n activations at x into planes (hi at p[0, n), lo at p[n, 2n), lo2 at p[2n, 3n)),
-// split as tc_split2 splits them (element by element): the narrow form reads them, so a call splits each activation
-// once rather than once for every 8 columns. n is even (k % 32 == 0).
-extern "C" __global__ void __launch_bounds__(256) tc_pieces(const float* x, u64 n, u32* p) {
-  PDL_ENTRY();
-  u64 step = 2 * (u64)gridDim.x * (u64)blockDim.x;
-  for (u64 i = 2 * ((u64)blockIdx.x * (u64)blockDim.x + threadIdx.x); i < n; i += step) {
-    u32 q[3];
-    tc_split2(x[i], x[i + 1], q);
+// This lane's A fragments of one chunk from its f32 activations, split as tc_split2 splits them: v[0] v[1] hold
+// elements 8t .. 8t+7 of tile row g and v[2] v[3] those of row g + 8 (two false: no row g + 8 in the block, zero
+// words).
+// Slot map as the header says: a[pc][h] = {row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1}.
+__device__ __forceinline__ void tc_frag_split(const float4 v[4], bool two, u32 a[3][2][4]) {
+  u32 p[3];
 #pragma unroll
-    for (int pc = 0; pc < 3; pc++) p[((u64)pc * n + i) / 2] = q[pc];
-  }
-}
-
-// Chunks a lane of the narrow form has in flight (their weights, pieces and partials in registers).
-#define TC_U 4
-
-// This lane's A fragments of chunk c from the piece planes (rows a and b of the tile: g and g + 8; planes of n
-// values): 16 bytes of each piece of each row (elements 8t .. 8t+7 of the chunk), zeros for a row past the call.
-__device__ __forceinline__ void tc_frag_pieces(const u16* p, u64 n, const u16* ra, bool oka, const u16* rb, bool okb,
-                                               u32 a[3][2][4]) {
+  for (int h = 0; h < 2; h++)
 #pragma unroll
-  for (int pc = 0; pc < 3; pc++) {
-    uint4 va = oka ? __ldg(reinterpret_cast<const uint4*>(ra + (u64)pc * n)) : make_uint4(0u, 0u, 0u, 0u);
-    uint4 vb = okb ? __ldg(reinterpret_cast<const uint4*>(rb + (u64)pc * n)) : make_uint4(0u, 0u, 0u, 0u);
-    a[pc][0][0] = va.x; a[pc][0][1] = vb.x; a[pc][0][2] = va.y; a[pc][0][3] = vb.y;
-    a[pc][1][0] = va.z; a[pc][1][1] = vb.z; a[pc][1][2] = va.w; a[pc][1][3] = vb.w;
-  }
-}
-
-// Narrow form (decode and verify rounds): a block of TC_SEGS warps (32 * TC_SEGS threads) computes 8 columns from
-// j0 of matrix w0 (and of w1 when NW == 2) over a tile of nt <= 16 rows; tile row i reads input row in_row(i) of
-// the piece planes xp (tc_pieces of the input, planes of `plane` values, rows of k). Warp s computes segment s of
-// every output, and warp 0 adds the segments in order and hands each output to put(i, j, y0, y1).
-template <int NW, class In, class Put>
-__device__ __forceinline__ void tc_narrow(const u16* xp, u64 plane, int k, int n, const u16* w0, const u16* w1, int j0,
-                                          int nt, In in_row, Put put) {
-  __shared__ float seg_sum[TC_SEGS][NW][32][4];
-  int lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  int col = j0 + g < n ? j0 + g : n - 1;  // a column past n is computed from the last one and never written
-  bool oka = g < nt, okb = g + 8 < nt;
-  int chunks = k / 32, c0 = tc_seg_start(s, chunks), c1 = tc_seg_start(s + 1, chunks);
-  const uint4* p0 = reinterpret_cast<const uint4*>(w0 + (u64)col * (u64)k) + t;  // chunk c at + 4c
-  const uint4* p1 = reinterpret_cast<const uint4*>(w1 + (u64)col * (u64)k) + t;
-  const u16* xa = xp + (u64)in_row(oka ? g : 0) * (u64)k + 8 * t;  // chunk c at + 32c
-  const u16* xb = xp + (u64)in_row(okb ? g + 8 : 0) * (u64)k + 8 * t;
-  float acc[NW][4];
+    for (int e = 0; e < 2; e++) {
+      const float4& ra = v[h];
+      tc_split2(e ? ra.z : ra.x, e ? ra.w : ra.y, p);
 #pragma unroll
-  for (int m = 0; m < NW; m++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
-  // TC_U chunks at a time: every load issued first, then the chunks' partials interleaved (independent chains from
-  // +0, each in its own piece and half order), then folded in chunk order: the bits of one chunk at a time.
-  for (int c = c0; c < c1; c += TC_U) {
-    uint4 q[TC_U][NW];
-    u32 a[TC_U][3][2][4];
-#pragma unroll
-    for (int u = 0; u < TC_U; u++)
-      if (c + u < c1) {
-        q[u][0] = __ldg(p0 + 4 * (c + u));
-        if (NW == 2) q[u][NW - 1] = __ldg(p1 + 4 * (c + u));
+      for (int pc = 0; pc < 3; pc++) a[pc][h][2 * e] = p[pc];
+      if (two) {
+        const float4& rb = v[2 + h];
+        tc_split2(e ? rb.z : rb.x, e ? rb.w : rb.y, p);
+      } else {
+        p[0] = p[1] = p[2] = 0u;
       }
 #pragma unroll
-    for (int u = 0; u < TC_U; u++)
-      if (c + u < c1) tc_frag_pieces(xp, plane, xa + 32 * (c + u), oka, xb + 32 * (c + u), okb, a[u]);
-    float part[TC_U][NW][4];
+      for (int pc = 0; pc < 3; pc++) a[pc][h][2 * e + 1] = p[pc];
+    }
+}
+
+// Narrow form (decode and verify rounds): a block of TC_SEGS warps (32 * TC_SEGS threads) computes G groups of 8
+// columns from j0 (group gi: columns j0 + 8 gi ..) of matrix w0 (and of w1 when NW == 2) over a tile of nt <= 16
+// rows; tile row i reads input row in_row(i) of x (f32, rows of k). Warp s computes segment s of every output from
+// the f32 activations, split into pieces in registers once for the G groups (so a block of G groups splits an
+// activation once for 8 G columns); the segments meet in seg (TC_SEGS * G * NW * 128 floats of shared memory) and
+// warp gi adds group gi's in order and hands each output to put(i, j, y0, y1). G changes no bit of an output (each
+// output's chain is the same), so the host picks it by the column count.
+template <int NW, int G, class In, class Put>
+__device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int n, const u16* w0, const u16* w1, int j0,
+                                          int nt, In in_row, Put put) {
+  constexpr int U = NW * G >= 4 ? 2 : 4;  // chunks in flight: U * G * NW weight loads of 16 bytes a lane
+  int lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  bool oka = g < nt, okb = g + 8 < nt, two = nt > 8;  // two is the block's: rows g + 8 are loaded and split
+  int chunks = k / 32, c0 = tc_seg_start(s, chunks), c1 = tc_seg_start(s + 1, chunks);
+  const uint4* p[G][NW];  // chunk c at + 4c
 #pragma unroll
-    for (int u = 0; u < TC_U; u++)
-#pragma unroll
-      for (int m = 0; m < NW; m++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) part[u][m][i] = 0.0f;
-#pragma unroll
-    for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int u = 0; u < TC_U; u++)
-#pragma unroll
-          for (int m = 0; m < NW; m++)
-            if (c + u < c1) tc_mma(part[u][m], a[u][pc][h], h ? q[u][m].z : q[u][m].x, h ? q[u][m].w : q[u][m].y);
-#pragma unroll
-    for (int u = 0; u < TC_U; u++)
-#pragma unroll
-      for (int m = 0; m < NW; m++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-          if (c + u < c1) acc[m][i] = acc[m][i] + part[u][m][i];
+  for (int gi = 0; gi < G; gi++) {
+    int col = j0 + 8 * gi + g < n ? j0 + 8 * gi + g : n - 1;  // a column past n: the last one, never written
+    p[gi][0] = reinterpret_cast<const uint4*>(w0 + (u64)col * (u64)k) + t;
+    p[gi][NW - 1] = reinterpret_cast<const uint4*>(w1 + (u64)col * (u64)k) + t;
   }
+  const float4* xa = reinterpret_cast<const float4*>(x + (u64)in_row(oka ? g : 0) * (u64)k + 8 * t);  // + 8c
+  const float4* xb = reinterpret_cast<const float4*>(x + (u64)in_row(okb ? g + 8 : 0) * (u64)k + 8 * t);
+  const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float acc[G][NW][4];
 #pragma unroll
-  for (int m = 0; m < NW; m++)
+  for (int gi = 0; gi < G; gi++)
 #pragma unroll
-    for (int i = 0; i < 4; i++) seg_sum[s][m][lane][i] = acc[m][i];
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[gi][m][i] = 0.0f;
+  // U chunks at a time: every load issued first, then each chunk's pieces split and its partials (independent
+  // chains from +0, each in piece then half order), then folded in chunk order: the bits of one chunk at a time.
+  for (int c = c0; c < c1; c += U) {
+    uint4 q[U][G][NW];
+    float4 v[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (c + u < c1) {
+#pragma unroll
+        for (int gi = 0; gi < G; gi++)
+#pragma unroll
+          for (int m = 0; m < NW; m++) q[u][gi][m] = __ldg(p[gi][m] + 4 * (c + u));
+        v[u][0] = oka ? __ldg(xa + 8 * (c + u)) : z;
+        v[u][1] = oka ? __ldg(xa + 8 * (c + u) + 1) : z;
+        v[u][2] = two && okb ? __ldg(xb + 8 * (c + u)) : z;
+        v[u][3] = two && okb ? __ldg(xb + 8 * (c + u) + 1) : z;
+      }
+    float part[U][G][NW][4];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (c + u >= c1) continue;
+      u32 a[3][2][4];
+      tc_frag_split(v[u], two, a);
+#pragma unroll
+      for (int gi = 0; gi < G; gi++)
+#pragma unroll
+        for (int m = 0; m < NW; m++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) part[u][gi][m][i] = 0.0f;
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int gi = 0; gi < G; gi++)
+#pragma unroll
+            for (int m = 0; m < NW; m++) {
+              const uint4& w = q[u][gi][m];
+              tc_mma(part[u][gi][m], a[pc][h], h ? w.z : w.x, h ? w.w : w.y);
+            }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int gi = 0; gi < G; gi++)
+#pragma unroll
+        for (int m = 0; m < NW; m++)
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+            if (c + u < c1) acc[gi][m][i] = acc[gi][m][i] + part[u][gi][m][i];
+  }
+  // seg[((s * G + gi) * NW + m) * 128 + 4 lane + i]
+#pragma unroll
+  for (int gi = 0; gi < G; gi++)
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) seg[((s * G + gi) * NW + m) * 128 + 4 * lane + i] = acc[gi][m][i];
   __syncthreads();
-  if (s != 0) return;
+  if (s >= G) return;
+  int gi = s;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     float v[NW];
 #pragma unroll
     for (int m = 0; m < NW; m++) {
-      v[m] = seg_sum[0][m][lane][i];
+      v[m] = seg[(gi * NW + m) * 128 + 4 * lane + i];
 #pragma unroll
-      for (int q = 1; q < TC_SEGS; q++) v[m] = v[m] + seg_sum[q][m][lane][i];
+      for (int q = 1; q < TC_SEGS; q++) v[m] = v[m] + seg[((q * G + gi) * NW + m) * 128 + 4 * lane + i];
+#ifdef FAULT_TC_GROUP_ORDER
+      if (G > 1) {  // planted: blocks of several column groups add the segments in reverse
+        v[m] = seg[(((TC_SEGS - 1) * G + gi) * NW + m) * 128 + 4 * lane + i];
+        for (int q = TC_SEGS - 2; q >= 0; q--) v[m] = v[m] + seg[((q * G + gi) * NW + m) * 128 + 4 * lane + i];
+      }
+#endif
     }
-    int r = g + (i >= 2 ? 8 : 0), j = j0 + 2 * t + (i & 1);
+    int r = g + (i >= 2 ? 8 : 0), j = j0 + 8 * gi + 2 * t + (i & 1);
     if (r < nt && j < n) put(r, j, v[0], v[NW - 1]);
+  }
+}
+
+// Shared floats of a narrow block's segment sums (G * NW at most 4).
+#define TC_SEG_FLOATS (TC_SEGS * 4 * 128)
+
+// A narrow form at the host's group count grp (1, 2 or 4 groups of 8 columns a block; NW == 2: 1 or 2).
+template <int NW, class In, class Put>
+__device__ __forceinline__ void tc_narrow_at(int grp, float* seg, const float* x, int k, int n, const u16* w0,
+                                             const u16* w1, int nt, In in_row, Put put) {
+  int j0 = 8 * grp * (int)blockIdx.x;
+  if (NW == 1 && grp == 4) {
+    tc_narrow<NW, 4>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
+  } else if (grp == 2) {
+    tc_narrow<NW, 2>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
+  } else {
+    tc_narrow<NW, 1>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
   }
 }
 
@@ -182,50 +227,53 @@ __device__ __forceinline__ const u16* tc_expert(const u64* tab, int e, int which
   return reinterpret_cast<const u16*>(tab[9 * (u64)e + 3 * (u64)which]);
 }
 
-// Narrow entry points. Grid x: column blocks of 8; grid y: row tiles of 16 (linear, gateup) or the plan's tiles
-// from tile0 (MoE; tiles of at most RT slots).
-extern "C" __global__ void __launch_bounds__(128) linear_tc_bf16(const u16* xp, int rows, int k, int n, const u16* w,
-                                                                 const float* bias, float* out) {
+// Narrow entry points. Grid x: column blocks of 8 grp; grid y: row tiles of 16 (linear, gateup) or the plan's
+// tiles from tile0 (MoE; tiles of at most RT slots).
+extern "C" __global__ void __launch_bounds__(128) linear_tc_bf16(const float* x, int rows, int k, int n, const u16* w,
+                                                                 const float* bias, float* out, int grp) {
   PDL_ENTRY();
+  __shared__ float seg[TC_SEG_FLOATS];
   int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
   auto put = [&](int i, int j, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };
-  tc_narrow<1>(xp, (u64)rows * (u64)k, k, n, w, w, 8 * (int)blockIdx.x, nt, [&](int i) { return r0 + i; }, put);
+  tc_narrow_at<1>(grp, seg, x, k, n, w, w, nt, [&](int i) { return r0 + i; }, put);
 }
 
-extern "C" __global__ void __launch_bounds__(128) gateup_tc_bf16(const u16* xp, int rows, int k, int n, const u16* g,
-                                                                 const u16* u, float* act) {
+extern "C" __global__ void __launch_bounds__(128) gateup_tc_bf16(const float* x, int rows, int k, int n, const u16* g,
+                                                                 const u16* u, float* act, int grp) {
   PDL_ENTRY();
+  __shared__ float seg[TC_SEG_FLOATS];
   int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
   auto put = [&](int i, int j, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };
-  tc_narrow<2>(xp, (u64)rows * (u64)k, k, n, g, u, 8 * (int)blockIdx.x, nt, [&](int i) { return r0 + i; }, put);
+  tc_narrow_at<2>(grp, seg, x, k, n, g, u, nt, [&](int i) { return r0 + i; }, put);
 }
 
-// MoE gate-up over tile t of the plan: slot s reads input row list[s] / kk of x [rows, k] (its pieces).
-extern "C" __global__ void __launch_bounds__(128) moe_gateup_tc_bf16(const u16* xp, int rows, int k, int n,
-                                                                     const u64* tab, const int* tiles,
-                                                                     const int* ntiles, const int* list, int kk,
-                                                                     float* act, int tile0) {
+// MoE gate-up over tile t of the plan: slot s reads input row list[s] / kk of x [rows, k].
+extern "C" __global__ void __launch_bounds__(128) moe_gateup_tc_bf16(const float* x, int k, int n, const u64* tab,
+                                                                     const int* tiles, const int* ntiles,
+                                                                     const int* list, int kk, float* act, int grp,
+                                                                     int tile0) {
   PDL_ENTRY();
+  __shared__ float seg[TC_SEG_FLOATS];
   int t = tile0 + (int)blockIdx.y;
   if (t >= *ntiles) return;
   int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
   auto put = [&](int i, int j, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };
-  tc_narrow<2>(xp, (u64)rows * (u64)k, k, n, tc_expert(tab, e, 0), tc_expert(tab, e, 1), 8 * (int)blockIdx.x, nt,
-               [&](int i) { return list[s0 + i] / kk; }, put);
+  tc_narrow_at<2>(grp, seg, x, k, n, tc_expert(tab, e, 0), tc_expert(tab, e, 1), nt,
+                  [&](int i) { return list[s0 + i] / kk; }, put);
 }
 
-// MoE down projection over tile t: slot s reads activation row s of act [slots, k] (its pieces) and writes
-// y[list[s]].
-extern "C" __global__ void __launch_bounds__(128) moe_down_tc_bf16(const u16* ap, int slots, int k, int n,
-                                                                   const u64* tab, const int* tiles, const int* ntiles,
-                                                                   const int* list, float* y, int tile0) {
+// MoE down projection over tile t: slot s reads activation row s of act [slots, k] and writes y[list[s]].
+extern "C" __global__ void __launch_bounds__(128) moe_down_tc_bf16(const float* act, int k, int n, const u64* tab,
+                                                                   const int* tiles, const int* ntiles,
+                                                                   const int* list, float* y, int grp, int tile0) {
   PDL_ENTRY();
+  __shared__ float seg[TC_SEG_FLOATS];
   int t = tile0 + (int)blockIdx.y;
   if (t >= *ntiles) return;
   int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
   auto put = [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };
   const u16* w = tc_expert(tab, e, 2);
-  tc_narrow<1>(ap, (u64)slots * (u64)k, k, n, w, w, 8 * (int)blockIdx.x, nt, [&](int i) { return s0 + i; }, put);
+  tc_narrow_at<1>(grp, seg, act, k, n, w, w, nt, [&](int i) { return s0 + i; }, put);
 }
 
 // Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE

@@ -226,6 +226,11 @@ pub struct Dev {
     /// the CUDA-core forms' (another fixed order, the same bound), so the setting holds for the process: a row's
     /// bits never depend on the call. Off by default until the decode forms match the CUDA cores' speed.
     tensor_cores: AtomicBool,
+    /// The contract's [`Dev::set_tc_group`] ([`UNSET`]: the host's choice): column groups of the narrow
+    /// tensor-core forms, which change no bit (the contract checks each).
+    tc_group: AtomicUsize,
+    /// Streaming multiprocessors (the narrow tensor-core forms size their blocks by it).
+    sms: usize,
 }
 
 /// The `TENSORFOLD_CUDA_TENSOR_CORES` setting: `1` on, `0` or unset off; anything else is refused by name, as is
@@ -301,6 +306,10 @@ impl Dev {
         let stream = ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown device".to_string());
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver("cuDeviceGetAttribute", e))?
+            .max(1) as usize;
         keep_pool_memory(&ctx);
         // The staging arena is allocated in this context.
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
@@ -326,6 +335,8 @@ impl Dev {
             wide_rows,
             pdl,
             tensor_cores: AtomicBool::new(tensor_cores),
+            tc_group: AtomicUsize::new(UNSET),
+            sms,
         }))
     }
 
@@ -442,6 +453,24 @@ impl Dev {
     #[cfg(feature = "planted-faults")]
     pub fn set_tensor_cores(&self, on: bool) -> bool {
         self.tensor_cores.swap(on, Ordering::Relaxed)
+    }
+
+    /// The column groups the contract set for the narrow tensor-core forms (`None`: the host's choice).
+    pub fn tc_group(&self) -> Option<usize> {
+        let v = self.tc_group.load(Ordering::Relaxed);
+        (v != UNSET).then_some(v)
+    }
+
+    /// Sets the narrow tensor-core forms' column groups (`None`: the host's choice) and returns the one before.
+    #[cfg(feature = "planted-faults")]
+    pub fn set_tc_group(&self, groups: Option<usize>) -> Option<usize> {
+        let was = self.tc_group.swap(groups.unwrap_or(UNSET), Ordering::Relaxed);
+        (was != UNSET).then_some(was)
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub fn sms(&self) -> usize {
+        self.sms
     }
 
     fn wide_override(&self) -> Option<usize> {

@@ -173,9 +173,8 @@ fn run_tiles(
             kk: t.kk,
             wide: plan.rt == TCM,
         };
-        let slots = mul(rows, kk)?;
-        super::tc::grouped(be, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter, rows), &p)?;
-        return super::tc::grouped(be, "moe_down", (act.ptr()?, y.ptr()?), (inter, h, slots), &p);
+        super::tc::grouped(be, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &p)?;
+        return super::tc::grouped(be, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &p);
     }
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &t)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)

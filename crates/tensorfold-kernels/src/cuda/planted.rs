@@ -64,6 +64,12 @@ impl CudaBackend {
         self.dev.set_tensor_cores(on)
     }
 
+    /// Sets the narrow tensor-core forms' column groups a block (1, 2 or 4; `None`: the host's choice by the
+    /// column count) and returns the one before: the contract checks that each gives the same bits.
+    pub fn set_tc_group(&self, groups: Option<usize>) -> Option<usize> {
+        self.dev.set_tc_group(groups)
+    }
+
     /// Turns deferral on with graph parts of `part` operations, whatever the environment said (the contract's
     /// `cuda.graphs` entry, on a device of its own, before it allocates anything). False where graphs cannot run:
     /// under a profile or without a page-locked arena.

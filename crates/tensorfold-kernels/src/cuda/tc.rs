@@ -1,22 +1,25 @@
-//! Host launches of the tensor-core forms (dense_tc.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, the dense gate-up and the MoE expert tiles, narrow (with the activations' pieces split once) or wide.
+//! Host launches of the tensor-core forms (dense_tc.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, the dense gate-up and the MoE expert tiles, narrow (activations split into pieces in registers, once for a block's columns) or wide.
 
 use super::device::{Arg, BLOCK, GRID_YZ, Src, TC_SEGS, TCM, TCN};
-use super::ops::{blocks, int, mul};
-use super::types::{CudaBuf, CudaMat};
+use super::ops::int;
+use super::types::CudaMat;
 use super::{CudaBackend, CudaError};
 use crate::backend::Ffn;
 
 /// Threads of a narrow-form block: a warp a K segment.
 const NARROW_BLOCK: u32 = 32 * TC_SEGS as u32;
 
-/// The three bf16 pieces of the `count` f32 activations at `xp` (`tc_pieces`): planes of `count` values (hi, lo,
-/// lo2), what the narrow forms read. `count` is even (k % 32 == 0).
-fn pieces(be: &CudaBackend, xp: u64, count: usize) -> Result<CudaBuf, CudaError> {
-    let out = be.buf(mul(3, count)?.div_ceil(2))?;
-    let f = be.func(Src::Dense, "tc_pieces")?;
-    let args = [Arg::P(xp), Arg::U(count as u64), Arg::P(out.ptr()?)];
-    be.dev.launch(&f, (blocks(count.div_ceil(2))?, 1, 1), BLOCK, 0, &args)?;
-    Ok(out)
+/// Column groups of 8 a narrow block computes (1, 2 or 4; at most 2 for the gate-up forms, which read two
+/// matrices) for `n` outputs over `tiles` row tiles: the override the contract sets, else the most groups that
+/// still give the device two blocks an SM (more groups split an activation once for more columns and keep more
+/// weight bytes in flight a lane; fewer give small matrices enough blocks). No bit depends on it.
+fn narrow_group(be: &CudaBackend, n: usize, tiles: usize, gateup: bool) -> usize {
+    let most = if gateup { 2 } else { 4 };
+    if let Some(g) = be.dev.tc_group() {
+        return g.clamp(1, most);
+    }
+    let want = 2 * be.dev.sms();
+    [4, 2].into_iter().find(|&g| g <= most && n.div_ceil(8 * g).saturating_mul(tiles) >= want).unwrap_or(1)
 }
 
 /// Row tiles of 16 for the narrow forms of a `rows`-row call, within the grid's y limit.
@@ -29,7 +32,7 @@ fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
 
 /// `out = w x (+ bias)` over checked shapes (`x` `[rows, w.cols]`, device addresses; `bias` 0 for none): the wide
 /// form (blocks of [`TCM`] rows by [`TCN`] columns) for calls that take the wide tiles
-/// ([`super::device::Dev::wide`]), else the pieces and the narrow form (16 rows by 8 columns a block). Both give a
+/// ([`super::device::Dev::wide`]), else the narrow form (16 rows by 8, 16 or 32 columns a block: [`narrow_group`]). Both give a
 /// row the same bits.
 pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
     let (n, k) = (w.rows, w.cols);
@@ -41,10 +44,12 @@ pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: 
         let f = be.func(Src::Dense, "linear_tcw_bf16")?;
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
     }
-    let xs = pieces(be, xp, mul(rows, k)?)?;
+    let tiles = narrow_tiles(rows)?;
+    let grp = narrow_group(be, n, tiles as usize, false);
     let f = be.func(Src::Dense, "linear_tc_bf16")?;
-    let grid = (int(n.div_ceil(8), "blocks")? as u32, narrow_tiles(rows)?, 1);
-    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &[&[Arg::P(xs.ptr()?), ri, ki, ni][..], &tail].concat())
+    let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
+    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail, &[Arg::I(grp as i32)]].concat();
+    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
 /// The dense SwiGLU's `act = silu(g x) * (u x)` (`x` `[rows, g.cols]`, `act` `[rows, g.rows]`, device addresses):
@@ -65,10 +70,12 @@ pub(crate) fn gateup(
         let f = be.func(Src::Dense, "gateup_tcw_bf16")?;
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
     }
-    let xs = pieces(be, xp, mul(rows, k)?)?;
+    let tiles = narrow_tiles(rows)?;
+    let grp = narrow_group(be, n, tiles as usize, true);
     let f = be.func(Src::Dense, "gateup_tc_bf16")?;
-    let grid = (int(n.div_ceil(8), "blocks")? as u32, narrow_tiles(rows)?, 1);
-    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &[&[Arg::P(xs.ptr()?), ri, ki, ni][..], &tail].concat())
+    let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
+    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail, &[Arg::I(grp as i32)]].concat();
+    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
 /// Whether the tensor-core expert tiles serve these experts: every w1, w3 and w2 a tensor-core matrix.
@@ -89,14 +96,14 @@ pub(crate) struct TcPlan {
     pub wide: bool,
 }
 
-/// One grouped expert kernel on the tensor cores: `moe_gateup` reads `x` `[in_rows, k]` and writes `act`
-/// `[slots, n]`; `moe_down` reads `act` (`in_rows` = slots) and writes each assignment's row of `y`. Narrow tiles in
+/// One grouped expert kernel on the tensor cores: `moe_gateup` reads `x` `[rows, k]` and writes `act` `[slots,
+/// n]`; `moe_down` reads `act` `[slots, k]` and writes each assignment's row of `y`. Narrow tiles in
 /// launches of at most [`GRID_YZ`] tiles.
 pub(crate) fn grouped(
     be: &CudaBackend,
     kind: &str,
     (input, output): (u64, u64),
-    (k, n, in_rows): (usize, usize, usize),
+    (k, n): (usize, usize),
     p: &TcPlan,
 ) -> Result<(), CudaError> {
     let gateup = kind == "moe_gateup";
@@ -113,12 +120,11 @@ pub(crate) fn grouped(
         let f = be.func(Src::Dense, &format!("{kind}_tcw_bf16"))?;
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
-    let xs = pieces(be, input, mul(in_rows, k)?)?;
+    let grp = narrow_group(be, n, p.bound, gateup);
     let f = be.func(Src::Dense, &format!("{kind}_tc_bf16"))?;
-    let mut args = [&[Arg::P(xs.ptr()?), Arg::I(int(in_rows, "rows")?), ki, ni][..], &tail].concat();
-    args.push(Arg::I(0));
+    let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(grp as i32), Arg::I(0)]].concat();
     let last = args.len() - 1;
-    let gx = int(n.div_ceil(8), "blocks")? as u32;
+    let gx = int(n.div_ceil(8 * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {
         args[last] = Arg::I(int(tile0, "tile")?);
         be.dev.launch(&f, (gx, (p.bound - tile0).min(GRID_YZ) as u32, 1), NARROW_BLOCK, 0, &args)?;
