@@ -197,9 +197,13 @@ impl Kernel for LinearTc {
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let names = ["linear", "gateup", "moe_gateup", "moe_down"]
+        let narrow = [("linear", 4), ("gateup", 2), ("moe_gateup", 2), ("moe_down", 4)];
+        let names = narrow
             .iter()
-            .flat_map(|k| [format!("{k}_tc_bf16"), format!("{k}_tcw_bf16")])
+            .flat_map(|&(k, most)| {
+                let groups = [1, 2, 4].into_iter().filter(move |&g| g <= most);
+                groups.map(move |g| format!("{k}_tc{g}_bf16")).chain([format!("{k}_tcw_bf16")])
+            })
             .collect::<Vec<_>>();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }

@@ -207,18 +207,11 @@ __device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int
 // Shared floats of a narrow block's segment sums (G * NW at most 4).
 #define TC_SEG_FLOATS (TC_SEGS * 4 * 128)
 
-// A narrow form at the host's group count grp (1, 2 or 4 groups of 8 columns a block; NW == 2: 1 or 2).
-template <int NW, class In, class Put>
-__device__ __forceinline__ void tc_narrow_at(int grp, float* seg, const float* x, int k, int n, const u16* w0,
-                                             const u16* w1, int nt, In in_row, Put put) {
-  int j0 = 8 * grp * (int)blockIdx.x;
-  if (NW == 1 && grp == 4) {
-    tc_narrow<NW, 4>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
-  } else if (grp == 2) {
-    tc_narrow<NW, 2>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
-  } else {
-    tc_narrow<NW, 1>(seg, x, k, n, w0, w1, j0, nt, in_row, put);
-  }
+// A narrow form of G groups of 8 columns a block (the column blocks along grid x).
+template <int NW, int G, class In, class Put>
+__device__ __forceinline__ void tc_narrow_g(float* seg, const float* x, int k, int n, const u16* w0, const u16* w1,
+                                            int nt, In in_row, Put put) {
+  tc_narrow<NW, G>(seg, x, k, n, w0, w1, 8 * G * (int)blockIdx.x, nt, in_row, put);
 }
 
 // Expert e's bf16 values of matrix `which` (0 w1, 1 w3, 2 w2) in a MoE call's table (9 words an expert, as dense.cu's
@@ -227,54 +220,68 @@ __device__ __forceinline__ const u16* tc_expert(const u64* tab, int e, int which
   return reinterpret_cast<const u16*>(tab[9 * (u64)e + 3 * (u64)which]);
 }
 
-// Narrow entry points. Grid x: column blocks of 8 grp; grid y: row tiles of 16 (linear, gateup) or the plan's
-// tiles from tile0 (MoE; tiles of at most RT slots).
-extern "C" __global__ void __launch_bounds__(128) linear_tc_bf16(const float* x, int rows, int k, int n, const u16* w,
-                                                                 const float* bias, float* out, int grp) {
-  PDL_ENTRY();
-  __shared__ float seg[TC_SEG_FLOATS];
-  int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
-  auto put = [&](int i, int j, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };
-  tc_narrow_at<1>(grp, seg, x, k, n, w, w, nt, [&](int i) { return r0 + i; }, put);
-}
+// Narrow entry points, one for each group count G (NAME_tcG_bf16: a kernel's registers are its largest
+// instantiation's, so each G gets its own; G 1 needs about half of G 4's). Grid x: column blocks of 8 G; grid y:
+// row tiles of 16 (linear, gateup) or the plan's tiles from tile0 (MoE; tiles of at most RT slots).
+#define TC_LINEAR_ENTRY(NAME, G)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, int rows, int k, int n, const u16* w,    \
+                                                         const float* bias, float* out) {                         \
+    PDL_ENTRY();                                                                                                  \
+    __shared__ float seg[TC_SEG_FLOATS];                                                                          \
+    int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;                                          \
+    auto put = [&](int i, int j, float v, float) { out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v; };  \
+    tc_narrow_g<1, G>(seg, x, k, n, w, w, nt, [&](int i) { return r0 + i; }, put);                                \
+  }
+TC_LINEAR_ENTRY(linear_tc1_bf16, 1)
+TC_LINEAR_ENTRY(linear_tc2_bf16, 2)
+TC_LINEAR_ENTRY(linear_tc4_bf16, 4)
 
-extern "C" __global__ void __launch_bounds__(128) gateup_tc_bf16(const float* x, int rows, int k, int n, const u16* g,
-                                                                 const u16* u, float* act, int grp) {
-  PDL_ENTRY();
-  __shared__ float seg[TC_SEG_FLOATS];
-  int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;
-  auto put = [&](int i, int j, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };
-  tc_narrow_at<2>(grp, seg, x, k, n, g, u, nt, [&](int i) { return r0 + i; }, put);
-}
+#define TC_GATEUP_ENTRY(NAME, G)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, int rows, int k, int n, const u16* g,    \
+                                                         const u16* u, float* act) {                              \
+    PDL_ENTRY();                                                                                                  \
+    __shared__ float seg[TC_SEG_FLOATS];                                                                          \
+    int r0 = 16 * (int)blockIdx.y, nt = rows - r0 < 16 ? rows - r0 : 16;                                          \
+    auto put = [&](int i, int j, float gv, float uv) { act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv); };    \
+    tc_narrow_g<2, G>(seg, x, k, n, g, u, nt, [&](int i) { return r0 + i; }, put);                                \
+  }
+TC_GATEUP_ENTRY(gateup_tc1_bf16, 1)
+TC_GATEUP_ENTRY(gateup_tc2_bf16, 2)
 
 // MoE gate-up over tile t of the plan: slot s reads input row list[s] / kk of x [rows, k].
-extern "C" __global__ void __launch_bounds__(128) moe_gateup_tc_bf16(const float* x, int k, int n, const u64* tab,
-                                                                     const int* tiles, const int* ntiles,
-                                                                     const int* list, int kk, float* act, int grp,
-                                                                     int tile0) {
-  PDL_ENTRY();
-  __shared__ float seg[TC_SEG_FLOATS];
-  int t = tile0 + (int)blockIdx.y;
-  if (t >= *ntiles) return;
-  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
-  auto put = [&](int i, int j, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };
-  tc_narrow_at<2>(grp, seg, x, k, n, tc_expert(tab, e, 0), tc_expert(tab, e, 1), nt,
-                  [&](int i) { return list[s0 + i] / kk; }, put);
-}
+#define TC_MOE_GATEUP_ENTRY(NAME, G)                                                                              \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, int k, int n, const u64* tab,            \
+                                                         const int* tiles, const int* ntiles, const int* list,    \
+                                                         int kk, float* act, int tile0) {                         \
+    PDL_ENTRY();                                                                                                  \
+    __shared__ float seg[TC_SEG_FLOATS];                                                                          \
+    int t = tile0 + (int)blockIdx.y;                                                                              \
+    if (t >= *ntiles) return;                                                                                     \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];                                           \
+    auto put = [&](int i, int j, float gv, float uv) { act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv); };    \
+    tc_narrow_g<2, G>(seg, x, k, n, tc_expert(tab, e, 0), tc_expert(tab, e, 1), nt,                               \
+                      [&](int i) { return list[s0 + i] / kk; }, put);                                             \
+  }
+TC_MOE_GATEUP_ENTRY(moe_gateup_tc1_bf16, 1)
+TC_MOE_GATEUP_ENTRY(moe_gateup_tc2_bf16, 2)
 
 // MoE down projection over tile t: slot s reads activation row s of act [slots, k] and writes y[list[s]].
-extern "C" __global__ void __launch_bounds__(128) moe_down_tc_bf16(const float* act, int k, int n, const u64* tab,
-                                                                   const int* tiles, const int* ntiles,
-                                                                   const int* list, float* y, int grp, int tile0) {
-  PDL_ENTRY();
-  __shared__ float seg[TC_SEG_FLOATS];
-  int t = tile0 + (int)blockIdx.y;
-  if (t >= *ntiles) return;
-  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];
-  auto put = [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };
-  const u16* w = tc_expert(tab, e, 2);
-  tc_narrow_at<1>(grp, seg, act, k, n, w, w, nt, [&](int i) { return s0 + i; }, put);
-}
+#define TC_MOE_DOWN_ENTRY(NAME, G)                                                                                \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const float* act, int k, int n, const u64* tab,          \
+                                                         const int* tiles, const int* ntiles, const int* list,    \
+                                                         float* y, int tile0) {                                   \
+    PDL_ENTRY();                                                                                                  \
+    __shared__ float seg[TC_SEG_FLOATS];                                                                          \
+    int t = tile0 + (int)blockIdx.y;                                                                              \
+    if (t >= *ntiles) return;                                                                                     \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2];                                           \
+    auto put = [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; };                      \
+    const u16* w = tc_expert(tab, e, 2);                                                                          \
+    tc_narrow_g<1, G>(seg, act, k, n, w, w, nt, [&](int i) { return s0 + i; }, put);                              \
+  }
+TC_MOE_DOWN_ENTRY(moe_down_tc1_bf16, 1)
+TC_MOE_DOWN_ENTRY(moe_down_tc2_bf16, 2)
+TC_MOE_DOWN_ENTRY(moe_down_tc4_bf16, 4)
 
 // Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE
 // chunks; warp (wm, wn) = (warp / 4, warp % 4) the rows 32 wm .. +31 (two m16 tiles) and columns 32 wn .. +31 (four

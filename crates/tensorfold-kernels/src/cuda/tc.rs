@@ -22,6 +22,12 @@ fn narrow_group(be: &CudaBackend, n: usize, tiles: usize, gateup: bool) -> usize
     [4, 2].into_iter().find(|&g| g <= most && n.div_ceil(8 * g).saturating_mul(tiles) >= want).unwrap_or(1)
 }
 
+/// The narrow entry of `kind` (linear, gateup, moe_gateup, moe_down) at `grp` column groups: one entry each, so
+/// a small group count keeps its own (smaller) register count.
+pub(crate) fn narrow_entry(kind: &str, grp: usize) -> String {
+    format!("{kind}_tc{grp}_bf16")
+}
+
 /// Row tiles of 16 for the narrow forms of a `rows`-row call, within the grid's y limit.
 fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
     u32::try_from(rows.div_ceil(16))
@@ -46,9 +52,9 @@ pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: 
     }
     let tiles = narrow_tiles(rows)?;
     let grp = narrow_group(be, n, tiles as usize, false);
-    let f = be.func(Src::Dense, "linear_tc_bf16")?;
+    let f = be.func(Src::Dense, &narrow_entry("linear", grp))?;
     let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
-    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail, &[Arg::I(grp as i32)]].concat();
+    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail].concat();
     be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
@@ -72,9 +78,9 @@ pub(crate) fn gateup(
     }
     let tiles = narrow_tiles(rows)?;
     let grp = narrow_group(be, n, tiles as usize, true);
-    let f = be.func(Src::Dense, "gateup_tc_bf16")?;
+    let f = be.func(Src::Dense, &narrow_entry("gateup", grp))?;
     let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
-    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail, &[Arg::I(grp as i32)]].concat();
+    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail].concat();
     be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
@@ -121,8 +127,8 @@ pub(crate) fn grouped(
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
     let grp = narrow_group(be, n, p.bound, gateup);
-    let f = be.func(Src::Dense, &format!("{kind}_tc_bf16"))?;
-    let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(grp as i32), Arg::I(0)]].concat();
+    let f = be.func(Src::Dense, &narrow_entry(kind, grp))?;
+    let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(0)]].concat();
     let last = args.len() - 1;
     let gx = int(n.div_ceil(8 * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {
