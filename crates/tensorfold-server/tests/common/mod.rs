@@ -112,6 +112,7 @@ pub async fn start(setup: Setup) -> Server {
         api_key: setup.api_key.clone(),
         grace: std::time::Duration::from_secs(1),
         conn: setup.conn.clone(),
+        http: Default::default(),
     };
     let state = new_state(&opts);
     let engine = if setup.ready {
