@@ -1,7 +1,7 @@
 # The official `openai` Python client against a running `tensorfold serve` (see docs/api.md).
 """Checks a running `tensorfold serve` with the official `openai` Python client: completions and chat, streamed
-and not, usage, finish reasons, logprobs and the errors a bad request raises. Prints `N passed, M failed` and exits
-non-zero on any failure.
+and not, usage, finish reasons, logprobs, `models.retrieve`, `echo` and the errors a bad request raises. Prints
+`N passed, M failed` and exits non-zero on any failure.
 
     python3 tools/api-tests/openai_client.py --base-url http://127.0.0.1:8080/v1 [--api-key KEY] [--model NAME]
 """
@@ -69,6 +69,17 @@ def main():
         state["model"] = args.model or ids[0]
         check(state["model"] in ids, f"{state['model']} not in {ids}")
 
+    def t_model_retrieve():
+        m = client.models.retrieve(state["model"])
+        check(m.id == state["model"] and m.object == "model", m)
+        check(m.owned_by == "tensorfold", m)
+        try:
+            client.models.retrieve("no-such-model")
+        except openai.NotFoundError as e:
+            check(e.body["code"] == "model_not_found", e.body)
+            return
+        raise AssertionError("retrieving an unknown model did not raise NotFoundError")
+
     def t_completion():
         r = client.completions.create(
             model=state["model"], prompt="def main():", max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
@@ -97,6 +108,13 @@ def main():
         check(len(lp.tokens) == n and len(lp.token_logprobs) == n and len(lp.top_logprobs) == n, lp)
         check(all(x <= 0 for x in lp.token_logprobs), lp.token_logprobs)
         check(r.choices[0].finish_reason in FINISH, r.choices[0].finish_reason)
+
+    def t_completion_echo():
+        r = client.completions.create(
+            model=state["model"], prompt="def main():", max_tokens=16, temperature=0, echo=True,
+            extra_body={"ignore_eos": True},
+        )
+        check(r.choices[0].text == "def main():" + state["completion"], r.choices[0].text)
 
     def t_chat():
         r = client.chat.completions.create(
@@ -178,7 +196,9 @@ def main():
 
     tests = [
         t_models,
+        t_model_retrieve,
         t_completion,
+        t_completion_echo,
         t_completion_stream,
         t_completion_logprobs,
         t_chat,

@@ -45,6 +45,8 @@ pub struct Params {
     pub n: usize,
     /// The reply's constraint (`structured.rs`), compiled at submission.
     pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
+    /// `echo` (completions): the prompt text prepended to the reply (`echo.rs`).
+    pub echo: bool,
 }
 
 /// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
@@ -105,17 +107,20 @@ fn boolean(f: &Field<bool>, k: &str, default: bool) -> Result<bool, ApiError> {
     }
 }
 
-/// Validates a completions request's shared fields (`logprobs` an integer in [0, 20]).
+/// Validates a completions request's shared fields (`logprobs` an integer in [0, 20]), then `suffix` and `echo`.
 pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
-    params(&r.options, || match int(&r.logprobs, "logprobs")? {
+    let mut p = params(&r.options, || match int(&r.logprobs, "logprobs")? {
         None => Ok(None),
         Some(n) if (0..=20).contains(&n) => Ok(Some(n as usize)),
         Some(n) => Err(ApiError::invalid("logprobs", format!("`logprobs` = {n} must be in [0, 20]"))),
-    })
+    })?;
+    p.echo = crate::echo::completion_echo(r, &p)?;
+    Ok(p)
 }
 
 /// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it).
 pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
+    crate::echo::refuse_chat_echo(&r.options)?;
     params(&r.options, || {
         let top = int(&r.top_logprobs, "top_logprobs")?;
         if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
@@ -172,6 +177,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         penalties,
         n,
         grammar,
+        echo: false,
     })
 }
 
@@ -193,9 +199,6 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
     if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
         return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
-    }
-    if boolean(&o.echo, "echo", false)? {
-        return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
     Ok(())
 }

@@ -60,6 +60,10 @@ pub struct Outcome {
     pub stopped: bool,
     /// The drafter's error for this reply, if it failed (the reply then finished without drafts).
     pub draft_error: Option<String>,
+    /// When the first and the last token arrived (the access log's TTFT and decode rate).
+    pub first_token_at: Option<Instant>,
+    /// When the last token arrived.
+    pub last_token_at: Option<Instant>,
 }
 
 impl Outcome {
@@ -227,6 +231,8 @@ impl Running {
             error: None,
             stopped: false,
             draft_error: None,
+            first_token_at: None,
+            last_token_at: None,
         };
         let (mut pending, mut lps) = (Vec::new(), Vec::new());
         let mut last = self.started;
@@ -243,6 +249,8 @@ impl Running {
                     };
                     metrics::histogram!(name).record((now - last).as_secs_f64());
                     last = now;
+                    out.first_token_at.get_or_insert(now);
+                    out.last_token_at = Some(now);
                     out.tokens.push(t);
                     let piece = match detok.as_mut().map(|d| d.push(t)) {
                         Some(Ok(p)) => p,

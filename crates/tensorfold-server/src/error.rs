@@ -66,9 +66,28 @@ impl ApiError {
     }
 }
 
+/// Seconds a client should wait before retrying an overloaded or stopping server: the `Retry-After` of every 429
+/// and 503 (RFC 9110 section 10.2.3, delay-seconds form). Queues drain in well under a second at the default
+/// sizes, and a restarting or still-loading server is polled, so 1 s.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+impl ApiError {
+    /// `Retry-After` seconds for this answer: every 429 (queue full, tokenizer busy) and 503 (loading, connection
+    /// cap, shutting down), none otherwise.
+    pub fn retry_after(&self) -> Option<u64> {
+        matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+            .then_some(RETRY_AFTER_SECS)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let retry = self.retry_after();
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = retry {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(s));
+        }
+        r
     }
 }
 

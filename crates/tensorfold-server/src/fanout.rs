@@ -4,6 +4,8 @@
 //! top-level block is choice 0's); a stream interleaves the choices' chunks, each carrying its `index`, each
 //! choice's finish chunk its own engine block, then one usage chunk and `[DONE]`.
 
+use crate::access_log::Entry;
+use crate::answer::Answer;
 use crate::api::Params;
 use crate::completion::{LogprobEntry, Outcome, Piece, Running, submit_n};
 use crate::error::ApiError;
@@ -19,13 +21,13 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// Submits the `params.n` choices and answers: one SSE stream of them all, or the whole reply once every choice
 /// has finished.
-pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
+pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer) -> Result<Response, ApiError> {
     let prompt_tokens = ids.len() as u64;
     let runs = submit_n(&r, ids, params.clone(), params.n).await?;
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
-    let shape = Shape::new(chat, s.model_name.clone());
+    let shape = a.shape(s.model_name.clone());
     if params.stream {
-        return Ok(stream(runs, shape, params.include_usage).into_response());
+        return Ok(stream(runs, shape, params.include_usage, a.log).into_response());
     }
     let mut choices = Vec::new();
     // The engine runs every stream at once; reading them one after another only orders the reads.
@@ -38,6 +40,7 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat:
             })
             .await
             .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
+        a.log.outcome(&out);
         if let Some(e) = &out.error {
             let status =
                 if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
@@ -88,13 +91,13 @@ fn indexed(chunk: Chunk, i: usize) -> String {
 /// An SSE reply of several choices: each choice's chunks as its stream releases them (first chunk, pieces, its
 /// finish chunk), then the usage chunk if asked (completion tokens summed) and `[DONE]`. A client that leaves
 /// cancels every choice's stream.
-fn stream(runs: Vec<Running>, shape: Shape, include_usage: bool) -> impl IntoResponse {
+fn stream(runs: Vec<Running>, shape: Shape, include_usage: bool, log: Entry) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     let tasks: Vec<_> = runs
         .into_iter()
         .enumerate()
         .map(|(i, running)| {
-            let (tx, shape) = (tx.clone(), shape.clone());
+            let (tx, shape, log) = (tx.clone(), shape.clone(), log.clone());
             tokio::spawn(async move {
                 let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
                 if let Some(first) = shape.first_chunk()
@@ -113,7 +116,9 @@ fn stream(runs: Vec<Running>, shape: Shape, include_usage: bool) -> impl IntoRes
                     out = driving => out,
                     _ = tx.closed() => None,
                 }?;
+                log.outcome(&out);
                 if let Some(e) = &out.error {
+                    log.failed(StatusCode::INTERNAL_SERVER_ERROR);
                     send(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()).to_json());
                     return None;
                 }

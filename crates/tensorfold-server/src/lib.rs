@@ -1,14 +1,20 @@
 //! `tensorfold serve`: an OpenAI-compatible HTTP server on the lane core (routes in `routes`, the wire schema in
 //! `protocol`, its validation in `api`, replies built in `reply`, one completion's life in `completion`). Loading
 //! happens after the socket is bound, so `/health` answers 503 until the model is ready. Connections are bounded
-//! in `listen`, request bodies and text work in `limits`, shutdown in `shutdown`.
+//! in `listen`, request bodies and text work in `limits`, shutdown in `shutdown`; CORS in `cors`, the access log in
+//! `access_log`.
 
+pub mod access_log;
+pub mod answer;
 pub mod api;
 pub mod completion;
+pub mod cors;
+pub mod echo;
 pub mod error;
 pub mod fanout;
 pub mod limits;
 pub mod listen;
+pub mod models_route;
 pub mod penalties;
 pub mod protocol;
 pub mod reply;
@@ -45,6 +51,17 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// Connection bounds: header, body and idle timeouts, the connection cap.
     pub conn: listen::ConnLimits,
+    /// CORS and the access log.
+    pub http: HttpOptions,
+}
+
+/// The HTTP conventions a deployment picks (`--allowed-origins`, `--disable-access-log`, `--enable-log-requests`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HttpOptions {
+    /// Origins browsers may call from (default: off, no CORS headers).
+    pub allowed_origins: cors::Origins,
+    /// One line per finished request (default: on, without request bodies).
+    pub access_log: access_log::AccessLog,
 }
 
 /// The process-wide Prometheus recorder (installed once).
@@ -63,24 +80,35 @@ pub fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
         .clone()
 }
 
-/// The router over `state`.
-pub fn router(state: AppState) -> Router {
+/// The router over `state`, with `origins`' CORS layer outermost (preflights answered before auth).
+pub fn router_with(state: AppState, origins: &cors::Origins) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/models", get(routes::models))
+        .route("/v1/models/{*id}", get(models_route::retrieve))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), limits::json_body))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route_layer(middleware::from_fn_with_state(state.clone(), access_log::middleware));
+    let app = Router::new()
         .merge(api)
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics_route))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(state)
+        .with_state(state);
+    match origins.layer() {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+/// The router over `state` without CORS.
+pub fn router(state: AppState) -> Router {
+    router_with(state, &cors::Origins::Off)
 }
 
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
@@ -119,6 +147,7 @@ pub fn new_state(opts: &ServeOptions) -> AppState {
         body_timeout: opts.conn.body_timeout,
         text_pool: limits::TextPool::default(),
         shutdown: shutdown::Shutdown::default(),
+        access_log: opts.http.access_log,
     }
 }
 
@@ -153,7 +182,7 @@ pub async fn serve_on<K: Send + 'static>(
 ) -> Result<(), String> {
     let state = new_state(&opts);
     tracing::info!("listening on http://{}", listener.local_addr().map_err(|e| e.to_string())?);
-    let app = router(state.clone());
+    let app = router_with(state.clone(), &opts.http.allowed_origins);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_accepting = move || {
         let _ = stop_tx.send(true);

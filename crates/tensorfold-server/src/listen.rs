@@ -45,7 +45,7 @@ impl Default for ConnLimits {
     }
 }
 
-/// The answer to a connection past the cap, written without reading its request.
+/// The answer to a connection past the cap, written without reading its request (with `Retry-After`, as every 503).
 fn over_cap() -> Vec<u8> {
     let body = crate::error::ApiError::status(
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -55,7 +55,8 @@ fn over_cap() -> Vec<u8> {
     .with_code("too_many_connections")
     .to_json();
     let head = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n";
-    format!("{head}content-length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    let retry = crate::error::RETRY_AFTER_SECS;
+    format!("{head}retry-after: {retry}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes()
 }
 
 /// Serves `app` on `listener` until `stop` turns true, then stops accepting, shuts every connection down

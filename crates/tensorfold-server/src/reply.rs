@@ -49,6 +49,8 @@ pub struct Shape {
     pub id: String,
     /// Unix seconds.
     pub created: u64,
+    /// Text prepended to every choice (`echo`; a stream sends it as its first chunk).
+    pub echo: Option<String>,
 }
 
 impl Shape {
@@ -56,13 +58,22 @@ impl Shape {
     pub fn new(chat: bool, model: String) -> Self {
         let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, rand::random::<u64>());
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Self { chat, model, id, created }
+        Self { chat, model, id, created, echo: None }
+    }
+
+    /// The same shape echoing `echo` before each choice's text.
+    pub fn with_echo(self, echo: Option<String>) -> Self {
+        Self { echo, ..self }
     }
 
     /// The whole reply: its text, the logprobs of its tokens (`None`: not asked for), and how it ended.
     pub fn reply(&self, text: String, logprobs: Option<&[LogprobEntry]>, out: &Outcome) -> Reply {
         let (id, created, model) = (self.id.clone(), self.created, self.model.clone());
         let (usage, tensorfold) = (usage(out), engine_stats(out));
+        let text = match &self.echo {
+            Some(e) => format!("{e}{text}"),
+            None => text,
+        };
         if self.chat {
             let choice = ChatChoice {
                 index: 0,
@@ -91,8 +102,11 @@ impl Shape {
         Reply::Completion(CompletionResponse { id, object, created, model, choices: vec![choice], usage, tensorfold })
     }
 
-    /// The chat stream's first chunk (the assistant role, empty content); completions have none.
+    /// The chat stream's first chunk (the assistant role, empty content); completions have one only to echo.
     pub fn first_chunk(&self) -> Option<Chunk> {
+        if let (false, Some(e)) = (self.chat, &self.echo) {
+            return Some(self.piece_chunk(e.clone(), None));
+        }
         let delta = DeltaMessage { role: Some("assistant"), content: Some(String::new()) };
         self.chat
             .then(|| self.chat_chunk(vec![ChatStreamChoice { index: 0, delta, logprobs: None, finish_reason: None }]))

@@ -1,11 +1,13 @@
 //! The OpenAI routes: completions and chat (JSON and SSE), models, tokenize/detokenize, health, metrics.
 
+use crate::access_log::Entry;
+use crate::answer::Answer;
 use crate::api::{self, Params, Prompt};
 use crate::completion::{LogprobEntry, Piece, Running, submit};
 use crate::error::ApiError;
 use crate::protocol::{
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse, Field, HealthResponse, ModelCard,
-    ModelList, TokenizeRequest, TokenizeResponse,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse, Field, HealthResponse, ModelList,
+    TokenizeRequest, TokenizeResponse,
 };
 use crate::reply::Shape;
 use crate::shutdown::{Shutdown, stopped_error};
@@ -64,21 +66,25 @@ async fn blocking(
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Response {
-    complete(s, b).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn completions(State(s): State<AppState>, log: Entry, b: Result<Bytes, BytesRejection>) -> Response {
+    complete(s, log, b).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Response {
-    complete_chat(s, b).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn chat(State(s): State<AppState>, log: Entry, b: Result<Bytes, BytesRejection>) -> Response {
+    complete_chat(s, log, b).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn complete(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn complete(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let r = ready(&s)?;
-    let req: CompletionRequest = api::request(&body(b)?)?;
+    let b = body(b)?;
+    log.body(&b);
+    let req: CompletionRequest = api::request(&b)?;
     let params = api::completion_params(&req)?;
     check_model(&s, &params)?;
-    let ids = match api::prompt(&req.prompt)? {
+    let prompt = api::prompt(&req.prompt)?;
+    let echo = crate::echo::echo_text(&s, &r, &prompt, params.echo).await?;
+    let ids = match prompt {
         Prompt::Ids(ids) => ids,
         Prompt::Text(t) => {
             let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
@@ -86,12 +92,14 @@ async fn complete(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Respo
             blocking(&s, t.len(), move || text.encode_prompt(&t)).await?
         }
     };
-    respond(s, r, ids, params, false).await
+    respond(s, r, ids, params, Answer { chat: false, echo, log }).await
 }
 
-async fn complete_chat(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn complete_chat(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let r = ready(&s)?;
-    let req: ChatCompletionRequest = api::request(&body(b)?)?;
+    let b = body(b)?;
+    log.body(&b);
+    let req: ChatCompletionRequest = api::request(&b)?;
     let params = api::chat_params(&req)?;
     check_model(&s, &params)?;
     let msgs = api::messages(&req.messages)?;
@@ -99,13 +107,13 @@ async fn complete_chat(s: AppState, b: Result<Bytes, BytesRejection>) -> Result<
     // Templating and tokenizing a long chat take milliseconds: keep them off the async workers.
     let bytes = msgs.iter().map(|m| m.content.byte_len()).sum();
     let ids = blocking(&s, bytes, move || text.encode_chat(&msgs, true)).await?;
-    respond(s, r, ids, params, true).await
+    respond(s, r, ids, params, Answer { chat: true, echo: None, log }).await
 }
 
 /// Submits the prompt and answers: an SSE stream, or the whole reply once it has finished.
-async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: bool) -> Result<Response, ApiError> {
+async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer) -> Result<Response, ApiError> {
     if params.n > 1 {
-        return crate::fanout::respond(s, r, ids, params, chat).await;
+        return crate::fanout::respond(s, r, ids, params, a).await;
     }
     let prompt_tokens = ids.len() as u64;
     let running = tokio::select! {
@@ -113,9 +121,9 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: boo
         _ = s.shutdown.cancelled() => return Err(stopped_error("the request was cancelled")),
     };
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
-    let shape = Shape::new(chat, s.model_name.clone());
+    let shape = a.shape(s.model_name.clone());
     if params.stream {
-        return Ok(stream(running, shape, params.include_usage, s.shutdown.clone()).into_response());
+        return Ok(stream(running, shape, params.include_usage, s.shutdown.clone(), a.log).into_response());
     }
     let mut pieces = Vec::new();
     let out = running.drive(|p| {
@@ -128,6 +136,7 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: boo
     };
     let out =
         out.ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
+    a.log.outcome(&out);
     if let Some(e) = &out.error {
         // The engine gone without finishing the stream is shutdown (503) even before its alive flag drops.
         if out.stopped || !r.engine.is_alive() {
@@ -143,7 +152,7 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, chat: boo
 }
 
 /// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
-fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdown) -> impl IntoResponse {
+fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdown, log: Entry) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
         let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
@@ -165,18 +174,21 @@ fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdow
             out = driving => out,
             _ = tx.closed() => None,
             _ = shutdown.cancelled() => {
+                log.failed(StatusCode::SERVICE_UNAVAILABLE);
                 send(stopped_error("the request was cancelled").to_json());
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
                 return;
             }
         };
         let Some(out) = out else { return };
+        log.outcome(&out);
         if let Some(e) = &out.error {
             let err = if out.stopped {
                 stopped_error(e)
             } else {
                 ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone())
             };
+            log.failed(err.status);
             send(err.to_json());
         } else {
             metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
@@ -192,14 +204,7 @@ fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdow
 
 /// `GET /v1/models`.
 pub async fn models(State(s): State<AppState>) -> Json<ModelList> {
-    let card = ModelCard {
-        id: s.model_name.clone(),
-        object: "model",
-        created: s.created,
-        owned_by: "tensorfold",
-        max_model_len: s.ready.get().map(|r| r.context),
-    };
-    Json(ModelList { object: "list", data: vec![card] })
+    Json(ModelList { object: "list", data: vec![crate::models_route::card(&s)] })
 }
 
 /// `POST /tokenize`: `{"prompt": text}` or `{"messages": [...]}` (with `add_special_tokens`, default true for prompts).

@@ -42,4 +42,6 @@ pub struct AppState {
     pub text_pool: crate::limits::TextPool,
     /// Past the grace period: every request still running answers 503.
     pub shutdown: crate::shutdown::Shutdown,
+    /// The access log's settings (`access_log.rs`).
+    pub access_log: crate::access_log::AccessLog,
 }

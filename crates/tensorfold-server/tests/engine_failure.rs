@@ -50,6 +50,7 @@ async fn a_lost_device_stops_the_server_with_the_failure_named() {
         api_key: None,
         grace: Duration::from_secs(1),
         conn: Default::default(),
+        http: Default::default(),
     };
     let (_, rx) = handle.submit(Request::greedy(vec![1, 2, 3], 4)).expect("admitted before the failure");
     let served = tokio::time::timeout(Duration::from_secs(20), serve(opts, move || Ok((ready, engine))))

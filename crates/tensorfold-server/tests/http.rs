@@ -155,6 +155,9 @@ async fn a_full_queue_answers_429_and_the_engine_serves_the_waiting_request_afte
         assert_eq!(r.error_type(), "rate_limit_error");
         assert!(r.text.contains("queue is full (1 waiting)"), "{}", r.text);
     }
+    let r = s.client.post(s.url(COMPLETIONS)).json(&completion("Me too", 3)).send().await.expect("answered");
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "every 429 says when to retry");
     let m = engine.metrics();
     assert_eq!((m.running, m.waiting), (1, 1));
     // The long stream's client leaves: the waiting request gets the lane and completes.

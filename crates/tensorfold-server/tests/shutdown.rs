@@ -87,6 +87,7 @@ fn opts(grace: Duration) -> ServeOptions {
         api_key: None,
         grace,
         conn: Default::default(),
+        http: Default::default(),
     }
 }
 

@@ -8,6 +8,7 @@ mod default_model;
 mod devices;
 mod exact;
 mod generate;
+mod hub;
 mod inspect;
 mod serve;
 

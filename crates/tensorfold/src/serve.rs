@@ -1,4 +1,5 @@
-//! `tensorfold serve`: the OpenAI-compatible server on the embedded default model or a model directory.
+//! `tensorfold serve`: the OpenAI-compatible server on the embedded default model, a model directory or a Hugging
+//! Face hub id (`hub.rs`).
 
 use crate::devices::{self, Devices};
 use crate::{Device, Verify, check_device, default_model};
@@ -8,12 +9,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
+use tensorfold_server::access_log::AccessLog;
 use tensorfold_server::{ServeOptions, state::Ready};
 
 /// Arguments of `tensorfold serve`; every flag has a `TENSORFOLD_*` environment mirror (the flag wins).
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model directory, or `synthetic:SHAPE[@SEED]` (default: the default pair, models/lfm2-moe-pycode,
+    /// Hugging Face model directory, hub id `Org/Name[@REVISION]` (from the local hub cache, downloaded into it when
+    /// the hub is reachable), or `synthetic:SHAPE[@SEED]` (default: the default pair, models/lfm2-moe-pycode,
     /// compiled into the binary unless built without `embedded-model`).
     #[arg(env = "TENSORFOLD_MODEL")]
     model: Option<PathBuf>,
@@ -76,8 +79,8 @@ pub struct Args {
     /// Never draft (every reply runs the plain serial path; replies are the same tokens either way).
     #[arg(long, env = "TENSORFOLD_NO_DRAFTS")]
     no_drafts: bool,
-    /// Model name for /v1/models and the `model` field (default: the directory name, or
-    /// `tensorfold-default` for the embedded model).
+    /// Model name for /v1/models and the `model` field (default: the hub repo id for a hub id or a snapshot in a hub
+    /// cache, else the directory name, or `tensorfold-default` for the embedded model).
     #[arg(long, env = "TENSORFOLD_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
     /// Require `Authorization: Bearer KEY` on API routes.
@@ -101,8 +104,22 @@ pub struct Args {
     /// Open connections served at once; one more is answered 503 and closed at once.
     #[arg(long, default_value_t = 512, env = "TENSORFOLD_MAX_CONNECTIONS")]
     max_connections: usize,
+    /// Origins browser pages may call the API from: `*`, or a comma list such as
+    /// `http://localhost:3000,https://app.example` (default: none, no CORS headers).
+    #[arg(long, value_parser = parse_origins, env = "TENSORFOLD_ALLOWED_ORIGINS")]
+    allowed_origins: Option<tensorfold_server::cors::Origins>,
+    /// No access-log line per finished request.
+    #[arg(long, env = "TENSORFOLD_DISABLE_ACCESS_LOG")]
+    disable_access_log: bool,
+    /// Quote each request's body (prompt text included) on its access-log line.
+    #[arg(long, env = "TENSORFOLD_ENABLE_LOG_REQUESTS", conflicts_with = "disable_access_log")]
+    enable_log_requests: bool,
     #[command(flatten)]
     dev: crate::devices::DeviceArgs,
+}
+
+fn parse_origins(s: &str) -> Result<tensorfold_server::cors::Origins, String> {
+    tensorfold_server::cors::Origins::parse(s).map_err(|e| e.to_string())
 }
 
 /// Runs the server until SIGINT/SIGTERM.
@@ -125,10 +142,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     if a.memory_gib <= 0.0 {
         bail!("--memory-gib must be positive: every request would be refused");
     }
-    let synthetic = |d: &PathBuf| d.to_str().is_some_and(|s| s.starts_with(default_model::SYNTHETIC));
-    if let Some(d) = a.model.as_ref().filter(|d| !d.is_dir() && !synthetic(d)) {
-        bail!("model directory {} does not exist or is not a directory", d.display());
-    }
+    let (model, hub_name) = model_dir(a.model.take())?;
+    a.model = model;
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => {
@@ -147,14 +162,19 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     if api_key.as_deref().is_some_and(|k| k.trim().is_empty() || k.contains(char::is_whitespace)) {
         bail!("--api-key must be a non-empty key without spaces");
     }
-    let name = a.served_model_name.clone().unwrap_or_else(|| match &a.model {
+    let name = a.served_model_name.clone().or(hub_name).unwrap_or_else(|| match &a.model {
         Some(d) => d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned()),
         None => "tensorfold-default".into(),
     });
     let addr =
         format!("{}:{}", a.host, a.port).parse().with_context(|| format!("--host {} --port {}", a.host, a.port))?;
     let conn = conn_limits(&a)?;
-    let opts = ServeOptions { addr, model_name: name, api_key, grace: Duration::from_secs(a.grace_seconds), conn };
+    let http = tensorfold_server::HttpOptions {
+        allowed_origins: a.allowed_origins.clone().unwrap_or_default(),
+        access_log: AccessLog { enabled: !a.disable_access_log, log_requests: a.enable_log_requests },
+    };
+    let grace = Duration::from_secs(a.grace_seconds);
+    let opts = ServeOptions { addr, model_name: name, api_key, grace, conn, http };
     let gib = |g: f64| (g.max(0.0) * (1u64 << 30) as f64) as usize;
     let cfg = EngineConfig {
         parallel: a.parallel,
@@ -189,6 +209,25 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     rt.shutdown_background();
     served.map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model directory to open and the name a hub model serves under: a directory as given (a snapshot in a hub
+/// cache named by its repo id), `synthetic:...` as given, a hub id resolved (`hub.rs`). Errors: a path that is
+/// neither a directory nor a hub id, a hub id not in the cache and not downloaded, an incomplete snapshot.
+fn model_dir(model: Option<PathBuf>) -> anyhow::Result<(Option<PathBuf>, Option<String>)> {
+    let Some(d) = model else { return Ok((None, None)) };
+    let arg = d.to_str().unwrap_or_default();
+    if arg.starts_with(default_model::SYNTHETIC) {
+        return Ok((Some(d), None));
+    }
+    if d.is_dir() {
+        let name = crate::hub::repo_of_path(&d);
+        return Ok((Some(d), name));
+    }
+    match crate::hub::HubId::parse(arg) {
+        Some(id) => Ok((Some(crate::hub::resolve(&id)?), Some(id.repo))),
+        None => bail!("model directory {} does not exist or is not a directory", d.display()),
+    }
 }
 
 /// The connection flags, each refused by name unless positive and finite (a timeout of 0 would close every

@@ -71,6 +71,8 @@ pub struct CompletionRequest {
     pub prompt: Field<PromptInput>,
     /// `logprobs`: the chosen token's logprob and this many alternatives, in [0, 20].
     pub logprobs: Field<i64>,
+    /// `suffix`: refused unless empty (`echo.rs`).
+    pub suffix: Field<String>,
     /// The fields shared with chat completions.
     #[serde(flatten)]
     pub options: RequestOptions,
@@ -123,7 +125,7 @@ pub struct RequestOptions {
     pub guided_regex: Field<String>,
     /// `guided_grammar` (vLLM's older form): a Lark grammar in llguidance's dialect.
     pub guided_grammar: Field<String>,
-    /// `echo` (only false).
+    /// `echo`: the prompt prepended to the reply (completions only; `echo.rs`).
     pub echo: Field<bool>,
     /// `best_of`: absent or equal to `n` (ranking more candidates than `n` is not served).
     pub best_of: Field<i64>,

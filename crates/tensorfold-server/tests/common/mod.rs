@@ -11,7 +11,7 @@ use tensorfold_kernels::CpuBackend;
 use tensorfold_model::Source;
 use tensorfold_server::listen::{ConnLimits, serve_connections};
 use tensorfold_server::state::{AppState, Ready};
-use tensorfold_server::{ServeOptions, new_state, router};
+use tensorfold_server::{HttpOptions, ServeOptions, new_state, router_with};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -40,6 +40,10 @@ pub struct Setup {
     pub drafter: bool,
     /// Connection bounds (timeouts, the connection cap).
     pub conn: ConnLimits,
+    /// CORS and the access log.
+    pub http: HttpOptions,
+    /// The served name (default [`MODEL`]).
+    pub name: Option<String>,
 }
 
 impl Default for Setup {
@@ -62,6 +66,8 @@ impl Default for Setup {
             ready: true,
             drafter: false,
             conn: ConnLimits::default(),
+            http: HttpOptions::default(),
+            name: None,
         }
     }
 }
@@ -108,10 +114,11 @@ pub struct Server {
 pub async fn start(setup: Setup) -> Server {
     let opts = ServeOptions {
         addr: "127.0.0.1:0".parse().expect("an address"),
-        model_name: MODEL.into(),
+        model_name: setup.name.clone().unwrap_or_else(|| MODEL.into()),
         api_key: setup.api_key.clone(),
         grace: std::time::Duration::from_secs(1),
         conn: setup.conn.clone(),
+        http: setup.http.clone(),
     };
     let state = new_state(&opts);
     let engine = if setup.ready {
@@ -124,7 +131,7 @@ pub async fn start(setup: Setup) -> Server {
     let listener = tokio::net::TcpListener::bind(opts.addr).await.expect("binding loopback");
     let base = format!("http://{}", listener.local_addr().expect("a bound address"));
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = router(state.clone());
+    let app = router_with(state.clone(), &setup.http.allowed_origins);
     // The server's own bounded accept loop (`listen.rs`), as `serve` runs it.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let conn = setup.conn.clone();
