@@ -91,21 +91,46 @@ pub fn tool_call_spec(c: &ToolConstraint) -> Result<GrammarSpec, ToolGrammarErro
     Ok(GrammarSpec::Lark(lark))
 }
 
-/// `call_i: "name(" (arg ("," " "? arg)*)? ")"`, each argument `key=<JSON value of its schema>`.
+/// `call_i: "name(" args ")"`, each argument `key=<JSON value of its schema>`, written in the schema's order: the
+/// `required` properties each once, then each optional one at most once (so a call always satisfies `required`
+/// and names no property twice; LFM2 writes arguments in the schema's order).
 fn pythonic_call(i: usize, name: &str, params: &Value) -> String {
     let props: Vec<(&String, &Value)> =
         params.get("properties").and_then(Value::as_object).map(|m| m.iter().collect()).unwrap_or_default();
     if props.is_empty() {
         return format!("call_{i}: {}\n", lark_string(&format!("{name}()")));
     }
-    let mut out = format!("call_{i}: {} (arg_{i} (\", \" arg_{i})*)? \")\"\n", lark_string(&format!("{name}(")));
-    let args: Vec<String> = (0..props.len()).map(|k| format!("arg_{i}_{k}")).collect();
-    out += &format!("arg_{i}: {}\n", args.join(" | "));
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let is_required = |key: &str| required.contains(&key);
+    let mut out = String::new();
+    let (mut must, mut may) = (Vec::new(), Vec::new());
     for (k, (key, schema)) in props.iter().enumerate() {
         out += &format!("arg_{i}_{k}: {} value_{i}_{k}\n", lark_string(&format!("{key}=")));
         out += &format!("value_{i}_{k}: %json {}\n", compact((*schema).clone()));
+        if is_required(key) { must.push(format!("arg_{i}_{k}")) } else { may.push(format!("arg_{i}_{k}")) }
     }
-    out
+    let args = if must.is_empty() {
+        // No argument is required: any in-order subset, the first without a leading separator.
+        let firsts: Vec<String> = (0..may.len())
+            .map(|f| {
+                may[f..]
+                    .iter()
+                    .enumerate()
+                    .map(|(n, a)| if n == 0 { a.clone() } else { format!("(\", \" {a})?") })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        format!("({})?", firsts.join(" | "))
+    } else {
+        let tail: String = may.iter().map(|a| format!(" (\", \" {a})?")).collect();
+        format!("{}{tail}", must.join(" \", \" "))
+    };
+    out + &format!("call_{i}: {} {args} \")\"\n", lark_string(&format!("{name}(")))
 }
 
 /// A Lark string literal of `s` (JSON's escaping is Lark's).

@@ -43,8 +43,10 @@ pub struct Params {
     pub penalties: tensorfold_engine::Penalties,
     /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
     pub n: usize,
-    /// The reply's constraint (`structured.rs`), compiled at submission.
+    /// The reply's constraint (`structured.rs`, or a required tool call: `tools::prepare`), compiled at submission.
     pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
+    /// The chat request's tools (`tools::spec`); `None` without tools and on completions.
+    pub tools: Option<crate::tools::ToolPlan>,
 }
 
 /// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
@@ -107,6 +109,9 @@ fn boolean(f: &Field<bool>, k: &str, default: bool) -> Result<bool, ApiError> {
 
 /// Validates a completions request's shared fields (`logprobs` an integer in [0, 20]).
 pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
+    if matches!(&r.options.tools, Field::Given(t) if !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "`tools` is a chat completions field (POST /v1/chat/completions)"));
+    }
     params(&r.options, || match int(&r.logprobs, "logprobs")? {
         None => Ok(None),
         Some(n) if (0..=20).contains(&n) => Ok(Some(n as usize)),
@@ -114,8 +119,18 @@ pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
     })
 }
 
-/// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it).
+/// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it), then its
+/// tools (`tools::spec`; with `n` above 1 they are refused).
 pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
+    let mut p = chat_shared(r)?;
+    p.tools = crate::tools::spec::plan(&r.options.tools, r.tool_choice.as_ref(), &r.parallel_tool_calls)?;
+    if p.tools.is_some() && p.n > 1 {
+        return Err(ApiError::invalid("n", "`n` above 1 with `tools` is not supported"));
+    }
+    Ok(p)
+}
+
+fn chat_shared(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
     params(&r.options, || {
         let top = int(&r.top_logprobs, "top_logprobs")?;
         if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
@@ -172,6 +187,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         penalties,
         n,
         grammar,
+        tools: None,
     })
 }
 
@@ -188,12 +204,8 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
-/// is ignored, as before the schema was typed).
+/// Refuses, by name, the fields that would change the reply and are not implemented.
 fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
-    if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
-    }
     if boolean(&o.echo, "echo", false)? {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
@@ -314,6 +326,7 @@ fn message(i: usize, m: &Field<ChatMessageParam>) -> Result<ChatMessage, ApiErro
             return Err(ApiError::invalid(&format!("{param}.role"), "`role` is required"));
         }
     };
+    let (tool_calls, tool_call_id) = crate::tools::history::fields(i, m, &role)?;
     let content = match &m.content {
         Field::Absent if role == "assistant" => MessageContent::Text(String::new()),
         Field::Given(c) => c.clone(),
@@ -330,7 +343,7 @@ fn message(i: usize, m: &Field<ChatMessageParam>) -> Result<ChatMessage, ApiErro
             ));
         }
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage { role, content, tool_calls, tool_call_id })
 }
 
 #[cfg(test)]
