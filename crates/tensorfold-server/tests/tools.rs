@@ -127,6 +127,12 @@ async fn bad_tool_requests_are_named_400s() {
             "tool_choice",
             "one constraint",
         ),
+        (
+            json!({"tools": bad_fn(json!({"name": "f", "parameters": {"properties": {"x": false}, "required": ["x"]}})),
+                   "tool_choice": "required"}),
+            "tool_choice",
+            "admits no value",
+        ),
         (json!({"parallel_tool_calls": "yes"}), "parallel_tool_calls", "true or false"),
         (json!({"n": 2}), "n", "tools"),
         (

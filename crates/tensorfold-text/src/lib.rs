@@ -21,3 +21,5 @@ pub use tokenizer::Text;
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+#[cfg(test)]
+mod tests_tools;

@@ -105,7 +105,7 @@ mod tests {
     fn render(src: &str, v: serde_json::Value) -> String {
         let mut env = Environment::new();
         env.add_filter("tojson", tojson_filter);
-        env.render_str(src, minijinja::context! { x => Value::from_serialize(&v) }).unwrap()
+        env.render_str(src, minijinja::context! { x => Value::from(minijinja::value::Serde(&v)) }).unwrap()
     }
 
     #[test]

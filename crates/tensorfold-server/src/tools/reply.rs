@@ -56,16 +56,17 @@ impl StreamTools {
     /// whose list it closed.
     pub fn chunks(&mut self, shape: &Shape, text: &str, logprobs: Option<(&[LogprobEntry], usize)>) -> Vec<Chunk> {
         let outs = self.splitter.push(text);
-        self.to_chunks(shape, outs, logprobs)
+        self.emit(shape, outs, logprobs)
     }
 
     /// The chunks of the held text at the reply's end.
     pub fn finish(&mut self, shape: &Shape) -> Vec<Chunk> {
         let outs = self.splitter.finish();
-        self.to_chunks(shape, outs, None)
+        self.emit(shape, outs, None)
     }
 
-    fn to_chunks(&mut self, shape: &Shape, outs: Vec<Out>, logprobs: Option<(&[LogprobEntry], usize)>) -> Vec<Chunk> {
+    /// `outs` as chunks: the text first (one piece chunk, with `logprobs`), then one chunk per closed call list.
+    fn emit(&mut self, shape: &Shape, outs: Vec<Out>, logprobs: Option<(&[LogprobEntry], usize)>) -> Vec<Chunk> {
         let mut text = String::new();
         let mut chunks = Vec::new();
         for o in outs {
