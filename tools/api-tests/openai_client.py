@@ -1,12 +1,13 @@
 # The official `openai` Python client against a running `tensorfold serve` (see docs/api.md).
 """Checks a running `tensorfold serve` with the official `openai` Python client: completions and chat, streamed
-and not, usage, finish reasons, logprobs, `models.retrieve`, `echo` and the errors a bad request raises. Prints
-`N passed, M failed` and exits non-zero on any failure.
+and not, usage, finish reasons, logprobs, `models.retrieve`, `echo`, tool calls (tool_choice required, streamed
+tool-call deltas) and the errors a bad request raises. Prints `N passed, M failed` and exits non-zero on any failure.
 
     python3 tools/api-tests/openai_client.py --base-url http://127.0.0.1:8080/v1 [--api-key KEY] [--model NAME]
 """
 
 import argparse
+import json
 import sys
 import traceback
 
@@ -167,6 +168,94 @@ def main():
         check(streamed == plain, "streamed logprobs differ from plain")
         check(finish == "length", finish)
 
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+    def check_call(call):
+        check(call.type == "function" and call.id.startswith("call_"), call)
+        check(call.function.name == "get_weather", call.function)
+        args = json.loads(call.function.arguments)
+        check(set(args) == {"city"} and args["city"] in ("Paris", "Oslo"), args)
+
+    def t_tool_required():
+        r = client.chat.completions.create(
+            model=state["model"],
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[weather],
+            tool_choice="required",
+            # The default pair is a code model: allowed more than one call, it repeats the call until the length
+            # runs out, so one call is asked for.
+            parallel_tool_calls=False,
+            max_tokens=40,
+            temperature=0,
+        )
+        c = r.choices[0]
+        check(c.finish_reason == "tool_calls", c.finish_reason)
+        check(c.message.tool_calls, c.message)
+        for call in c.message.tool_calls:
+            check_call(call)
+        # The history round trip: the call and its result sent back, answered (any text).
+        r2 = client.chat.completions.create(
+            model=state["model"],
+            messages=[
+                {"role": "user", "content": "Weather in Paris?"},
+                c.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": c.message.tool_calls[0].id, "content": "22C, sunny"},
+            ],
+            tools=[weather],
+            max_tokens=4,
+        )
+        check(r2.choices[0].message.content is not None, r2.choices[0].message)
+
+    def t_tool_stream():
+        calls, finish = {}, None
+        for chunk in client.chat.completions.create(
+            model=state["model"],
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[weather],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=False,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        ):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                for d in c.delta.tool_calls or []:
+                    slot = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                    slot["id"] += d.id or ""
+                    slot["name"] += (d.function and d.function.name) or ""
+                    slot["arguments"] += (d.function and d.function.arguments) or ""
+        check(finish == "tool_calls", finish)
+        check(list(calls) == [0], calls)
+        check(calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_"), calls)
+        args = json.loads(calls[0]["arguments"])
+        check(set(args) == {"city"} and args["city"] in ("Paris", "Oslo"), args)
+
+    def t_tool_bad_choice():
+        try:
+            client.chat.completions.create(
+                model=state["model"],
+                messages=[{"role": "user", "content": "Hi"}],
+                tools=[weather],
+                tool_choice={"type": "function", "function": {"name": "nope"}},
+            )
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "tool_choice", e.body)
+            return
+        raise AssertionError("an unknown tool_choice name did not raise BadRequestError")
+
     def t_bad_request():
         try:
             client.completions.create(model=state["model"], prompt="Hello", max_tokens=4, temperature=3)
@@ -204,6 +293,9 @@ def main():
         t_chat,
         t_chat_stream,
         t_chat_seeded_logprobs,
+        t_tool_required,
+        t_tool_stream,
+        t_tool_bad_choice,
         t_bad_request,
         t_context_exceeded,
         t_unknown_model,

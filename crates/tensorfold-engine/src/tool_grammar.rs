@@ -51,20 +51,21 @@ pub enum ToolGrammarError {
     /// A name outside `[A-Za-z0-9_.-]` (OpenAI's function-name characters), which the grammar could not spell.
     #[error("tool name {0:?} must be 1 to 64 characters of A-Z, a-z, 0-9, _ . -")]
     BadName(String),
+    /// A required argument whose schema is `false`: no call of the tool can be valid.
+    #[error("tool {0:?} requires argument {1:?}, whose schema `false` admits no value")]
+    Unsatisfiable(String, String),
 }
 
 /// The Lark text of `c` as a [`GrammarSpec::Lark`].
 ///
 /// # Errors
-/// [`ToolGrammarError`]: no tools, or a name the grammar cannot spell.
+/// [`ToolGrammarError`]: no tools, a name the grammar cannot spell, or a required argument no value satisfies.
 pub fn tool_call_spec(c: &ToolConstraint) -> Result<GrammarSpec, ToolGrammarError> {
     if c.tools.is_empty() {
         return Err(ToolGrammarError::NoTools);
     }
     for t in &c.tools {
-        let ok = (1..=64).contains(&t.name.len())
-            && t.name.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '-'));
-        if !ok {
+        if !(1..=64).contains(&t.name.len()) || !spellable(&t.name) {
             return Err(ToolGrammarError::BadName(t.name.clone()));
         }
     }
@@ -75,37 +76,97 @@ pub fn tool_call_spec(c: &ToolConstraint) -> Result<GrammarSpec, ToolGrammarErro
     lark += &format!("call: {}\n", names.join(" | "));
     for (i, t) in c.tools.iter().enumerate() {
         let params = if t.parameters.is_null() { json!({"type": "object"}) } else { t.parameters.clone() };
-        match c.form {
-            ToolCallForm::Json => {
-                let schema = json!({
-                    "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": params},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                });
-                lark += &format!("call_{i}: %json {}\n", compact(schema));
-            }
-            ToolCallForm::Pythonic => lark += &pythonic_call(i, &t.name, &params),
+        let args = arguments(&t.name, &params)?;
+        // The reader takes a keyword of name characters only; a tool with another key is called in the JSON form,
+        // which the same call list admits.
+        let pythonic = c.form == ToolCallForm::Pythonic && args.iter().all(|a| spellable(&a.key));
+        if pythonic {
+            lark += &pythonic_call(i, &t.name, &args);
+        } else {
+            let schema = json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            });
+            lark += &format!("call_{i}: %json {}\n", compact(schema));
         }
     }
     Ok(GrammarSpec::Lark(lark))
 }
 
-/// `call_i: "name(" (arg ("," " "? arg)*)? ")"`, each argument `key=<JSON value of its schema>`.
-fn pythonic_call(i: usize, name: &str, params: &Value) -> String {
-    let props: Vec<(&String, &Value)> =
-        params.get("properties").and_then(Value::as_object).map(|m| m.iter().collect()).unwrap_or_default();
-    if props.is_empty() {
+/// Whether `s` is all name characters (`[A-Za-z0-9_.-]`, what the call reader takes for a name or keyword).
+fn spellable(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '-'))
+}
+
+/// One argument a Pythonic call may write.
+#[derive(Clone, Debug, PartialEq)]
+struct Argument {
+    key: String,
+    /// Its value's JSON Schema (`true` read as `{}`).
+    schema: Value,
+    required: bool,
+}
+
+/// The arguments of a tool taking `params`, in the schema's order: each of `properties` (a `false` schema, which
+/// admits no value, left out), then each name `required` lists that `properties` does not (any JSON value, as JSON
+/// Schema reads it).
+fn arguments(tool: &str, params: &Value) -> Result<Vec<Argument>, ToolGrammarError> {
+    let mut required: Vec<&str> = Vec::new();
+    for r in params.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        if !required.contains(&r) {
+            required.push(r);
+        }
+    }
+    let props = params.get("properties").and_then(Value::as_object);
+    let mut out = Vec::new();
+    for (key, schema) in props.into_iter().flatten() {
+        let is_required = required.contains(&key.as_str());
+        let schema = match schema {
+            Value::Bool(false) if is_required => {
+                return Err(ToolGrammarError::Unsatisfiable(tool.to_string(), key.clone()));
+            }
+            Value::Bool(false) => continue,
+            Value::Bool(true) => json!({}),
+            s => s.clone(),
+        };
+        out.push(Argument { key: key.clone(), schema, required: is_required });
+    }
+    for r in required {
+        if !props.is_some_and(|p| p.contains_key(r)) {
+            out.push(Argument { key: r.to_string(), schema: json!({}), required: true });
+        }
+    }
+    Ok(out)
+}
+
+/// `call_i: "name(" args ")"`, each argument `key=<JSON value of its schema>`, in the schema's order: every required
+/// argument once, each optional one at most once, `", "` between them (so a call always satisfies `required` and
+/// names no property twice; LFM2 writes arguments in the schema's order). Linear in the arguments: `tail_i_k` is
+/// what may follow once an argument before `k` is written, and the call's first argument is any optional one
+/// before the first required one, or that required one.
+fn pythonic_call(i: usize, name: &str, args: &[Argument]) -> String {
+    if args.is_empty() {
         return format!("call_{i}: {}\n", lark_string(&format!("{name}()")));
     }
-    let mut out = format!("call_{i}: {} (arg_{i} (\", \" arg_{i})*)? \")\"\n", lark_string(&format!("{name}(")));
-    let args: Vec<String> = (0..props.len()).map(|k| format!("arg_{i}_{k}")).collect();
-    out += &format!("arg_{i}: {}\n", args.join(" | "));
-    for (k, (key, schema)) in props.iter().enumerate() {
-        out += &format!("arg_{i}_{k}: {} value_{i}_{k}\n", lark_string(&format!("{key}=")));
-        out += &format!("value_{i}_{k}: %json {}\n", compact((*schema).clone()));
+    let n = args.len();
+    let mut out = String::new();
+    for (k, a) in args.iter().enumerate() {
+        out += &format!("arg_{i}_{k}: {} value_{i}_{k}\n", lark_string(&format!("{}=", a.key)));
+        out += &format!("value_{i}_{k}: %json {}\n", compact(a.schema.clone()));
     }
-    out
+    let then = |k: usize| if k < n { format!(" tail_{i}_{k}") } else { String::new() };
+    for (k, a) in args.iter().enumerate().skip(1) {
+        let this = if a.required { format!("\", \" arg_{i}_{k}") } else { format!("(\", \" arg_{i}_{k})?") };
+        out += &format!("tail_{i}_{k}: {this}{}\n", then(k + 1));
+    }
+    let first_required = args.iter().position(|a| a.required);
+    let last_first = first_required.unwrap_or(n - 1);
+    let firsts: Vec<String> = (0..=last_first).map(|k| format!("arg_{i}_{k}{}", then(k + 1))).collect();
+    let optional = if first_required.is_some() { "" } else { "?" };
+    let body = format!("({}){optional}", firsts.join(" | "));
+    out + &format!("call_{i}: {} {body} \")\"\n", lark_string(&format!("{name}(")))
 }
 
 /// A Lark string literal of `s` (JSON's escaping is Lark's).
@@ -143,5 +204,38 @@ mod tests {
         let bad = ToolConstraint { tools: vec![ToolSpec { name: "a b".into(), parameters: Value::Null }], ..c.clone() };
         assert_eq!(tool_call_spec(&bad), Err(ToolGrammarError::BadName("a b".into())));
         assert_eq!(tool_call_spec(&ToolConstraint { tools: vec![], ..c }), Err(ToolGrammarError::NoTools));
+    }
+
+    #[test]
+    fn pythonic_arguments_keep_the_required_ones_in_the_schema_order() {
+        let params = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                            "c": true, "d": false}, "required": ["b", "e", "b"]});
+        let args = arguments("f", &params).unwrap();
+        let keys: Vec<(&str, bool)> = args.iter().map(|a| (a.key.as_str(), a.required)).collect();
+        assert_eq!(keys, [("a", false), ("b", true), ("c", false), ("e", true)]);
+        assert_eq!((&args[2].schema, &args[3].schema), (&json!({}), &json!({})));
+        let l = pythonic_call(0, "f", &args);
+        assert!(l.contains("tail_0_1: \", \" arg_0_1 tail_0_2\ntail_0_2: (\", \" arg_0_2)? tail_0_3\n"), "{l}");
+        assert!(l.contains("tail_0_3: \", \" arg_0_3\n"), "{l}");
+        assert!(l.ends_with("call_0: \"f(\" (arg_0_0 tail_0_1 | arg_0_1 tail_0_2) \")\"\n"), "{l}");
+        let none = arguments("g", &json!({"properties": {"a": {}, "b": {}}})).unwrap();
+        let l = pythonic_call(1, "g", &none);
+        assert!(l.ends_with("call_1: \"g(\" (arg_1_0 tail_1_1 | arg_1_1)? \")\"\n"), "{l}");
+        let bad = json!({"properties": {"x": false}, "required": ["x"]});
+        assert_eq!(arguments("h", &bad), Err(ToolGrammarError::Unsatisfiable("h".into(), "x".into())));
+    }
+
+    #[test]
+    fn a_tool_with_a_key_the_reader_cannot_spell_is_called_in_the_json_form() {
+        let c = ToolConstraint {
+            tools: vec![ToolSpec { name: "f".into(), parameters: json!({"properties": {"first name": {}}}) }],
+            parallel: true,
+            form: ToolCallForm::Pythonic,
+            markers: ("<a>".into(), "<b>".into()),
+            special_markers: false,
+        };
+        let GrammarSpec::Lark(l) = tool_call_spec(&c).unwrap() else { panic!("lark") };
+        assert!(l.starts_with("start: \"<a>\" \"[\" call (\", \" call)* \"]\" \"<b>\"\n"), "{l}");
+        assert!(l.contains("call_0: %json {\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"}"), "{l}");
     }
 }

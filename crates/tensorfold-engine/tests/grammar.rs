@@ -169,9 +169,7 @@ fn a_required_tool_call_is_a_call_of_an_offered_tool() {
             let inner = inner.unwrap_or_else(|| panic!("{form:?}: {s:?}"));
             match form {
                 ToolCallForm::Pythonic => assert!(
-                    inner == "now()"
-                        || ["Paris", "Oslo"].iter().any(|c| inner == format!("get_weather(city=\"{c}\")"))
-                        || inner == "get_weather()",
+                    inner == "now()" || ["Paris", "Oslo"].iter().any(|c| inner == format!("get_weather(city=\"{c}\")")),
                     "{s}"
                 ),
                 ToolCallForm::Json => {
@@ -181,6 +179,81 @@ fn a_required_tool_call_is_a_call_of_an_offered_tool() {
             }
         }
     }
+}
+
+/// Whether `g` takes the whole of `s` (tokenized by `t`, markers as their special tokens) and is then complete.
+fn takes(t: &Text, spec: &GrammarSpec, s: &str) -> bool {
+    let mut g = compile(t, spec);
+    let ids = t.encode(s, false).expect("encodes");
+    ids.iter().all(|&id| g.accept(id).is_ok()) && g.is_done()
+}
+
+#[test]
+fn a_forced_call_admits_only_calls_with_every_required_argument() {
+    let t = text();
+    let tools = vec![
+        ToolSpec {
+            name: "book".into(),
+            parameters: json!({"type": "object", "properties": {"seats": {"type": "integer"},
+                "city": {"type": "string"}, "window": {"type": "boolean"}}, "required": ["city"]}),
+        },
+        ToolSpec { name: "ping".into(), parameters: json!({"properties": {"a": {"type": "integer"}, "b": {}}}) },
+    ];
+    let c = |parallel| ToolConstraint {
+        tools: tools.clone(),
+        parallel,
+        form: ToolCallForm::Pythonic,
+        markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
+        special_markers: true,
+    };
+    let one = tool_call_spec(&c(false)).expect("a grammar");
+    let call = |inner: &str| format!("<|tool_call_start|>[{inner}]<|tool_call_end|>");
+    for ok in [
+        "book(city=\"Oslo\")",
+        "book(seats=2, city=\"Oslo\")",
+        "book(city=\"Oslo\", window=true)",
+        "book(seats=2, city=\"Oslo\", window=false)",
+        "ping()",
+        "ping(a=1)",
+        "ping(b=[1, \"x\"])",
+        "ping(a=1, b=null)",
+    ] {
+        assert!(takes(&t, &one, &call(ok)), "refused {ok}");
+    }
+    for bad in [
+        "book()",
+        "book(seats=2)",
+        "book(window=true)",
+        "book(seats=2, window=true)",
+        "book(city=\"Oslo\", city=\"Rome\")",
+        "book(city=\"Oslo\", seats=2)",
+        "book(city=3)",
+        "book(city=\"Oslo\", color=\"red\")",
+        "ping(a=1, a=2)",
+        "ping(b=1, a=2)",
+        "ping(a=\"x\")",
+        "nope()",
+        "ping(), ping()",
+    ] {
+        assert!(!takes(&t, &one, &call(bad)), "admitted {bad}");
+    }
+    assert!(!takes(&t, &one, "ping()"), "the markers are required");
+    let many = tool_call_spec(&c(true)).expect("a grammar");
+    assert!(takes(&t, &many, &call("ping(), book(city=\"Oslo\")")));
+    assert!(!takes(&t, &many, &call("ping(), book(seats=1)")));
+    // A named choice is the constraint over that one tool.
+    let named = ToolConstraint { tools: tools[..1].to_vec(), ..c(false) };
+    let named = tool_call_spec(&named).expect("a grammar");
+    assert!(takes(&t, &named, &call("book(city=\"Oslo\")")));
+    assert!(!takes(&t, &named, &call("ping()")));
+    // A key the call reader cannot take as a keyword: that tool is called in the JSON form, `required` kept.
+    let spaced = vec![ToolSpec {
+        name: "who".into(),
+        parameters: json!({"properties": {"first name": {"type": "string"}}, "required": ["first name"]}),
+    }];
+    let spaced = tool_call_spec(&ToolConstraint { tools: spaced, ..c(false) }).expect("a grammar");
+    assert!(takes(&t, &spaced, &call("{\"name\": \"who\", \"arguments\": {\"first name\": \"Ada\"}}")));
+    assert!(!takes(&t, &spaced, &call("{\"name\": \"who\", \"arguments\": {}}")));
 }
 
 #[test]

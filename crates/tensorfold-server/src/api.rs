@@ -43,10 +43,12 @@ pub struct Params {
     pub penalties: tensorfold_engine::Penalties,
     /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
     pub n: usize,
-    /// The reply's constraint (`structured.rs`), compiled at submission.
+    /// The reply's constraint (`structured.rs`, or a required tool call: `tools::prepare`), compiled at submission.
     pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
     /// `echo` (completions): the prompt text prepended to the reply (`echo.rs`).
     pub echo: bool,
+    /// The chat request's tools (`tools::spec`); `None` without tools and on completions.
+    pub tools: Option<crate::tools::ToolPlan>,
 }
 
 /// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
@@ -109,6 +111,9 @@ fn boolean(f: &Field<bool>, k: &str, default: bool) -> Result<bool, ApiError> {
 
 /// Validates a completions request's shared fields (`logprobs` an integer in [0, 20]), then `suffix` and `echo`.
 pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
+    if matches!(&r.options.tools, Field::Given(t) if !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "`tools` is a chat completions field (POST /v1/chat/completions)"));
+    }
     let mut p = params(&r.options, || match int(&r.logprobs, "logprobs")? {
         None => Ok(None),
         Some(n) if (0..=20).contains(&n) => Ok(Some(n as usize)),
@@ -118,9 +123,19 @@ pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
     Ok(p)
 }
 
-/// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it).
+/// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it), then its
+/// tools (`tools::spec`; with `n` above 1 they are refused).
 pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
     crate::echo::refuse_chat_echo(&r.options)?;
+    let mut p = chat_shared(r)?;
+    p.tools = crate::tools::spec::plan(&r.options.tools, r.tool_choice.as_ref(), &r.parallel_tool_calls)?;
+    if p.tools.is_some() && p.n > 1 {
+        return Err(ApiError::invalid("n", "`n` above 1 with `tools` is not supported"));
+    }
+    Ok(p)
+}
+
+fn chat_shared(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
     params(&r.options, || {
         let top = int(&r.top_logprobs, "top_logprobs")?;
         if let Some(t) = top.filter(|t| !(0..=20).contains(t)) {
@@ -143,7 +158,6 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         Field::Wrong(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
     };
     let max_tokens = max_tokens(o)?;
-    refuse_unsupported(o)?;
     let penalties = crate::penalties::penalties(o)?;
     let n = choices(o)?;
     let grammar = crate::structured::grammar_spec(o)?;
@@ -178,6 +192,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         n,
         grammar,
         echo: false,
+        tools: None,
     })
 }
 
@@ -192,15 +207,6 @@ fn max_tokens(o: &RequestOptions) -> Result<Option<usize>, ApiError> {
         Some((_, v)) => Ok(Some(v as usize)),
         None => Ok(None),
     }
-}
-
-/// Refuses, by name, the fields that would change the reply and are not implemented (a wrong JSON type of `tools`
-/// is ignored, as before the schema was typed).
-fn refuse_unsupported(o: &RequestOptions) -> Result<(), ApiError> {
-    if matches!(&o.tools, Field::Given(t) if !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported yet"));
-    }
-    Ok(())
 }
 
 /// `top_p` in (0, 1], as the f32 the sampler takes (a value that rounds to 0 there is refused, not made greedy).
@@ -317,6 +323,7 @@ fn message(i: usize, m: &Field<ChatMessageParam>) -> Result<ChatMessage, ApiErro
             return Err(ApiError::invalid(&format!("{param}.role"), "`role` is required"));
         }
     };
+    let (tool_calls, tool_call_id) = crate::tools::history::fields(i, m, &role)?;
     let content = match &m.content {
         Field::Absent if role == "assistant" => MessageContent::Text(String::new()),
         Field::Given(c) => c.clone(),
@@ -333,7 +340,7 @@ fn message(i: usize, m: &Field<ChatMessageParam>) -> Result<ChatMessage, ApiErro
             ));
         }
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage { role, content, tool_calls, tool_call_id })
 }
 
 #[cfg(test)]

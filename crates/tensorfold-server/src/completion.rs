@@ -262,6 +262,7 @@ impl Running {
                         }
                         None => String::new(),
                     };
+                    let piece = crate::tools::visible(&self.params, t, piece);
                     lps.extend(pending.drain(..).map(|lp| self.entry(&lp)));
                     let (text, stopped) = stops.push(&piece);
                     if (!text.is_empty() || !lps.is_empty())

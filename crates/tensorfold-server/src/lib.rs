@@ -23,6 +23,7 @@ pub mod shutdown;
 pub mod state;
 pub mod stops;
 pub mod structured;
+pub mod tools;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};

@@ -77,7 +77,7 @@ impl Shape {
         if self.chat {
             let choice = ChatChoice {
                 index: 0,
-                message: ChatReplyMessage { role: "assistant", content: text },
+                message: ChatReplyMessage { role: "assistant", content: Some(text), tool_calls: None },
                 logprobs: logprobs.map(chat_logprobs),
                 finish_reason: out.finish_reason,
             };
@@ -107,7 +107,7 @@ impl Shape {
         if let (false, Some(e)) = (self.chat, &self.echo) {
             return Some(self.piece_chunk(e.clone(), None));
         }
-        let delta = DeltaMessage { role: Some("assistant"), content: Some(String::new()) };
+        let delta = DeltaMessage { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
         self.chat
             .then(|| self.chat_chunk(vec![ChatStreamChoice { index: 0, delta, logprobs: None, finish_reason: None }]))
     }
@@ -116,12 +116,18 @@ impl Shape {
     /// first (completions count offsets from the reply's start).
     pub fn piece_chunk(&self, text: String, logprobs: Option<(&[LogprobEntry], usize)>) -> Chunk {
         if self.chat {
-            let delta = DeltaMessage { role: None, content: Some(text) };
+            let delta = DeltaMessage { role: None, content: Some(text), tool_calls: None };
             let logprobs = logprobs.map(|(l, _)| chat_logprobs(l));
             return self.chat_chunk(vec![ChatStreamChoice { index: 0, delta, logprobs, finish_reason: None }]);
         }
         let logprobs = logprobs.map(|(l, offset)| completion_logprobs(l, offset));
         self.completion_chunk(vec![CompletionChoice { index: 0, text, logprobs, finish_reason: None }])
+    }
+
+    /// A chat chunk of whole tool calls (`crate::tools::stream`).
+    pub fn tool_calls_chunk(&self, calls: Vec<crate::protocol::DeltaToolCall>) -> Chunk {
+        let delta = DeltaMessage { role: None, content: None, tool_calls: Some(calls) };
+        self.chat_chunk(vec![ChatStreamChoice { index: 0, delta, logprobs: None, finish_reason: None }])
     }
 
     /// The chunk that carries `finish_reason` and the engine block.

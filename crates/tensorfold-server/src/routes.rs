@@ -100,13 +100,15 @@ async fn complete_chat(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>
     let b = body(b)?;
     log.body(&b);
     let req: ChatCompletionRequest = api::request(&b)?;
-    let params = api::chat_params(&req)?;
+    let mut params = api::chat_params(&req)?;
     check_model(&s, &params)?;
     let msgs = api::messages(&req.messages)?;
     let text = r.text.clone().ok_or_else(|| text_err(TextError::NoTokenizer))?;
+    crate::tools::prepare(&mut params, &text)?;
+    let functions = params.tools.as_ref().map(|t| t.functions.clone());
     // Templating and tokenizing a long chat take milliseconds: keep them off the async workers.
-    let bytes = msgs.iter().map(|m| m.content.byte_len()).sum();
-    let ids = blocking(&s, bytes, move || text.encode_chat(&msgs, true)).await?;
+    let bytes = msgs.iter().map(|m| m.content.byte_len()).sum::<usize>() + req.options.tools.given_len();
+    let ids = blocking(&s, bytes, move || text.encode_chat_with_tools(&msgs, true, functions.as_deref())).await?;
     respond(s, r, ids, params, Answer { chat: true, echo: None, log }).await
 }
 
@@ -123,7 +125,8 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
     let shape = a.shape(s.model_name.clone());
     if params.stream {
-        return Ok(stream(running, shape, params.include_usage, s.shutdown.clone(), a.log).into_response());
+        let tools = crate::tools::StreamTools::new(params.tools.as_ref());
+        return Ok(stream(running, shape, (params.include_usage, tools), s.shutdown.clone(), a.log).into_response());
     }
     let mut pieces = Vec::new();
     let out = running.drive(|p| {
@@ -148,11 +151,22 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
     let lps: Vec<LogprobEntry> = pieces.into_iter().flat_map(|p| p.logprobs).collect();
     let logprobs = params.logprobs.map(|_| lps.as_slice());
-    Ok(Json(shape.reply(text, logprobs, &out)).into_response())
+    let mut reply = shape.reply(text, logprobs, &out);
+    if let Some(plan) = params.tools.as_ref().filter(|p| p.parses()) {
+        crate::tools::apply(&mut reply, plan);
+    }
+    Ok(Json(reply).into_response())
 }
 
-/// An SSE reply: a chunk per released piece, the finish chunk, the usage chunk if asked, `[DONE]`.
-fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdown, log: Entry) -> impl IntoResponse {
+/// An SSE reply: a chunk per released piece (content, or tool calls: `tools`), the finish chunk, the usage chunk if
+/// asked, `[DONE]`.
+fn stream(
+    running: Running,
+    shape: Shape,
+    (include_usage, mut tools): (bool, Option<crate::tools::StreamTools>),
+    shutdown: Shutdown,
+    log: Entry,
+) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
         let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
@@ -164,9 +178,13 @@ fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdow
         let want_lp = running.wants_logprobs();
         let mut offset = 0;
         let driving = running.drive(|p: Piece| {
-            let chunk = shape.piece_chunk(p.text, want_lp.then_some((p.logprobs.as_slice(), offset)));
+            let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
+            let chunks = match tools.as_mut() {
+                Some(t) => t.chunks(&shape, &p.text, lp),
+                None => vec![shape.piece_chunk(p.text, lp)],
+            };
             offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-            send(chunk.to_json())
+            chunks.iter().all(|c| send(c.to_json()))
         });
         // A client that leaves while nothing is being sent (a long prefill, text held back) is noticed at once:
         // dropping the reply cancels its engine stream.
@@ -180,7 +198,13 @@ fn stream(running: Running, shape: Shape, include_usage: bool, shutdown: Shutdow
                 return;
             }
         };
-        let Some(out) = out else { return };
+        let Some(mut out) = out else { return };
+        if let Some(t) = tools.as_mut() {
+            for c in t.finish(&shape) {
+                send(c.to_json());
+            }
+            out.finish_reason = if t.called() { "tool_calls" } else { out.finish_reason };
+        }
         log.outcome(&out);
         if let Some(e) = &out.error {
             let err = if out.stopped {

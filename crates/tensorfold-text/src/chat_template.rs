@@ -64,19 +64,27 @@ impl From<String> for MessageContent {
     }
 }
 
-/// One chat message (`{"role": ..., "content": ...}`), as the OpenAI API sends it.
+/// One chat message (`{"role": ..., "content": ...}`), as the OpenAI API sends it. The tool fields are left out
+/// of the template's view when absent, so a chat without tools renders as it always did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, ... (passed to the template verbatim).
     pub role: String,
     /// The message content.
     pub content: MessageContent,
+    /// An assistant's `tool_calls`: `[{"id", "type": "function", "function": {"name", "arguments"}}]`, with
+    /// `arguments` a JSON object (the server parses OpenAI's JSON text, as vLLM does for templates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's `tool_call_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<MessageContent>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -85,7 +93,8 @@ impl Text {
     /// does: minijinja with `trim_blocks` and `lstrip_blocks`, Python string methods
     /// (minijinja-contrib pycompat), `raise_exception(msg)`, `strftime_now(fmt)` (UTC), and
     /// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-    /// `pad_token` (undefined when the config has none) and `tools` (none).
+    /// `pad_token` (undefined when the config has none) and `tools` (none: [`Text::render_chat_with_tools`]
+    /// passes a list).
     ///
     /// Bounded: [`TEMPLATE_FUEL`] steps, [`template_limits::TEMPLATE_MAX_BYTES`] of output, format widths up to
     /// [`template_limits::MAX_FORMAT_WIDTH`].
@@ -95,6 +104,22 @@ impl Text {
     /// compile/render error or a `raise_exception` call (carrying its message);
     /// [`TextError::TemplateBudget`] / [`TextError::TemplateTooLarge`] past the bounds.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+        self.render_chat_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`Text::render_chat`] with `tools` bound to a list (transformers' `apply_chat_template(tools=...)`): each
+    /// item is what the template writes, for LFM2 the OpenAI function object `{"name", "description",
+    /// "parameters"}`, which LFM2 templates write with `tojson` into the system prompt. `None` binds `tools` to
+    /// none, as without tools.
+    ///
+    /// # Errors
+    /// As [`Text::render_chat`].
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, TextError> {
         let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
         let raised: Arc<OnceLock<String>> = Arc::default();
         let mut env = Environment::new();
@@ -107,6 +132,7 @@ impl Text {
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(template_limits::method_callback);
         env.add_filter("format", template_limits::format_filter);
+        env.add_filter("tojson", crate::tojson::tojson_filter);
         let sink = Arc::clone(&raised);
         env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
             let _ = sink.set(msg.clone());
@@ -124,7 +150,7 @@ impl Text {
             bos_token => opt(&self.bos_token),
             eos_token => opt(&self.eos_token),
             pad_token => opt(&self.pad_token),
-            tools => Value::from(()),
+            tools => tools.map_or(Value::from(()), |t| Value::from(Serde(t))),
         };
         // Written through a capped writer, so a render past the size limit stops as it passes it.
         let mut out = Capped { buf: Vec::new(), over: false };
@@ -168,13 +194,27 @@ impl Text {
     /// # Errors
     /// As [`Text::render_chat`] and [`Text::encode`].
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TextError> {
-        match self.guard.escape(messages) {
+        self.encode_chat_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`Text::encode_chat`] with `tools` as [`Text::render_chat_with_tools`] binds them; special-token strings
+    /// inside the tools and the messages' tool calls are plain text too.
+    ///
+    /// # Errors
+    /// As [`Text::render_chat`] and [`Text::encode`].
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<Vec<u32>, TextError> {
+        match self.guard.escape(messages, tools) {
             None => {
-                let prompt = self.render_chat(messages, add_generation_prompt)?;
+                let prompt = self.render_chat_with_tools(messages, add_generation_prompt, tools)?;
                 self.encode(&prompt, false)
             }
-            Some(escaped) => {
-                let prompt = self.render_chat(&escaped, add_generation_prompt)?;
+            Some((escaped, tools)) => {
+                let prompt = self.render_chat_with_tools(&escaped, add_generation_prompt, tools.as_deref())?;
                 self.guard.encode(self, &prompt)
             }
         }

@@ -15,6 +15,30 @@ use tokenizers::Tokenizer;
 use crate::chat_template::{ChatMessage, ContentPart, MessageContent};
 use crate::error::TextError;
 use crate::tokenizer::Text;
+use serde_json::Value;
+
+/// Escaped messages and tools.
+pub(crate) type Escaped = (Vec<ChatMessage>, Option<Vec<Value>>);
+
+/// Whether any string (key or value) in `v` is a hit.
+fn json_hits(v: &Value, hit: &impl Fn(&str) -> bool) -> bool {
+    match v {
+        Value::String(s) => hit(s),
+        Value::Array(a) => a.iter().any(|x| json_hits(x, hit)),
+        Value::Object(m) => m.iter().any(|(k, x)| hit(k) || json_hits(x, hit)),
+        _ => false,
+    }
+}
+
+/// `v` with every string (key or value) mapped by `f`.
+fn json_map(v: &Value, f: &impl Fn(&str) -> String) -> Value {
+    match v {
+        Value::String(s) => Value::String(f(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| json_map(x, f)).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (f(k), json_map(x, f))).collect()),
+        other => other.clone(),
+    }
+}
 
 /// Opens a placeholder (Unicode private use: no tokenizer or template gives it meaning).
 const OPEN: char = '\u{E000}';
@@ -52,14 +76,17 @@ impl ContentGuard {
         Ok(Self { strings, matcher, plain })
     }
 
-    /// The messages with every special-token string in their content replaced by its placeholder; `None` when no
-    /// content holds any (the prompt is then tokenized exactly as before).
-    pub(crate) fn escape(&self, messages: &[ChatMessage]) -> Option<Vec<ChatMessage>> {
+    /// The messages (their content and tool calls) and the tools with every special-token string replaced by its
+    /// placeholder; `None` when none holds any (the prompt is then tokenized exactly as before).
+    pub(crate) fn escape(&self, messages: &[ChatMessage], tools: Option<&[Value]>) -> Option<Escaped> {
         let hit = |s: &str| self.matcher.is_match(s);
-        let any = messages.iter().any(|m| match &m.content {
-            MessageContent::Text(t) => hit(t),
-            MessageContent::Parts(p) => p.iter().any(|ContentPart::Text { text }| hit(text)),
-        });
+        let any = messages.iter().any(|m| {
+            let content = match &m.content {
+                MessageContent::Text(t) => hit(t),
+                MessageContent::Parts(p) => p.iter().any(|ContentPart::Text { text }| hit(text)),
+            };
+            content || m.tool_calls.iter().flatten().any(|v| json_hits(v, &hit))
+        }) || tools.into_iter().flatten().any(|v| json_hits(v, &hit));
         if !any {
             return None;
         }
@@ -83,9 +110,11 @@ impl ContentGuard {
                         p.iter().map(|ContentPart::Text { text }| ContentPart::Text { text: esc(text) }).collect(),
                     ),
                 },
+                tool_calls: m.tool_calls.as_ref().map(|c| c.iter().map(|v| json_map(v, &esc)).collect()),
+                tool_call_id: m.tool_call_id.clone(),
             })
             .collect();
-        Some(escaped)
+        Some((escaped, tools.map(|t| t.iter().map(|v| json_map(v, &esc)).collect())))
     }
 
     /// Tokenizes a prompt rendered from escaped messages: text between placeholders with special-token parsing

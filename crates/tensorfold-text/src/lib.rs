@@ -8,6 +8,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod grammar_env;
 pub mod template_limits;
+mod tojson;
 pub mod tokenizer;
 
 pub use chat_template::{ChatMessage, ContentPart, MessageContent};
@@ -20,3 +21,5 @@ pub use tokenizer::Text;
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+#[cfg(test)]
+mod tests_tools;

@@ -1,7 +1,7 @@
 //! OpenAI stream chunks (SSE `data:` payloads) of completions and chat completions: a chunk per released piece, the
 //! finish chunk with TensorFold's engine block, and the usage chunk (no choices) when `include_usage` asks for it.
 
-use crate::protocol::replies::{ChatLogprobs, CompletionChoice, EngineStats, Usage};
+use crate::protocol::replies::{ChatLogprobs, CompletionChoice, EngineStats, FunctionCall, Usage};
 use serde::Serialize;
 
 /// A streamed completions chunk (OpenAI streams completions as `text_completion` objects; vLLM's
@@ -69,4 +69,22 @@ pub struct DeltaMessage {
     /// The text this chunk adds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls this chunk adds (`crate::tools::stream`); left out when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
+}
+
+/// A streamed tool call (OpenAI's `ChoiceDeltaToolCall`): each call is sent whole, in one delta, with its index in
+/// the reply's call list, its id, type and name, and its arguments' full JSON text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeltaToolCall {
+    /// The call's place in the reply's list (0, 1, ...).
+    pub index: usize,
+    /// `call_<random>`.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The name and the arguments' JSON text.
+    pub function: FunctionCall,
 }

@@ -5,11 +5,13 @@ pub mod chunks;
 pub mod replies;
 pub mod requests;
 
-pub use chunks::{ChatCompletionStreamResponse, ChatStreamChoice, CompletionStreamResponse, DeltaMessage};
+pub use chunks::{
+    ChatCompletionStreamResponse, ChatStreamChoice, CompletionStreamResponse, DeltaMessage, DeltaToolCall,
+};
 pub use replies::{
     ChatChoice, ChatCompletionResponse, ChatLogprobToken, ChatLogprobs, ChatReplyMessage, CompletionChoice,
-    CompletionLogprobs, CompletionResponse, DetokenizeResponse, EngineStats, ErrorInfo, ErrorResponse, HealthResponse,
-    ModelCard, ModelList, PromptTokensDetails, TokenizeResponse, TopLogprob, Usage,
+    CompletionLogprobs, CompletionResponse, DetokenizeResponse, EngineStats, ErrorInfo, ErrorResponse, FunctionCall,
+    HealthResponse, ModelCard, ModelList, PromptTokensDetails, TokenizeResponse, ToolCall, TopLogprob, Usage,
 };
 pub use requests::{
     ChatCompletionRequest, ChatMessageParam, CompletionRequest, DetokenizeRequest, Field, Messages, PromptInput,

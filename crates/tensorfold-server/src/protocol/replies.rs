@@ -88,8 +88,32 @@ pub struct ChatChoice {
 pub struct ChatReplyMessage {
     /// `assistant`.
     pub role: &'static str,
-    /// The reply's text.
-    pub content: String,
+    /// The reply's text (`null` when the reply is only tool calls, as OpenAI sends it).
+    pub content: Option<String>,
+    /// The tool calls parsed from the reply (`crate::tools`); left out when there are none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// One parsed tool call (OpenAI's `ChatCompletionMessageToolCall`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolCall {
+    /// `call_<24 random alphanumerics>`, unique in practice.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function named and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionCall {
+    /// The offered function's name.
+    pub name: String,
+    /// The arguments as JSON text (an object).
+    pub arguments: String,
 }
 
 /// Chat logprobs: one entry a token.

@@ -43,6 +43,17 @@ impl<T: DeserializeOwned> Field<T> {
         }
     }
 
+    /// Bytes of the value's JSON text when given (what a text pool weighs); 0 otherwise.
+    pub fn given_len(&self) -> usize
+    where
+        T: serde::Serialize,
+    {
+        match self {
+            Self::Given(t) => serde_json::to_string(t).map_or(0, |s| s.len()),
+            Self::Absent | Self::Wrong(_) => 0,
+        }
+    }
+
     /// Takes `key` out of a JSON object (absent when the object has no such key).
     fn take(object: &mut Map<String, Value>, key: &str) -> Self {
         object.remove(key).map_or(Self::Absent, Self::from_value)
@@ -88,6 +99,11 @@ pub struct ChatCompletionRequest {
     pub logprobs: Field<bool>,
     /// `top_logprobs`: alternatives per token, in [0, 20]; needs `logprobs: true`.
     pub top_logprobs: Field<i64>,
+    /// `tool_choice`, kept as sent: `"auto"`, `"none"`, `"required"` or `{"type": "function", "function":
+    /// {"name": ...}}` (`crate::tools::spec`).
+    pub tool_choice: Option<Value>,
+    /// `parallel_tool_calls` (default true): more than one call in a reply.
+    pub parallel_tool_calls: Field<bool>,
     /// The fields shared with completions.
     #[serde(flatten)]
     pub options: RequestOptions,
@@ -112,7 +128,7 @@ pub struct RequestOptions {
     pub frequency_penalty: Field<f64>,
     /// `repetition_penalty` > 0 (vLLM's; 1 = off).
     pub repetition_penalty: Field<f64>,
-    /// `tools` (function calling; only none). The tool definitions are not read.
+    /// `tools`: OpenAI function tools, validated by `crate::tools::spec` (chat only; completions refuse them).
     pub tools: Field<Vec<Value>>,
     /// `response_format`, kept as sent: `text`, `json_object` or `json_schema` (`structured.rs`), and a refusal
     /// quotes the value.
@@ -167,8 +183,9 @@ impl From<Map<String, Value>> for StreamOptions {
     }
 }
 
-/// One message of `messages`, as sent: an object with `role` and `content` (other keys, such as `name`, are
-/// ignored). Validation turns it into the template's [`tensorfold_text::ChatMessage`].
+/// One message of `messages`, as sent: an object with `role` and `content`, and an assistant's `tool_calls` or a
+/// tool message's `tool_call_id` (other keys, such as `name`, are ignored). Validation turns it into the
+/// template's [`tensorfold_text::ChatMessage`].
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "Map<String, Value>")]
 pub struct ChatMessageParam {
@@ -176,11 +193,20 @@ pub struct ChatMessageParam {
     pub role: Field<String>,
     /// `content`: a string or a list of text parts (an assistant's may be null).
     pub content: Field<MessageContent>,
+    /// `tool_calls` (an assistant's): `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    pub tool_calls: Field<Vec<Value>>,
+    /// `tool_call_id` (a tool message's): the call it answers.
+    pub tool_call_id: Field<String>,
 }
 
 impl From<Map<String, Value>> for ChatMessageParam {
     fn from(mut o: Map<String, Value>) -> Self {
-        Self { role: Field::take(&mut o, "role"), content: Field::take(&mut o, "content") }
+        Self {
+            role: Field::take(&mut o, "role"),
+            content: Field::take(&mut o, "content"),
+            tool_calls: Field::take(&mut o, "tool_calls"),
+            tool_call_id: Field::take(&mut o, "tool_call_id"),
+        }
     }
 }
 
