@@ -17,12 +17,12 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
     assert!(xs.iter().all(|x| x.len() == n) && ws.iter().all(|w| w.len() == n), "dot_grid: lengths differ");
     assert!(out.len() >= (xs.len() - 1) * stride + ws.len() && stride >= ws.len(), "dot_grid: out too short");
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
-        if let Some(ws) = Weights::of(ws) {
-            // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
-            unsafe { x86::grid(xs, &ws, out, stride) };
-            return;
-        }
+    if level == Level::Avx512
+        && let Some(ws) = Weights::of(ws)
+    {
+        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        unsafe { x86::grid(xs, &ws, out, stride) };
+        return;
     }
     by_columns(level, xs, ws, out, stride);
 }

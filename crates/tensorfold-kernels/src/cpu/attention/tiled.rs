@@ -224,25 +224,24 @@ mod x86 {
         let mut a = [[_mm512_setzero_ps(); C]; 4];
         for j in 0..common {
             let v = load::<C>(vs.row(j));
-            for i in 0..4 {
-                let p = _mm512_set1_ps(ps[i][j]);
-                for c in 0..C {
-                    a[i][c] = _mm512_add_ps(a[i][c], _mm512_mul_ps(p, v[c]));
+            for (ai, p) in a.iter_mut().zip(ps) {
+                let p = _mm512_set1_ps(p[j]);
+                for (x, vc) in ai.iter_mut().zip(&v) {
+                    *x = _mm512_add_ps(*x, _mm512_mul_ps(p, *vc));
                 }
             }
         }
-        for (i, p) in ps.iter().enumerate() {
-            let mut r = a[i];
+        for (i, (p, mut r)) in ps.iter().zip(a).enumerate() {
             for (j, &pj) in p.iter().enumerate().skip(common) {
                 let v = load::<C>(vs.row(j));
                 let p = _mm512_set1_ps(pj);
-                for c in 0..C {
-                    r[c] = _mm512_add_ps(r[c], _mm512_mul_ps(p, v[c]));
+                for (x, vc) in r.iter_mut().zip(&v) {
+                    *x = _mm512_add_ps(*x, _mm512_mul_ps(p, *vc));
                 }
             }
-            for c in 0..C {
+            for (c, rc) in r.iter().enumerate() {
                 // SAFETY: acc holds 4 rows of C * 16.
-                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add((i * C + c) * 16), r[c]) };
+                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add((i * C + c) * 16), *rc) };
             }
         }
     }
