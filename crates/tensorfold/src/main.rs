@@ -22,6 +22,9 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Worker threads of the CPU kernels, on every command (default: the cores, or RAYON_NUM_THREADS).
+    #[arg(long, global = true, env = "TENSORFOLD_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -69,6 +72,13 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        // Before any kernel runs: the first use of rayon's global pool would fix its size at the default.
+        if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n.into()).build_global() {
+            eprintln!("error: --threads {n}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),

@@ -1,6 +1,7 @@
 //! Contract entries of the stateful and positional CPU kernels: q/k norm + RoPE, attention and the short
 //! conv over a segment table (several streams in one call, each reading only its own state).
 
+use super::attn_long;
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
@@ -156,6 +157,19 @@ impl Attention {
         let mut refs: Vec<&mut CpuKv> = caches.iter_mut().collect();
         attention::attention(q, k, v, heads, kvh, segs, &mut refs, out)?;
         let Some(f) = fault else { return Ok(()) };
+        if f == AttentionFault::ReversedKeysInChunks {
+            for s in segs.iter().filter(|s| s.rows > 1) {
+                for r in s.first_row..s.first_row + s.rows {
+                    let keys = s.start_pos + r - s.first_row + 1;
+                    for h in 0..heads {
+                        let i = (r * heads + h) * hd;
+                        let o = &mut out[i..i + hd];
+                        attn_long::attend_reversed(&q[i..i + hd], &caches[s.cache], h / (heads / kvh), hd, keys, o);
+                    }
+                }
+            }
+            return Ok(());
+        }
         for s in segs {
             for r in s.first_row..s.first_row + s.rows {
                 let p = s.start_pos + r - s.first_row;
@@ -185,6 +199,7 @@ faults! {
     enum AttentionFault {
         ReadsFirstStream = ("reads-first-stream", "every row attends over the first stream's KV rows"),
         SkipsNewestKey = ("skips-newest-key", "a row attends keys [0, pos) (a wrong key count)"),
+        ReversedKeysInChunks = ("reversed-keys-in-chunks", "rows of a multi-row call sum their keys newest first"),
     }
 }
 
@@ -200,7 +215,10 @@ impl Kernel for Attention {
     }
     fn shapes(&self, scale: Scale) -> Vec<String> {
         let (h, kv, hd, keys) = attn_shape(scale);
-        vec![format!("{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys; one stream of 32768 keys")]
+        vec![format!(
+            "{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys; one stream of 32768 keys; 40 rows \
+             over 4090 keys whole and in chunks, beside a 5000-key decode row and a new prompt"
+        )]
     }
     type Fault = AttentionFault;
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
@@ -308,7 +326,11 @@ impl Kernel for Attention {
             refused && long_ok,
             format!("key count mismatch refused: {refused}; {} keys equal the unbatched row: {long_ok}", long + 1),
         ));
-        gates
+        let call = |(q, k, v): (&[f32], &[f32], &[f32]), segs: &[Segment], caches: &mut [CpuKv], out: &mut [f32]| {
+            Self::call(fault, q, k, v, shape, segs, caches, out).is_ok()
+        };
+        gates.extend(attn_long::gates(shape, rng, &call));
+        merge(gates)
     }
 }
 

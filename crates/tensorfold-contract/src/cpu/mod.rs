@@ -2,6 +2,7 @@
 //! carries no fault switches).
 
 mod affine;
+mod attn_long;
 mod dense;
 mod drafter;
 mod mixers;

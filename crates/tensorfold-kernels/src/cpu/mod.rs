@@ -281,7 +281,7 @@ impl Diagnostics for CpuBackend {
     }
 }
 
-/// Worker threads the CPU kernels use (rayon's pool; `RAYON_NUM_THREADS` sets it).
+/// Worker threads the CPU kernels use (rayon's global pool: `--threads` / `TENSORFOLD_THREADS`, else `RAYON_NUM_THREADS`).
 pub fn threads() -> usize {
     rayon::current_num_threads()
 }

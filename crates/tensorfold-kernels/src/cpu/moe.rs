@@ -1,7 +1,7 @@
 //! CPU LFM2-MoE block: sigmoid routing with expert bias, experts grouped so each reads its weights once
 //! per call, and a per-row combine in rank order (so a row's bits do not depend on the other rows).
 
-use super::ops::{linear, linear_serial, silu_mul, silu_mul_serial};
+use super::ops::{linear, linear_serial, silu_mul, silu_mul_serial, worth_threads};
 use crate::backend::{Ffn, MoeParams};
 use crate::bytes::MatView;
 use rayon::prelude::*;
@@ -107,20 +107,22 @@ pub fn experts(x: &[f32], rows: usize, sel: &[f32], k: usize, owned: &[Ffn<MatVi
     }
     // One task per active expert (each reads its weights once for all its rows): far fewer thread dispatches than
     // splitting each small expert matrix across threads.
-    let results: Vec<(usize, Vec<f32>)> = by_expert
-        .par_iter()
-        .enumerate()
-        .filter(|(_, m)| !m.is_empty())
-        .map(|(e, members)| {
-            let mut xe = Vec::with_capacity(members.len() * h);
-            for &a in members {
-                xe.extend_from_slice(&x[(a / k) * h..(a / k + 1) * h]);
-            }
-            let mut ye = vec![0f32; members.len() * h];
-            swiglu_serial(&xe, members.len(), &owned[e], &mut ye);
-            (e, ye)
-        })
-        .collect();
+    let run = |(e, members): (usize, &Vec<usize>)| {
+        let mut xe = Vec::with_capacity(members.len() * h);
+        for &a in members {
+            xe.extend_from_slice(&x[(a / k) * h..(a / k + 1) * h]);
+        }
+        let mut ye = vec![0f32; members.len() * h];
+        swiglu_serial(&xe, members.len(), &owned[e], &mut ye);
+        (e, ye)
+    };
+    let macs: usize = by_expert.iter().zip(owned).map(|(m, f)| 3 * m.len() * h * f.w1.rows).sum();
+    let active = by_expert.iter().enumerate().filter(|(_, m)| !m.is_empty());
+    let results: Vec<(usize, Vec<f32>)> = if worth_threads(macs) {
+        by_expert.par_iter().enumerate().filter(|(_, m)| !m.is_empty()).map(run).collect()
+    } else {
+        active.map(run).collect()
+    };
     for (e, ye) in &results {
         for (i, &a) in by_expert[*e].iter().enumerate() {
             y[a * h..(a + 1) * h].copy_from_slice(&ye[i * h..(i + 1) * h]);

@@ -1,6 +1,6 @@
 //! CPU row kernels on plain slices: embedding, RMSNorm, linear, q/k norm + RoPE, SwiGLU, greedy pick.
 //!
-//! Each output element is reduced by `simd::dot_tile` in the canonical order, and work is split across
+//! Each output element is reduced by `simd::dot_grid` in the canonical order, and work is split across
 //! threads by output column or row only, so a row's bits never depend on the batch or the thread count.
 
 pub use crate::backend::rope_inv_freq;
@@ -12,6 +12,17 @@ use rayon::prelude::*;
 
 /// Rows of `x` a linear task keeps hot in cache while it walks its weight rows.
 const ROW_BLOCK: usize = 64;
+/// Weight rows (output columns) a register block of the linear spans: 16 for one row (decode), 4 by 4 rows.
+const COL_BLOCK: usize = 16;
+
+/// Multiply-adds below which a kernel runs on the calling thread: handing a decode step's small matrices to the
+/// pool costs more (waking threads, then waiting for them) than it saves. Where the split falls never changes bits.
+const PAR_MIN_MACS: usize = 1 << 17;
+
+/// Whether `macs` multiply-adds are worth splitting across the pool's threads.
+pub(crate) fn worth_threads(macs: usize) -> bool {
+    macs >= PAR_MIN_MACS && rayon::current_num_threads() > 1
+}
 
 /// A raw pointer that threads writing disjoint elements may share.
 #[derive(Clone, Copy)]
@@ -62,8 +73,13 @@ pub fn linear_on(level: Level, x: &[f32], rows: usize, w: &MatView, bias: Option
         return;
     }
     let xs: Vec<&[f32]> = x.chunks_exact(k).collect();
+    if !worth_threads(rows * n * k) {
+        // SAFETY: this caller writes every column of `out` alone.
+        return unsafe { linear_cols(level, &xs, w, bias, 0..n, SendPtr(out.as_mut_ptr())) };
+    }
     let threads = rayon::current_num_threads().max(1);
-    let cols_per_task = (n / (threads * 8)).clamp(8, 256);
+    // Whole register blocks a task, where the matrix has enough of them.
+    let cols_per_task = (n / (threads * 8)).clamp(8, 256).next_multiple_of(COL_BLOCK).min(n);
     let ptr = SendPtr(out.as_mut_ptr());
     (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
         let j0 = task * cols_per_task;
@@ -82,7 +98,9 @@ pub fn linear_serial(x: &[f32], rows: usize, w: &MatView, bias: Option<&[f32]>, 
     unsafe { linear_cols(simd::level(), &xs, w, bias, 0..w.rows, SendPtr(out.as_mut_ptr())) };
 }
 
-/// Columns `cols` of the linear, row blocks of [`ROW_BLOCK`] kept hot while the weight rows stream by.
+/// Columns `cols` of the linear, row blocks of [`ROW_BLOCK`] kept hot while the weight rows stream by, each
+/// block of [`COL_BLOCK`] columns by [`simd::dot_grid`] (several rows by several columns a register block, each
+/// output still its own canonical dot).
 ///
 /// # Safety
 /// `out` must point at `[xs.len(), w.rows]` f32, and no other thread may write columns `cols`.
@@ -95,19 +113,22 @@ unsafe fn linear_cols(
     out: SendPtr,
 ) {
     let (rows, n) = (xs.len(), w.rows);
-    let mut tmp = vec![0f32; ROW_BLOCK.min(rows)];
+    let mut tmp = vec![0f32; ROW_BLOCK.min(rows) * COL_BLOCK];
     for r0 in (0..rows).step_by(ROW_BLOCK) {
         let r1 = (r0 + ROW_BLOCK).min(rows);
-        for j in cols.clone() {
-            let t = &mut tmp[..r1 - r0];
-            simd::dot_tile(level, &xs[r0..r1], wrow(w, j), t);
-            for (i, v) in t.iter().enumerate() {
-                let v = match bias {
-                    Some(b) => v + b[j],
-                    None => *v,
-                };
-                // SAFETY: (r0 + i, j) is inside out, and column j belongs to this caller only.
-                unsafe { *out.at((r0 + i) * n + j) = v };
+        for j0 in cols.clone().step_by(COL_BLOCK) {
+            let j1 = (j0 + COL_BLOCK).min(cols.end);
+            let ws: Vec<WRow> = (j0..j1).map(|j| wrow(w, j)).collect();
+            simd::dot_grid(level, &xs[r0..r1], &ws, &mut tmp, COL_BLOCK);
+            for i in 0..r1 - r0 {
+                for (j, v) in (j0..j1).zip(&tmp[i * COL_BLOCK..]) {
+                    let v = match bias {
+                        Some(b) => v + b[j],
+                        None => *v,
+                    };
+                    // SAFETY: (r0 + i, j) is inside out, and column j belongs to this caller only.
+                    unsafe { *out.at((r0 + i) * n + j) = v };
+                }
             }
         }
     }

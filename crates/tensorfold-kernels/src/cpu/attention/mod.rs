@@ -1,11 +1,14 @@
 //! CPU GQA attention over each stream's KV rows, walking the call's segment table: causal (the target)
-//! and non-causal over a block (the DSpark drafter's block pass), and the drafter's context appends.
+//! by tiles of query rows and KV heads (`tiled`), and non-causal over a block (the DSpark drafter's block pass),
+//! and the drafter's context appends.
 
 use super::ops::SendPtr;
 use crate::backend::{KernelError, Segment};
 use crate::shape::{check_cache_state, check_caches, check_len, row_positions};
 use crate::simd::{self, WRow};
 use rayon::prelude::*;
+
+mod tiled;
 
 /// One attention layer's KV rows of one stream: `k` and `v` are `[len, width]`, `width = kv_heads * hd`.
 #[derive(Clone, Debug, Default)]
@@ -49,29 +52,18 @@ pub fn attention(
     check_len("attention", "q", q.len(), n_rows * heads * hd)?;
     check_len("attention", "v", v.len(), n_rows * width)?;
     check_len("attention", "out", out.len(), n_rows * heads * hd)?;
-    let pos = row_positions(segs, n_rows)?;
+    row_positions(segs, n_rows)?;
     check_caches(segs, caches.len())?;
     check_cache_state("attention", segs, width, |i| (caches[i].width, caches[i].len()))?;
-    let mut row_cache = vec![0usize; n_rows];
     for s in segs {
         let c = &mut caches[s.cache];
         let r = s.first_row * width..(s.first_row + s.rows) * width;
         c.k.extend_from_slice(&k[r.clone()]);
         c.v.extend_from_slice(&v[r]);
-        row_cache[s.first_row..s.first_row + s.rows].fill(s.cache);
     }
     let caches: Vec<&CpuKv> = caches.iter().map(|c| &**c).collect();
-    let group = heads / kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let ptr = SendPtr(out.as_mut_ptr());
-    (0..n_rows * heads).into_par_iter().for_each(|i| {
-        let (r, h) = (i / heads, i % heads);
-        let qh = &q[i * hd..(i + 1) * hd];
-        let cache = caches[row_cache[r]];
-        // SAFETY: each (row, head) task writes its own hd elements.
-        let o = unsafe { std::slice::from_raw_parts_mut(ptr.at(i * hd), hd) };
-        attend_row(qh, cache, h / group, hd, pos[r] + 1, scale, o);
-    });
+    let call = tiled::Call { q, heads, kv_heads, hd, scale: 1.0 / (hd as f32).sqrt(), caches: &caches };
+    tiled::causal(&call, segs, out);
     Ok(())
 }
 
@@ -192,3 +184,6 @@ pub fn attend_block_row(q: &[f32], cache: &CpuKv, block: &BlockKv, kvh: usize, h
     };
     attend(q, cache.len() + block.rows, key, scale, out);
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,6 +8,9 @@
 
 use std::sync::OnceLock;
 
+mod grid;
+pub use grid::dot_grid;
+
 /// Accumulator lanes of the canonical dot.
 pub const LANES: usize = 16;
 
@@ -231,14 +234,14 @@ mod x86 {
         }
     }
 
-    fn pad<T: Copy + Default>(src: &[T]) -> [T; LANES] {
+    pub(super) fn pad<T: Copy + Default>(src: &[T]) -> [T; LANES] {
         let mut b = [T::default(); LANES];
         b[..src.len()].copy_from_slice(src);
         b
     }
 
     #[inline(always)]
-    unsafe fn bf16x16(p: *const u16) -> __m512 {
+    pub(super) unsafe fn bf16x16(p: *const u16) -> __m512 {
         // SAFETY: caller guarantees 16 readable u16 at p and avx512f.
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
     }

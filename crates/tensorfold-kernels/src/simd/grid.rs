@@ -1,0 +1,266 @@
+//! Register-blocked canonical dots: every pair of a set of x rows and a set of weight rows, 16 pairs a block.
+//!
+//! Each pair is still the canonical dot of [`super`] (its own 16 FMA lanes over its own K in chunk order, the
+//! same tree fold), so a grid gives the bits of `dot` at every width. What the block shares is the loads: a
+//! weight chunk is read once for 4 (or 1) x rows and an x chunk once for 4 (or 16) weight rows, and the 16
+//! folds run as one transposed tree of shuffles instead of 16 scalar trees.
+
+use super::{Level, WRow, dot_tile};
+
+/// `out[a * stride + b] = dot(xs[a], ws[b])` for every pair, on `level`, in the canonical order. Every row
+/// must have the same length; `out` must reach `(xs.len() - 1) * stride + ws.len()`.
+pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride: usize) {
+    if xs.is_empty() || ws.is_empty() {
+        return;
+    }
+    let n = ws[0].len();
+    assert!(xs.iter().all(|x| x.len() == n) && ws.iter().all(|w| w.len() == n), "dot_grid: lengths differ");
+    assert!(out.len() >= (xs.len() - 1) * stride + ws.len() && stride >= ws.len(), "dot_grid: out too short");
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512
+        && let Some(ws) = Weights::of(ws)
+    {
+        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        unsafe { x86::grid(xs, &ws, out, stride) };
+        return;
+    }
+    by_columns(level, xs, ws, out, stride);
+}
+
+/// The fallback: one [`dot_tile`] a weight row (the same bits: each pair is its own canonical dot).
+fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride: usize) {
+    let mut col = vec![0f32; xs.len()];
+    for (b, w) in ws.iter().enumerate() {
+        dot_tile(level, xs, *w, &mut col);
+        for (a, v) in col.iter().enumerate() {
+            out[a * stride + b] = *v;
+        }
+    }
+}
+
+/// The weight rows of a grid when they share one plain element type (affine codes take the fallback).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Weights<'a> {
+    F32(Vec<&'a [f32]>),
+    Bf16(Vec<&'a [u16]>),
+}
+
+impl<'a> Weights<'a> {
+    fn of(ws: &[WRow<'a>]) -> Option<Self> {
+        match ws[0] {
+            WRow::F32(_) => ws
+                .iter()
+                .map(|w| if let WRow::F32(r) = w { Some(*r) } else { None })
+                .collect::<Option<_>>()
+                .map(Weights::F32),
+            WRow::Bf16(_) => ws
+                .iter()
+                .map(|w| if let WRow::Bf16(r) = w { Some(*r) } else { None })
+                .collect::<Option<_>>()
+                .map(Weights::Bf16),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Weights;
+    use crate::simd::LANES;
+    use crate::simd::x86::{bf16x16, pad};
+    use std::arch::x86_64::*;
+
+    /// A weight element type the block loads 16 of as f32 lanes.
+    trait Elem: Copy + Default {
+        /// # Safety
+        /// 16 elements readable at `p`; avx512f present.
+        unsafe fn load(p: *const Self) -> __m512;
+    }
+    impl Elem for f32 {
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            // SAFETY: forwarded.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+    }
+    impl Elem for u16 {
+        #[inline(always)]
+        unsafe fn load(p: *const u16) -> __m512 {
+            // SAFETY: forwarded.
+            unsafe { bf16x16(p) }
+        }
+    }
+
+    /// The whole grid: 4 x 4 blocks, then a last group of fewer than 4 x rows by 1 x 16 blocks, then what is
+    /// left by single pairs (1 x 1 blocks, the same canonical dot).
+    ///
+    /// # Safety
+    /// avx512f present; lengths as [`super::dot_grid`] checked.
+    pub unsafe fn grid(xs: &[&[f32]], ws: &Weights, out: &mut [f32], stride: usize) {
+        // SAFETY: forwarded.
+        unsafe {
+            match ws {
+                Weights::F32(w) => grid_of(xs, w, out, stride),
+                Weights::Bf16(w) => grid_of(xs, w, out, stride),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn grid_of<T: Elem>(xs: &[&[f32]], ws: &[&[T]], out: &mut [f32], stride: usize) {
+        let (na, nb) = (xs.len(), ws.len());
+        let (a4, b4) = (na / 4 * 4, nb / 4 * 4);
+        for a in (0..a4).step_by(4) {
+            let x: &[&[f32]; 4] = xs[a..a + 4].try_into().expect("4 rows");
+            for b in (0..b4).step_by(4) {
+                let w: &[&[T]; 4] = ws[b..b + 4].try_into().expect("4 rows");
+                // SAFETY: avx512f present (this function's feature); rows share one length.
+                let r = unsafe { block::<4, 4, T>(x, w) };
+                for i in 0..4 {
+                    out[(a + i) * stride + b..(a + i) * stride + b + 4].copy_from_slice(&r[i * 4..i * 4 + 4]);
+                }
+            }
+            for b in b4..nb {
+                for i in 0..4 {
+                    // SAFETY: as above.
+                    out[(a + i) * stride + b] = unsafe { block::<1, 1, T>(&[x[i]], &[ws[b]]) }[0];
+                }
+            }
+        }
+        for a in a4..na {
+            let b16 = nb / 16 * 16;
+            for b in (0..b16).step_by(16) {
+                let w: &[&[T]; 16] = ws[b..b + 16].try_into().expect("16 rows");
+                // SAFETY: as above.
+                let r = unsafe { block::<1, 16, T>(&[xs[a]], w) };
+                out[a * stride + b..a * stride + b + 16].copy_from_slice(&r);
+            }
+            for b in b16..nb {
+                // SAFETY: as above.
+                out[a * stride + b] = unsafe { block::<1, 1, T>(&[xs[a]], &[ws[b]]) }[0];
+            }
+        }
+    }
+
+    /// `A x B` canonical dots (`A * B` is 16, or 1 x 1), results row-major by x (`r[a * B + b]`). Pair `p = a * B +
+    /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const A: usize, const B: usize, T: Elem>(xs: &[&[f32]; A], ws: &[&[T]; B]) -> [f32; 16] {
+        let n = ws[0].len();
+        let full = n / LANES;
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for c in 0..full {
+            let o = c * LANES;
+            // SAFETY: o + 16 <= n for every row.
+            unsafe {
+                let mut w = [_mm512_setzero_ps(); B];
+                for b in 0..B {
+                    w[b] = T::load(ws[b].as_ptr().add(o));
+                }
+                for a in 0..A {
+                    let x = _mm512_loadu_ps(xs[a].as_ptr().add(o));
+                    for b in 0..B {
+                        acc[a * B + b] = _mm512_fmadd_ps(x, w[b], acc[a * B + b]);
+                    }
+                }
+            }
+        }
+        if n > full * LANES {
+            let o = full * LANES;
+            let wt: [[T; LANES]; B] = std::array::from_fn(|b| pad(&ws[b][o..]));
+            // SAFETY: the padded copies hold 16 elements.
+            unsafe {
+                let mut w = [_mm512_setzero_ps(); B];
+                for b in 0..B {
+                    w[b] = T::load(wt[b].as_ptr());
+                }
+                for a in 0..A {
+                    let x = _mm512_loadu_ps(pad(&xs[a][o..]).as_ptr());
+                    for b in 0..B {
+                        acc[a * B + b] = _mm512_fmadd_ps(x, w[b], acc[a * B + b]);
+                    }
+                }
+            }
+        }
+        let mut r = [0f32; 16];
+        if A * B == 1 {
+            let mut l = [0f32; LANES];
+            // SAFETY: l holds 16 f32.
+            unsafe { _mm512_storeu_ps(l.as_mut_ptr(), acc[0]) };
+            r[0] = crate::simd::fold(&l);
+        } else {
+            // SAFETY: avx512f present; r holds 16 f32.
+            unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
+        }
+        r
+    }
+
+    /// The canonical fold of 16 accumulators at once: lane `p` of the result is `fold(acc[p])`. Each level is
+    /// the scalar tree's level for all 16 (`l[i] + l[i+8]`, then `+4`, `+2`, `+1`), its operands gathered by
+    /// shuffles, so every sum is the same IEEE addition as in [`crate::simd::fold`].
+    #[target_feature(enable = "avx512f")]
+    fn fold16(acc: &[__m512; 16]) -> __m512 {
+        // Level 1 (+8): pair (2i, 2i+1) into one register, lanes 0..8 the first's s8, 8..16 the second's.
+        let mut l1 = [_mm512_setzero_ps(); 8];
+        for (i, r) in l1.iter_mut().enumerate() {
+            let (u, v) = (acc[2 * i], acc[2 * i + 1]);
+            *r = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(u, v), _mm512_shuffle_f32x4::<0xEE>(u, v));
+        }
+        // Level 2 (+4): 128-bit chunk c of register m holds accumulator 4m + c's s4.
+        let mut l2 = [_mm512_setzero_ps(); 4];
+        for (m, r) in l2.iter_mut().enumerate() {
+            let (u, v) = (l1[2 * m], l1[2 * m + 1]);
+            *r = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(u, v), _mm512_shuffle_f32x4::<0xDD>(u, v));
+        }
+        // Level 3 (+2): chunk c of register n holds the s2 of accumulators 8n + c (lanes 0, 1) and 8n + 4 + c.
+        let mut l3 = [_mm512_setzero_ps(); 2];
+        for (n, r) in l3.iter_mut().enumerate() {
+            let (u, v) = (l2[2 * n], l2[2 * n + 1]);
+            *r = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(u, v), _mm512_shuffle_ps::<0xEE>(u, v));
+        }
+        // Level 4 (+1): lane 4c + t holds accumulator c + 4t; the permute puts accumulator p in lane p.
+        let (u, v) = (l3[0], l3[1]);
+        let sum = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(u, v), _mm512_shuffle_ps::<0xDD>(u, v));
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(idx, sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::available_levels;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn every_grid_shape_gives_the_single_dots_bits() {
+        for n in [1, 15, 16, 17, 32, 48, 100, 256] {
+            for (na, nb) in [(1, 1), (1, 16), (1, 19), (3, 5), (4, 4), (5, 9), (8, 16), (9, 33)] {
+                let xs: Vec<Vec<f32>> = (0..na).map(|r| data(n, 100 + r as u32)).collect();
+                let wf: Vec<Vec<f32>> = (0..nb).map(|r| data(n, 7 + 31 * r as u32)).collect();
+                let wb: Vec<Vec<u16>> =
+                    wf.iter().map(|w| w.iter().map(|v| (v.to_bits() >> 16) as u16).collect()).collect();
+                let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+                let rows_f: Vec<WRow> = wf.iter().map(|w| WRow::F32(w)).collect();
+                let rows_b: Vec<WRow> = wb.iter().map(|w| WRow::Bf16(w)).collect();
+                for ws in [rows_f, rows_b] {
+                    for lv in available_levels() {
+                        let stride = nb + 3;
+                        let mut got = vec![f32::NAN; na * stride];
+                        dot_grid(lv, &xr, &ws, &mut got, stride);
+                        for a in 0..na {
+                            for (b, w) in ws.iter().enumerate() {
+                                let mut one = [0f32];
+                                dot_tile(Level::Portable, &xr[a..a + 1], *w, &mut one);
+                                assert_eq!(got[a * stride + b].to_bits(), one[0].to_bits(), "n={n} {na}x{nb} {lv:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
