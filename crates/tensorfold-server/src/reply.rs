@@ -21,6 +21,16 @@ pub enum Reply {
     Chat(ChatCompletionResponse),
 }
 
+impl Reply {
+    /// The first choice's finish reason (`tool_calls` once `tools::apply` read a call).
+    pub fn finish_reason(&self) -> Option<&'static str> {
+        match self {
+            Reply::Completion(r) => r.choices.first().and_then(|c| c.finish_reason),
+            Reply::Chat(r) => r.choices.first().map(|c| c.finish_reason),
+        }
+    }
+}
+
 /// A stream chunk of either route.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]

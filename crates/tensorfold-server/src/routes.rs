@@ -99,6 +99,8 @@ async fn complete_chat(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>
     let r = ready(&s)?;
     let b = body(b)?;
     log.body(&b);
+    // The text pool's weight: the body's length bounds content, tools and history calls together.
+    let bytes = b.len();
     let req: ChatCompletionRequest = api::request(&b)?;
     let mut params = api::chat_params(&req)?;
     check_model(&s, &params)?;
@@ -107,7 +109,6 @@ async fn complete_chat(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>
     crate::tools::prepare(&mut params, &text)?;
     let functions = params.tools.as_ref().map(|t| t.functions.clone());
     // Templating and tokenizing a long chat take milliseconds: keep them off the async workers.
-    let bytes = msgs.iter().map(|m| m.content.byte_len()).sum::<usize>() + req.options.tools.given_len();
     let ids = blocking(&s, bytes, move || text.encode_chat_with_tools(&msgs, true, functions.as_deref())).await?;
     respond(s, r, ids, params, Answer { chat: true, echo: None, log }).await
 }
@@ -139,7 +140,9 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer
     };
     let out =
         out.ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
-    a.log.outcome(&out);
+    if out.error.is_some() {
+        a.log.outcome(&out);
+    }
     if let Some(e) = &out.error {
         // The engine gone without finishing the stream is shutdown (503) even before its alive flag drops.
         if out.stopped || !r.engine.is_alive() {
@@ -155,6 +158,9 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer
     if let Some(plan) = params.tools.as_ref().filter(|p| p.parses()) {
         crate::tools::apply(&mut reply, plan);
     }
+    let mut logged = out;
+    logged.finish_reason = reply.finish_reason().unwrap_or(logged.finish_reason);
+    a.log.outcome(&logged);
     Ok(Json(reply).into_response())
 }
 
@@ -199,7 +205,8 @@ fn stream(
             }
         };
         let Some(mut out) = out else { return };
-        if let Some(t) = tools.as_mut() {
+        // A failed stream ends with its error: held text or calls are not sent before it.
+        if let Some(t) = tools.as_mut().filter(|_| out.error.is_none()) {
             for c in t.finish(&shape) {
                 send(c.to_json());
             }
@@ -281,7 +288,12 @@ pub async fn health(State(s): State<AppState>) -> Response {
         Some(_) => (StatusCode::OK, "ok"),
         None => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
     };
-    (code, Json(HealthResponse { status })).into_response()
+    let mut r = (code, Json(HealthResponse { status })).into_response();
+    if code == StatusCode::SERVICE_UNAVAILABLE {
+        let secs = axum::http::HeaderValue::from(crate::error::RETRY_AFTER_SECS);
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs);
+    }
+    r
 }
 
 /// `GET /metrics`: Prometheus text, every name prefixed `tensorfold_`.

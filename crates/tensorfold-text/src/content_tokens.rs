@@ -85,7 +85,9 @@ impl ContentGuard {
                 MessageContent::Text(t) => hit(t),
                 MessageContent::Parts(p) => p.iter().any(|ContentPart::Text { text }| hit(text)),
             };
-            content || m.tool_calls.iter().flatten().any(|v| json_hits(v, &hit))
+            content
+                || m.tool_calls.iter().flatten().any(|v| json_hits(v, &hit))
+                || m.tool_call_id.as_deref().is_some_and(hit)
         }) || tools.into_iter().flatten().any(|v| json_hits(v, &hit));
         if !any {
             return None;
@@ -111,7 +113,7 @@ impl ContentGuard {
                     ),
                 },
                 tool_calls: m.tool_calls.as_ref().map(|c| c.iter().map(|v| json_map(v, &esc)).collect()),
-                tool_call_id: m.tool_call_id.clone(),
+                tool_call_id: m.tool_call_id.as_deref().map(esc),
             })
             .collect();
         Some((escaped, tools.map(|t| t.iter().map(|v| json_map(v, &esc)).collect())))

@@ -126,16 +126,18 @@ impl LinearTc {
     /// Gate `groups`: the narrow forms at 1, 2 and 4 column groups a block (the linear; the gate-up reads two
     /// matrices, so 1 and 2) give every output the same bits, at 1, 9 and 16 rows (one and two row groups).
     fn groups(be: &CudaBackend, rng: &mut StdRng) -> Gate {
-        let w = be.upload_mat(&bf16_mat(rng, 72, 96, 0.5)).expect("upload");
-        let f = ffn(rng, 64, 96, "bf16");
+        // k = 1056: 33 chunks, segments of 8, 8, 8 and 9, so every group count walks full and partial batches.
+        let k = 1056;
+        let w = be.upload_mat(&bf16_mat(rng, 72, k, 0.5)).expect("upload");
+        let f = ffn(rng, k, 96, "bf16");
         let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
         let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
         let mut diffs = 0;
         for rows in [1, 9, 16] {
-            let (x, xh) = (up(be, &uniform(rng, rows * 96)), up(be, &uniform(rng, rows * 64)));
+            let (x, xh) = (up(be, &uniform(rng, rows * k)), up(be, &uniform(rng, rows * k)));
             let run = |groups: usize| {
                 let _g = GroupsAt::new(be, groups);
-                let (mut o, mut s) = (poisoned(be, rows * 72), poisoned(be, rows * 64));
+                let (mut o, mut s) = (poisoned(be, rows * 72), poisoned(be, rows * k));
                 be.linear(&x, rows, &w, None, &mut o);
                 be.swiglu(&xh, rows, &fm, &mut s);
                 (rd(be, &o), rd(be, &s))

@@ -211,6 +211,7 @@ __device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int
 template <int NW, int G, class In, class Put>
 __device__ __forceinline__ void tc_narrow_g(float* seg, const float* x, int k, int n, const u16* w0, const u16* w1,
                                             int nt, In in_row, Put put) {
+  static_assert(TC_SEGS * G * NW * 128 <= TC_SEG_FLOATS, "a narrow block's segment sums fit seg");
   tc_narrow<NW, G>(seg, x, k, n, w0, w1, 8 * G * (int)blockIdx.x, nt, in_row, put);
 }
 

@@ -43,17 +43,6 @@ impl<T: DeserializeOwned> Field<T> {
         }
     }
 
-    /// Bytes of the value's JSON text when given (what a text pool weighs); 0 otherwise.
-    pub fn given_len(&self) -> usize
-    where
-        T: serde::Serialize,
-    {
-        match self {
-            Self::Given(t) => serde_json::to_string(t).map_or(0, |s| s.len()),
-            Self::Absent | Self::Wrong(_) => 0,
-        }
-    }
-
     /// Takes `key` out of a JSON object (absent when the object has no such key).
     fn take(object: &mut Map<String, Value>, key: &str) -> Self {
         object.remove(key).map_or(Self::Absent, Self::from_value)

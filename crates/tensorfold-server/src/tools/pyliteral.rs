@@ -327,6 +327,9 @@ impl Reader<'_> {
 
     fn hex(&mut self, width: usize) -> Result<u32, LiteralError> {
         let digits = self.s.get(self.at..self.at + width).ok_or_else(|| self.err("hex digits"))?;
+        if !digits.iter().all(u8::is_ascii_hexdigit) {
+            return Err(self.err("hex digits")); // from_str_radix alone would take a leading '+'
+        }
         let text = std::str::from_utf8(digits).map_err(|_| self.err("hex digits"))?;
         let code = u32::from_str_radix(text, 16).map_err(|_| self.err("hex digits"))?;
         self.at += width;
@@ -385,6 +388,7 @@ mod tests {
             "[f(a={1: 2})]",
             "[f(a=1e999)]",
             "[f(a=\"\\x4\")]",
+            "[f(a=\"\\x+4\")]",
             "[f(a=\"\\uD800\")]",
             "[{\"name\": 3}]",
             "[{\"name\": \"f\", \"extra\": 1}]",

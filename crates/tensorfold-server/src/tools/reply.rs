@@ -109,6 +109,26 @@ mod tests {
         }
     }
 
+    /// A finished reply's outcome (`stop`, one prompt token, nothing else).
+    fn stopped_outcome() -> crate::completion::Outcome {
+        crate::completion::Outcome {
+            finish_reason: "stop",
+            tokens: vec![],
+            prompt_tokens: 1,
+            cached_tokens: 0,
+            seed: 0,
+            drafted: 0,
+            accepted: 0,
+            windows: 0,
+            accepted_at: vec![],
+            error: None,
+            stopped: false,
+            draft_error: None,
+            first_token_at: None,
+            last_token_at: None,
+        }
+    }
+
     #[test]
     fn streamed_deltas_assemble_to_the_whole_reply() {
         let shape = Shape::new(true, "m".into());
@@ -137,22 +157,7 @@ mod tests {
         assert_eq!(calls[1]["type"], "function");
         assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
         // The whole reply of the same text: the same content and calls.
-        let out = crate::completion::Outcome {
-            finish_reason: "stop",
-            tokens: vec![],
-            prompt_tokens: 1,
-            cached_tokens: 0,
-            seed: 0,
-            drafted: 0,
-            accepted: 0,
-            windows: 0,
-            accepted_at: vec![],
-            error: None,
-            stopped: false,
-            draft_error: None,
-            first_token_at: None,
-            last_token_at: None,
-        };
+        let out = stopped_outcome();
         let mut r = shape.reply(pieces.concat(), None, &out);
         apply(&mut r, &plan());
         let v = serde_json::to_value(&r).unwrap();
@@ -164,22 +169,7 @@ mod tests {
     #[test]
     fn a_reply_of_only_a_call_has_null_content_and_malformed_calls_stay_text() {
         let shape = Shape::new(true, "m".into());
-        let out = crate::completion::Outcome {
-            finish_reason: "stop",
-            tokens: vec![],
-            prompt_tokens: 1,
-            cached_tokens: 0,
-            seed: 0,
-            drafted: 0,
-            accepted: 0,
-            windows: 0,
-            accepted_at: vec![],
-            error: None,
-            stopped: false,
-            draft_error: None,
-            first_token_at: None,
-            last_token_at: None,
-        };
+        let out = stopped_outcome();
         let mut r = shape.reply("<|tool_call_start|>[now()]<|tool_call_end|>".into(), None, &out);
         apply(&mut r, &plan());
         let v = serde_json::to_value(&r).unwrap();
