@@ -51,97 +51,16 @@ pub const TC_SEGS: usize = 4;
 pub const GRID_YZ: usize = 65535;
 
 mod blocks;
+mod settings;
+mod sources;
 mod stream_host;
+
+use settings::rows_setting;
+pub(crate) use settings::{one_row, tensor_cores_setting, wide};
+pub use sources::Src;
 
 use stream_host::{Staging, StreamHost, keep_pool_memory};
 pub(crate) use stream_host::{graphs_setting, part_setting, pdl_setting};
-
-const COMMON: &str = include_str!("common.cuh");
-
-/// A kernel source: one `.cu` file of this folder, compiled as its own module after `common.cuh`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Src {
-    /// `rows.cu`: embed, rmsnorm, add, gather, greedy.
-    Rows,
-    /// `dense.cu` then `dense_tc.cu`: linear (CUDA cores and tensor cores), SwiGLU gate-up, MoE expert tiles.
-    Dense,
-    /// `rope.cu`: q/k norm and rotary embedding.
-    Rope,
-    /// `attention.cu`: K/V append, chunked attention.
-    Attention,
-    /// `conv.cu`: the short conv.
-    Conv,
-    /// `moe.cu`: routing, plan, combine.
-    Moe,
-    /// `sample.cu`: the keyed draw.
-    Sample,
-}
-
-impl Src {
-    /// Every module, in load order.
-    pub const ALL: [Src; 7] = [Src::Rows, Src::Dense, Src::Rope, Src::Attention, Src::Conv, Src::Moe, Src::Sample];
-
-    /// Module name (the file stem).
-    pub fn name(self) -> &'static str {
-        match self {
-            Src::Rows => "rows",
-            Src::Dense => "dense",
-            Src::Rope => "rope",
-            Src::Attention => "attention",
-            Src::Conv => "conv",
-            Src::Moe => "moe",
-            Src::Sample => "sample",
-        }
-    }
-
-    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` after it) with its planted-fault blocks stripped at build time (build.rs,
-    /// `strip.rs`), so what production compiles carries no fault.
-    fn body(self) -> &'static str {
-        match self {
-            Src::Rows => include_str!(concat!(env!("OUT_DIR"), "/shipped/rows.cu")),
-            Src::Dense => include_str!(concat!(env!("OUT_DIR"), "/shipped/dense.cu")),
-            Src::Rope => include_str!(concat!(env!("OUT_DIR"), "/shipped/rope.cu")),
-            Src::Attention => include_str!(concat!(env!("OUT_DIR"), "/shipped/attention.cu")),
-            Src::Conv => include_str!(concat!(env!("OUT_DIR"), "/shipped/conv.cu")),
-            Src::Moe => include_str!(concat!(env!("OUT_DIR"), "/shipped/moe.cu")),
-            Src::Sample => include_str!(concat!(env!("OUT_DIR"), "/shipped/sample.cu")),
-        }
-    }
-
-    /// The text NVRTC compiles: `common.cuh` then the module (its planted-fault blocks stripped).
-    pub fn source(self) -> String {
-        format!("{COMMON}\n{}", self.body())
-    }
-
-    /// The whole `.cu` file, its `FAULT_*` blocks included (the contract's planted builds).
-    #[cfg(feature = "planted-faults")]
-    fn planted_body(self) -> &'static str {
-        match self {
-            Src::Rows => include_str!("rows.cu"),
-            Src::Dense => concat!(include_str!("dense.cu"), "\n", include_str!("dense_tc.cu")),
-            Src::Rope => include_str!("rope.cu"),
-            Src::Attention => include_str!("attention.cu"),
-            Src::Conv => include_str!("conv.cu"),
-            Src::Moe => include_str!("moe.cu"),
-            Src::Sample => include_str!("sample.cu"),
-        }
-    }
-
-    /// The text a planted build compiles (with a `-DFAULT_*` define): `common.cuh` then the whole module.
-    #[cfg(feature = "planted-faults")]
-    pub fn planted_source(self) -> String {
-        format!("{COMMON}\n{}", self.planted_body())
-    }
-
-    /// The text compiled for `define`: `source` without one, `planted_source` with one (the contract's builds only).
-    fn source_for(self, define: Option<&'static str>) -> String {
-        match define {
-            #[cfg(feature = "planted-faults")]
-            Some(_) => self.planted_source(),
-            _ => self.source(),
-        }
-    }
-}
 
 /// A kernel argument: every kernel parameter is a pointer, a 64-bit integer, a 32-bit integer or an f32.
 #[derive(Clone, Copy, Debug)]
@@ -231,22 +150,6 @@ pub struct Dev {
     tc_group: AtomicUsize,
     /// Streaming multiprocessors (the narrow tensor-core forms size their blocks by it).
     sms: usize,
-}
-
-/// The `TENSORFOLD_CUDA_TENSOR_CORES` setting: `1` on, `0` or unset off; anything else is refused by name, as is
-/// `1` on a device without bf16 tensor cores (before sm_80).
-pub(crate) fn tensor_cores_setting(v: Option<String>, major: i32) -> Result<bool, CudaError> {
-    let name = "TENSORFOLD_CUDA_TENSOR_CORES";
-    match v.as_deref().map(str::trim) {
-        None | Some("0") => Ok(false),
-        Some("1") if major >= 8 => Ok(true),
-        Some("1") => {
-            Err(CudaError::Setting { name, value: "1".into(), want: "0 (this device has no bf16 tensor cores)" })
-        }
-        Some(_) => {
-            Err(CudaError::Setting { name, value: v.unwrap_or_default(), want: "0 (off, the default) or 1 (on)" })
-        }
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -672,32 +575,8 @@ fn driver_version() -> i32 {
     v
 }
 
-/// [`Dev::one_row`] with the override `r1_rows` given.
-pub(crate) fn one_row(r1_rows: Option<usize>, rows: usize) -> bool {
-    rows <= r1_rows.unwrap_or(R1_ROWS)
-}
-
 /// The wide-tile override's "not set".
 const UNSET: usize = usize::MAX;
-
-/// [`Dev::wide`] (`moe` None) and [`Dev::wide_moe`] (`moe` = (assignments, experts)) under the override `over`.
-pub(crate) fn wide(over: Option<usize>, rows: usize, moe: Option<(usize, usize)>) -> bool {
-    match over {
-        Some(n) => n > 0 && rows >= n,
-        None => rows >= WIDE_ROWS && moe.is_none_or(|(a, e)| a >= WIDE_SLOTS.saturating_mul(e)),
-    }
-}
-
-/// A row-count setting from the environment: unset is `None`, a whole number `Some`, anything else refused by name.
-fn rows_setting(name: &'static str) -> Result<Option<usize>, CudaError> {
-    match std::env::var(name) {
-        Ok(v) => match v.trim().parse() {
-            Ok(n) => Ok(Some(n)),
-            Err(_) => Err(CudaError::Setting { name, value: v, want: "a count (a whole number of rows)" }),
-        },
-        Err(_) => Ok(None),
-    }
-}
 
 fn low_bytes(b: [u8; 4]) -> u64 {
     let mut s = [0u8; 8];

@@ -24,8 +24,31 @@ fn narrow_group(be: &CudaBackend, n: usize, tiles: usize, gateup: bool) -> usize
 
 /// The narrow entry of `kind` (linear, gateup, moe_gateup, moe_down) at `grp` column groups: one entry each, so
 /// a small group count keeps its own (smaller) register count.
-pub(crate) fn narrow_entry(kind: &str, grp: usize) -> String {
-    format!("{kind}_tc{grp}_bf16")
+pub(crate) fn narrow_entry(kind: &str, grp: usize) -> Result<&'static str, CudaError> {
+    Ok(match (kind, grp) {
+        ("linear", 1) => "linear_tc1_bf16",
+        ("linear", 2) => "linear_tc2_bf16",
+        ("linear", 4) => "linear_tc4_bf16",
+        ("gateup", 1) => "gateup_tc1_bf16",
+        ("gateup", 2) => "gateup_tc2_bf16",
+        ("moe_gateup", 1) => "moe_gateup_tc1_bf16",
+        ("moe_gateup", 2) => "moe_gateup_tc2_bf16",
+        ("moe_down", 1) => "moe_down_tc1_bf16",
+        ("moe_down", 2) => "moe_down_tc2_bf16",
+        ("moe_down", 4) => "moe_down_tc4_bf16",
+        _ => return Err(CudaError::Shape(format!("no narrow tensor-core {kind} at {grp} column groups"))),
+    })
+}
+
+/// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down).
+fn wide_entry(kind: &str) -> Result<&'static str, CudaError> {
+    Ok(match kind {
+        "linear" => "linear_tcw_bf16",
+        "gateup" => "gateup_tcw_bf16",
+        "moe_gateup" => "moe_gateup_tcw_bf16",
+        "moe_down" => "moe_down_tcw_bf16",
+        _ => return Err(CudaError::Shape(format!("no wide tensor-core {kind}"))),
+    })
 }
 
 /// Row tiles of 16 for the narrow forms of a `rows`-row call, within the grid's y limit.
@@ -38,24 +61,11 @@ fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
 
 /// `out = w x (+ bias)` over checked shapes (`x` `[rows, w.cols]`, device addresses; `bias` 0 for none): the wide
 /// form (blocks of [`TCM`] rows by [`TCN`] columns) for calls that take the wide tiles
-/// ([`super::device::Dev::wide`]), else the narrow form (16 rows by 8, 16 or 32 columns a block: [`narrow_group`]). Both give a
-/// row the same bits.
+/// ([`super::device::Dev::wide`]), else the narrow form (16 rows by 8, 16 or 32 columns a block:
+/// [`narrow_group`]). Both give a row the same bits.
 pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
-    let (n, k) = (w.rows, w.cols);
     let (wp, _, _) = w.ptrs()?;
-    let (ri, ki, ni) = (Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?));
-    let tail = [Arg::P(wp), Arg::P(bias), Arg::P(op)];
-    if be.dev.wide(rows) {
-        let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN), "blocks")? as u32, 1);
-        let f = be.func(Src::Dense, "linear_tcw_bf16")?;
-        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
-    }
-    let tiles = narrow_tiles(rows)?;
-    let grp = narrow_group(be, n, tiles as usize, false);
-    let f = be.func(Src::Dense, &narrow_entry("linear", grp))?;
-    let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
-    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail].concat();
-    be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
+    dense(be, "linear", (xp, rows), (w.cols, w.rows), &[Arg::P(wp), Arg::P(bias), Arg::P(op)])
 }
 
 /// The dense SwiGLU's `act = silu(g x) * (u x)` (`x` `[rows, g.cols]`, `act` `[rows, g.rows]`, device addresses):
@@ -67,20 +77,33 @@ pub(crate) fn gateup(
     (g, u): (&CudaMat, &CudaMat),
     act: u64,
 ) -> Result<(), CudaError> {
-    let (n, k) = (g.rows, g.cols);
     let ((gp, _, _), (up, _, _)) = (g.ptrs()?, u.ptrs()?);
-    let (ri, ki, ni) = (Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "width")?));
-    let tail = [Arg::P(gp), Arg::P(up), Arg::P(act)];
+    dense(be, "gateup", (xp, rows), (g.cols, g.rows), &[Arg::P(gp), Arg::P(up), Arg::P(act)])
+}
+
+/// One dense call of `kind` (`linear` or `gateup`) over `rows` rows of `xp` (`[rows, k]`) into `n` outputs, the
+/// kernel's matrix and output arguments in `tail`: the wide form for calls that take the wide tiles, else the
+/// narrow one at [`narrow_group`]'s column groups.
+fn dense(
+    be: &CudaBackend,
+    kind: &str,
+    (xp, rows): (u64, usize),
+    (k, n): (usize, usize),
+    tail: &[Arg],
+) -> Result<(), CudaError> {
+    let gateup = kind == "gateup";
+    let head = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?)];
+    let args = [&head[..], tail].concat();
     if be.dev.wide(rows) {
-        let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(TCN / 2), "blocks")? as u32, 1);
-        let f = be.func(Src::Dense, "gateup_tcw_bf16")?;
-        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(xp), ri, ki, ni][..], &tail].concat());
+        let cols = if gateup { TCN / 2 } else { TCN };
+        let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
+        let f = be.func(Src::Dense, wide_entry(kind)?)?;
+        return be.dev.launch(&f, grid, BLOCK, 0, &args);
     }
     let tiles = narrow_tiles(rows)?;
-    let grp = narrow_group(be, n, tiles as usize, true);
-    let f = be.func(Src::Dense, &narrow_entry("gateup", grp))?;
+    let grp = narrow_group(be, n, tiles as usize, gateup);
+    let f = be.func(Src::Dense, narrow_entry(kind, grp)?)?;
     let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
-    let args = [&[Arg::P(xp), ri, ki, ni][..], &tail].concat();
     be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
@@ -123,11 +146,11 @@ pub(crate) fn grouped(
     if p.wide {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(p.bound, "tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        let f = be.func(Src::Dense, &format!("{kind}_tcw_bf16"))?;
+        let f = be.func(Src::Dense, wide_entry(kind)?)?;
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
     let grp = narrow_group(be, n, p.bound, gateup);
-    let f = be.func(Src::Dense, &narrow_entry(kind, grp))?;
+    let f = be.func(Src::Dense, narrow_entry(kind, grp)?)?;
     let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(0)]].concat();
     let last = args.len() - 1;
     let gx = int(n.div_ceil(8 * grp), "blocks")? as u32;
