@@ -64,7 +64,7 @@ run() {
 }
 
 run "contract --backend cuda --quick" 150 contract --backend cuda --quick --seed 20261129
-for fx in tests/fixtures/*/ tests/fixtures/mlx/*q8*/; do
+for fx in tests/fixtures/*/ tests/fixtures/mlx/*/; do
     name=$(basename "$fx")
     case "$name" in dspark-*) continue ;; esac
     [ -f "$fx/reference.safetensors" ] || continue

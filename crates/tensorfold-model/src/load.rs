@@ -1,6 +1,6 @@
 //! Opening a checkpoint: config admission, generation config, text files, weights bound to a backend.
 
-use crate::checkpoint::{CheckpointError, Source, TensorTable};
+use crate::checkpoint::{CheckpointError, Source, StoredDtype, TensorTable};
 use crate::config::{ConfigError, Mixer, ModelConfig};
 use crate::forward::Model;
 use crate::weights::{WeightError, bind_owning};
@@ -101,19 +101,29 @@ pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
 /// matrix (a `.weight` of two or more dimensions, the conv kernel aside) by its stored dtype. The kind is the module
 /// path without `model.` and `layers.N.` (`feed_forward.switch_mlp.gate_proj`, `embed_tokens`).
 pub fn quant_kinds(cfg: &ModelConfig, table: &TensorTable) -> BTreeMap<String, BTreeSet<String>> {
+    let tensors = table.tensors.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice(), e.dtype));
+    kinds_of(cfg, tensors, |n| table.tensors.contains_key(n))
+}
+
+/// [`quant_kinds`] over `(name, shape, dtype)` rows; `has` says whether a tensor name exists.
+fn kinds_of<'a>(
+    cfg: &ModelConfig,
+    tensors: impl Iterator<Item = (&'a str, &'a [usize], StoredDtype)>,
+    has: impl Fn(&str) -> bool,
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut kinds: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (name, e) in &table.tensors {
+    for (name, shape, dtype) in tensors {
         let Some(module) =
-            name.strip_suffix(".weight").filter(|_| e.shape.len() >= 2 && !name.ends_with("conv.conv.weight"))
+            name.strip_suffix(".weight").filter(|_| shape.len() >= 2 && !name.ends_with("conv.conv.weight"))
         else {
             continue;
         };
-        let how = match table.tensors.contains_key(&format!("{module}.scales")) {
+        let how = match has(&format!("{module}.scales")) {
             true => match cfg.quant.as_ref().and_then(|q| q.params(module)) {
                 Some(p) => p.describe(),
                 None => "codes the config keeps float (refused at open)".into(),
             },
-            false => e.dtype.as_str().to_string(),
+            false => dtype.as_str().to_string(),
         };
         let kind = module.strip_prefix("model.").unwrap_or(module);
         let kind = match kind.strip_prefix("layers.").and_then(|k| k.split_once('.')) {
@@ -129,15 +139,18 @@ pub fn quant_kinds(cfg: &ModelConfig, table: &TensorTable) -> BTreeMap<String, B
 fn synthetic_summary(cfg: ModelConfig, s: &crate::synthetic::Synthetic) -> Summary {
     let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let (mut params, mut bytes) = (0, 0);
-    for (_, shape, dt) in crate::synthetic::Synthetic::shapes(&cfg) {
+    let shapes = crate::synthetic::Synthetic::shapes(&cfg);
+    for (_, shape, dt) in &shapes {
         let n: usize = shape.iter().product();
-        let b = n * if dt == crate::checkpoint::StoredDtype::F32 { 4 } else { 2 };
+        let b = n * if matches!(dt, StoredDtype::F32 | StoredDtype::U32) { 4 } else { 2 };
         params += n;
         bytes += b;
         let e = dtypes.entry(dt.as_str()).or_default();
         (e.0, e.1) = (e.0 + 1, e.1 + b);
     }
-    Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false, quant: BTreeMap::new() }
+    let names: BTreeSet<&str> = shapes.iter().map(|(n, _, _)| n.as_str()).collect();
+    let quant = kinds_of(&cfg, shapes.iter().map(|(n, s, d)| (n.as_str(), s.as_slice(), *d)), |n| names.contains(n));
+    Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false, quant }
 }
 
 /// Opens a checkpoint on `backend`: admits the config, binds every tensor, reads the text files.

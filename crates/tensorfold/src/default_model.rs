@@ -31,8 +31,8 @@ static DRAFTER: &[(&str, &[u8])] = embed!("lfm2-moe-pycode-dspark": "config.json
 /// Prefix of `--model` that asks for a synthetic checkpoint: `synthetic:SHAPE[@SEED]`.
 pub const SYNTHETIC: &str = "synthetic:";
 
-/// The model directory given, a synthetic checkpoint (`synthetic:lfm2.5-24b-a2b`, `synthetic:lfm2-8b-a1b` or
-/// `synthetic:path/config.json`, each with an optional `@SEED`), or the embedded default. Errors: an unknown shape
+/// The model directory given, a synthetic checkpoint (`synthetic:lfm2.5-24b-a2b`, `synthetic:lfm2-8b-a1b`, either
+/// with `-mlx4` / `-mlx8`, or `synthetic:path/config.json`, each with an optional `@SEED`), or the embedded default. Errors: an unknown shape
 /// or a bad seed, by name.
 pub fn source(dir: Option<PathBuf>) -> anyhow::Result<Source> {
     Ok(match dir {

@@ -43,10 +43,11 @@ enum Command {
     },
     /// Run the kernel contract: references, row invariance, edge cases and planted controls.
     Contract(contract_cmd::Args),
-    /// Write a synthetic checkpoint (a shape's config with seeded random bf16 weights) as a model directory, for
-    /// peers (transformers) to load the same weights `--model synthetic:SHAPE` makes in memory.
+    /// Write a synthetic checkpoint (a shape's config with seeded random bf16 weights, or MLX affine codes in
+    /// mlx-lm's layout for a quantized shape) as a model directory, for peers (transformers, mlx-lm) to load the same
+    /// weights `--model synthetic:SHAPE` makes in memory.
     Synth {
-        /// `SHAPE[@SEED]`: `lfm2.5-24b-a2b`, `lfm2-8b-a1b` or a config.json path.
+        /// `SHAPE[@SEED]`: `lfm2.5-24b-a2b`, `lfm2-8b-a1b`, either with `-mlx4` / `-mlx8`, or a config.json path.
         shape: String,
         /// Directory to write (`config.json`, `model.safetensors`).
         #[arg(long)]

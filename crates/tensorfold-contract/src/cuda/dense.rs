@@ -6,7 +6,7 @@ use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
 use tensorfold_kernels::backend::Ffn;
-use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::bytes::{Dtype, MatView};
 use tensorfold_kernels::cuda::{CudaBackend, CudaBuf, CudaMat, Src};
 use tensorfold_kernels::prelude::*;
 
@@ -14,9 +14,12 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Linear(be.clone())), Box::new(Swiglu(be.clone()))]
 }
 
-/// A random matrix of `kind`: f32, bf16, q8 (groups of 64) or q8-12 (groups of 12: the one-element chunk form).
+/// A random matrix of `kind`: f32, bf16, q8 / q4 (groups of 64) or q8-12 / q4-12 (groups of 12: the one-element
+/// chunk form).
 fn make(rng: &mut StdRng, n: usize, k: usize, kind: &str) -> MatView {
     match kind {
+        "q4" => bf16_mat(rng, n, k, 0.5).quantize_affine(Dtype::Q4, 64).expect("k divides into groups of 64"),
+        "q4-12" => bf16_mat(rng, n, k, 0.5).quantize_affine(Dtype::Q4, 12).expect("k divides into groups of 12"),
         "f32" => f32_mat(rng, n, k, 0.5),
         "q8" => bf16_mat(rng, n, k, 0.5).quantize_q8(64).expect("k divides into groups of 64"),
         "q8-12" => bf16_mat(rng, n, k, 0.5).quantize_q8(12).expect("k divides into groups of 12"),
@@ -28,7 +31,7 @@ fn make(rng: &mut StdRng, n: usize, k: usize, kind: &str) -> MatView {
 /// linears) plus shapes that take the one-element chunk form (k = 33, Q8 groups of 12) and lanes of several chunks.
 fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
     let mut v = match scale {
-        Scale::Quick => vec![(96, 80, "f32"), (300, 64, "bf16"), (48, 128, "q8")],
+        Scale::Quick => vec![(96, 80, "f32"), (300, 64, "bf16"), (48, 128, "q8"), (40, 128, "q4")],
         Scale::Served => vec![
             (6144, 2048, "bf16"),
             (2048, 2048, "bf16"),
@@ -39,11 +42,14 @@ fn linear_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
             (96, 80, "f32"),
             (2048, 2048, "q8"),
             (6144, 2048, "q8"),
+            (2048, 2048, "q4"),
+            (6144, 2048, "q4"),
         ],
     };
     // k = 2312 (9 x 256 + 8): lane class 0 has 10 chunks, the others 9, so the wide tiles run classes over two
     // stages of unequal length.
-    v.extend([(40, 33, "bf16"), (40, 33, "f32"), (24, 36, "q8-12"), (64, 1024, "bf16"), (40, 2312, "bf16")]);
+    v.extend([(40, 33, "bf16"), (40, 33, "f32"), (24, 36, "q8-12"), (24, 36, "q4-12")]);
+    v.extend([(64, 1024, "bf16"), (40, 2312, "bf16")]);
     v
 }
 
@@ -63,10 +69,11 @@ impl Linear {
     /// each chunk form and dtype.
     fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         let mut diffs = 0;
-        let sets: [(usize, &str, &[usize]); 4] = [
+        let sets: [(usize, &str, &[usize]); 5] = [
             (64, "bf16", &[40, 8, 72]),
             (33, "f32", &[40, 8, 72]),
             (36, "q8-12", &[40, 8, 72]),
+            (36, "q4-12", &[40, 8, 72]),
             (64, "bf16", &[24, 9]),
         ];
         for (k, kind, ns) in sets {
@@ -212,7 +219,7 @@ impl Kernel for Linear {
 /// SwiGLU shapes `(hidden, inter, kind)`.
 fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
     // Hidden 2312: the gate-up's wide tiles over stages of unequal length (as the linear's k = 2312).
-    let mut v = vec![(48, 24, "bf16"), (48, 24, "q8"), (33, 20, "f32"), (2312, 24, "bf16")];
+    let mut v = vec![(48, 24, "bf16"), (48, 24, "q8"), (64, 32, "q4"), (33, 20, "f32"), (2312, 24, "bf16")];
     if scale == Scale::Served {
         v.extend([(2048, 1536, "bf16"), (2048, 6144, "bf16")]);
     }
@@ -233,6 +240,8 @@ pub(super) fn ffn(rng: &mut StdRng, h: usize, inter: usize, kind: &str) -> Ffn<M
         let w = if kind == "f32" { f32_mat(rng, n, k, 0.2) } else { bf16_mat(rng, n, k, 0.2) };
         if kind == "q8" {
             [64, 32, 16, k].into_iter().find_map(|g| w.quantize_q8(g)).expect("a row is one group")
+        } else if kind == "q4" {
+            w.quantize_affine(Dtype::Q4, 32).expect("the widths divide into groups of 32")
         } else {
             w
         }

@@ -80,13 +80,13 @@ pub(super) fn limits(be: &CudaBackend, src: Src, names: &[&str]) -> Vec<String> 
 
 /// The dense.cu entry points of `kind` for every dtype, chunk form and row form (tiles, one row).
 pub(super) fn dense_names(kind: &str) -> Vec<String> {
-    let forms = ["f32_v8", "f32_v1", "bf16_v8", "bf16_v1", "q8_v8", "q8_v1"];
+    let forms = ["f32_v8", "f32_v1", "bf16_v8", "bf16_v1", "q8_v8", "q8_v1", "q4_v8", "q4_v1"];
     forms.iter().flat_map(|s| [format!("{kind}_{s}"), format!("{kind}_{s}_r1")]).collect()
 }
 
 /// The dense.cu wide-tile entry points of `kind` (8-element chunk forms only).
 pub(super) fn wide_names(kind: &str) -> Vec<String> {
-    ["f32_v8", "bf16_v8", "q8_v8"].iter().map(|s| format!("{kind}_wide_{s}")).collect()
+    ["f32_v8", "bf16_v8", "q8_v8", "q4_v8"].iter().map(|s| format!("{kind}_wide_{s}")).collect()
 }
 
 /// Call widths of the CUDA invariance gates of the linears and experts: the CPU contract's [`super::WIDTHS`] and 70

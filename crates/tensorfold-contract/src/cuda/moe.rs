@@ -6,7 +6,7 @@ use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
 use rand::rngs::StdRng;
 use tensorfold_kernels::backend::{Ffn, MoeParams};
-use tensorfold_kernels::bytes::MatView;
+use tensorfold_kernels::bytes::{Dtype, MatView};
 use tensorfold_kernels::cuda::{CudaBackend, CudaMat, Src};
 use tensorfold_kernels::prelude::*;
 
@@ -14,7 +14,8 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Moe(be.clone()))]
 }
 
-/// MoE shapes: (hidden, experts, width, top-k, dtype). f32 at odd widths takes the one-element chunk kernels.
+/// MoE shapes: (hidden, experts, width, top-k, dtype). f32 at odd widths takes the one-element chunk kernels; q4
+/// and q8 are MLX affine experts (groups of 32), as `switch_mlp` loads them.
 fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
     // hidden 1024 gives each lane several chunks, so a reordered one-row kernel changes bits; 100 and 300 experts
     // take routing's 4- and 32-slot forms (6 to 64 experts: 1 and 2 slots a lane).
@@ -24,6 +25,8 @@ fn moe_shapes(scale: Scale) -> Vec<(usize, usize, usize, usize, &'static str)> {
         (1024, 8, 264, 2, "bf16"),
         (32, 100, 8, 3, "bf16"),
         (32, 300, 8, 5, "bf16"),
+        (64, 8, 32, 4, "q4"),
+        (64, 8, 64, 3, "q8"),
     ];
     if scale == Scale::Served {
         v.insert(0, (2048, 64, 1536, 4, "bf16"));
@@ -134,7 +137,7 @@ impl Kernel for Moe {
             .chain(dense_names("moe_down"))
             .chain(wide_names("moe_gateup"))
             .chain(wide_names("moe_down"))
-            .filter(|n| !n.contains("q8"))
+            .filter(|n| !n.contains("q8") && !n.contains("q4"))
             .collect();
         l.extend(limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>()));
         l
@@ -224,7 +227,7 @@ pub(super) fn moe_gates(
         let p = MoeParams { top_k: k, norm_topk_prob: true, routed_scaling_factor: 1.5 };
         let gate = bf16_mat(rng, ne, h, 2.0 / (h as f32).sqrt());
         let bias: Vec<f32> = uniform(rng, ne).iter().map(|v| v * 0.3).collect();
-        let ex = moe_experts(rng, h, ne, inter, dtype == "f32");
+        let ex = affine_experts(moe_experts(rng, h, ne, inter, dtype == "f32"), dtype);
         let upm = |m: &MatView| be.upload_mat(m).expect("upload");
         let dex = ex.iter().map(|f| Ffn { w1: upm(&f.w1), w3: upm(&f.w3), w2: upm(&f.w2) }).collect();
         let case = MoeCase { h, dgate: upm(&gate), gate, bias, ex, dex };
@@ -255,4 +258,15 @@ pub(super) fn moe_gates(
         }
     }
     gates
+}
+
+/// `ex` as MLX affine experts of `dtype` (`q4`, `q8`; groups of 32); unchanged for a float dtype.
+fn affine_experts(ex: Vec<Ffn<MatView>>, dtype: &str) -> Vec<Ffn<MatView>> {
+    let dt = match dtype {
+        "q4" => Dtype::Q4,
+        "q8" => Dtype::Q8,
+        _ => return ex,
+    };
+    let q = |m: &MatView| m.quantize_affine(dt, 32).expect("expert widths divide into groups of 32");
+    ex.iter().map(|f| Ffn { w1: q(&f.w1), w3: q(&f.w3), w2: q(&f.w2) }).collect()
 }

@@ -53,7 +53,7 @@ impl Kernel for Embed {
     }
     fn claim(&self) -> Claim {
         Claim::BitEqual(
-            "the table row widened exactly (bf16 bits << 16, Q8 fmaf(code, scale, bias)); ids past the table refused on the host; a held row takes its own pick's id",
+            "the table row widened exactly (bf16 bits << 16, Q8 and Q4 fmaf(code, scale, bias)); ids past the table refused on the host; a held row takes its own pick's id",
         )
     }
     fn reference(&self) -> &'static str {
@@ -108,7 +108,15 @@ impl Kernel for Embed {
         let q_ok = be.embed(&qm, &qids, &mut qo).is_ok();
         let qwant: Vec<f32> =
             qids.iter().flat_map(|&i| (0..64).map(move |c| (i, c))).map(|(i, c)| q.get(i as usize, c)).collect();
-        let qd = bit_diffs(&rd(&be, &qo), &qwant);
+        let mut qd = bit_diffs(&rd(&be, &qo), &qwant);
+        // 4-bit tables (two codes a byte, MLX's order) likewise.
+        let q4 = bf16_mat(rng, 500, 64, 1.0).quantize_affine(tensorfold_kernels::Dtype::Q4, 32).expect("groups of 32");
+        let q4m = be.upload_mat(&q4).expect("upload the Q4 table");
+        let mut q4o = poisoned(&be, 9 * 64);
+        let q_ok = q_ok && be.embed(&q4m, &qids, &mut q4o).is_ok();
+        let q4want: Vec<f32> =
+            qids.iter().flat_map(|&i| (0..64).map(move |c| (i, c))).map(|(i, c)| q4.get(i as usize, c)).collect();
+        qd += bit_diffs(&rd(&be, &q4o), &q4want);
         vec![
             Gate::new(
                 "reference",

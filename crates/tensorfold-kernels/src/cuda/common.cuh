@@ -40,6 +40,7 @@ typedef unsigned long long u64;
 #define DT_F32 0
 #define DT_BF16 1
 #define DT_Q8 2
+#define DT_Q4 3  // MLX 4-bit affine: two codes a byte, element 2i in the low nibble of byte i
 
 __device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
 

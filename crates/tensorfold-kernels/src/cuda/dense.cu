@@ -7,17 +7,17 @@
 // values and k: not on the call's row count, its tiling, or the other rows.
 
 struct Mat {
-  const void* w;        // f32 values, bf16 bits or Q8 codes, row-major [n, k]
-  const float* scales;  // Q8 only: [n, k / group]
-  const float* biases;  // Q8 only: [n, k / group]
-  int group;            // Q8 only: elements a group
+  const void* w;        // f32 values, bf16 bits, Q8 codes or Q4 code pairs, row-major [n, k]
+  const float* scales;  // Q8, Q4 only: [n, k / group]
+  const float* biases;  // Q8, Q4 only: [n, k / group]
+  int group;            // Q8, Q4 only: elements a group
 };
 
 // 8 consecutive weights of row `row` from column c as loaded (c % 8 == 0, k % 8 == 0, Q8: group % 8 == 0, so the 8
 // share one group), widened to f32 only by widen8: a group of loads can be in flight before the first multiply. Row
 // starts are then 16-byte (f32, bf16) or 8-byte (Q8) aligned: device allocations are 256-byte aligned.
 struct Raw8 {
-  uint4 a;  // bf16: 8 values; f32: the first 4; Q8: .x, .y the 8 codes
+  uint4 a;  // bf16: 8 values; f32: the first 4; Q8: .x, .y the 8 codes; Q4: .x the 8 codes
   uint4 b;  // f32: the last 4
   float s;  // Q8: the group's scale
   float o;  // Q8: the group's bias
@@ -34,9 +34,14 @@ __device__ __forceinline__ Raw8 load_raw8(const Mat& m, u64 row, int k, int c) {
   } else if (DT == DT_BF16) {
     r.a = __ldg(reinterpret_cast<const uint4*>(static_cast<const u16*>(m.w) + at));
   } else {
-    uint2 a = __ldg(reinterpret_cast<const uint2*>(static_cast<const u8*>(m.w) + at));
-    r.a.x = a.x;
-    r.a.y = a.y;
+    if (DT == DT_Q4) {
+      // 8 codes are one 4-byte word at byte at / 2 (at % 8 == 0).
+      r.a.x = __ldg(reinterpret_cast<const u32*>(static_cast<const u8*>(m.w) + at / 2));
+    } else {
+      uint2 a = __ldg(reinterpret_cast<const uint2*>(static_cast<const u8*>(m.w) + at));
+      r.a.x = a.x;
+      r.a.y = a.y;
+    }
     u64 g = row * (u64)(k / m.group) + (u64)(c / m.group);
     r.s = __ldg(m.scales + g);
     r.o = __ldg(m.biases + g);
@@ -57,6 +62,10 @@ __device__ __forceinline__ void widen8(const Raw8& r, float* o) {
     o[2] = __uint_as_float(r.a.y << 16); o[3] = __uint_as_float(r.a.y & 0xffff0000u);
     o[4] = __uint_as_float(r.a.z << 16); o[5] = __uint_as_float(r.a.z & 0xffff0000u);
     o[6] = __uint_as_float(r.a.w << 16); o[7] = __uint_as_float(r.a.w & 0xffff0000u);
+  } else if (DT == DT_Q4) {
+    u32 x = r.a.x;
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = fmaf((float)((x >> (4 * e)) & 0xfu), r.s, r.o);
   } else {
     u32 x = r.a.x;
     u32 y = r.a.y;
@@ -74,6 +83,10 @@ __device__ __forceinline__ float load_w1(const Mat& m, u64 row, int k, int i) {
   if (DT == DT_F32) return __ldg(static_cast<const float*>(m.w) + at);
   if (DT == DT_BF16) return bf16_to_f32(__ldg(static_cast<const u16*>(m.w) + at));
   u64 g = row * (u64)(k / m.group) + (u64)(i / m.group);
+  if (DT == DT_Q4) {
+    u32 q = (__ldg(static_cast<const u8*>(m.w) + at / 2) >> (4 * (at & 1))) & 0xfu;
+    return fmaf((float)q, __ldg(m.scales + g), __ldg(m.biases + g));
+  }
   return fmaf((float)__ldg(static_cast<const u8*>(m.w) + at), __ldg(m.scales + g), __ldg(m.biases + g));
 }
 
@@ -392,6 +405,8 @@ TF_DENSE_ENTRIES(bf16_v8, DT_BF16, 8, RT, 1, CT)
 TF_DENSE_ENTRIES(bf16_v1, DT_BF16, 1, RT, 1, CT)
 TF_DENSE_ENTRIES(q8_v8, DT_Q8, 8, RT, 1, CT)
 TF_DENSE_ENTRIES(q8_v1, DT_Q8, 1, RT, 1, CT)
+TF_DENSE_ENTRIES(q4_v8, DT_Q4, 8, RT, 1, CT)
+TF_DENSE_ENTRIES(q4_v1, DT_Q4, 1, RT, 1, CT)
 // One row: 8 chunks in flight a lane (a bf16 lane then holds 8 x 16 B of one weight row, 2 x that for gate-up);
 // f32 chunks are twice the registers, so 4.
 TF_DENSE_ENTRIES(f32_v8_r1, DT_F32, 8, 1, 4, 1)
@@ -400,6 +415,8 @@ TF_DENSE_ENTRIES(bf16_v8_r1, DT_BF16, 8, 1, 8, 1)
 TF_DENSE_ENTRIES(bf16_v1_r1, DT_BF16, 1, 1, 8, 1)
 TF_DENSE_ENTRIES(q8_v8_r1, DT_Q8, 8, 1, 8, 1)
 TF_DENSE_ENTRIES(q8_v1_r1, DT_Q8, 1, 1, 8, 1)
+TF_DENSE_ENTRIES(q4_v8_r1, DT_Q4, 8, 1, 8, 1)
+TF_DENSE_ENTRIES(q4_v1_r1, DT_Q4, 1, 1, 8, 1)
 
 // Wide tiles, for calls of many rows (prefill; the host's Dev::wide): a block of 256 threads computes WTM rows by
 // WTN columns, thread (ty, tx) = (t / 32, t % 32) the rows 4ty .. 4ty+3 and columns 4tx .. 4tx+3, from stages of
@@ -657,3 +674,4 @@ __device__ __forceinline__ void wide_out(const float fin[4][4], int j0, int n, i
 TF_WIDE_ENTRIES(f32_v8, DT_F32)
 TF_WIDE_ENTRIES(bf16_v8, DT_BF16)
 TF_WIDE_ENTRIES(q8_v8, DT_Q8)
+TF_WIDE_ENTRIES(q4_v8, DT_Q4)

@@ -33,27 +33,26 @@ pub(crate) fn mul(a: usize, b: usize) -> Result<usize, CudaError> {
     a.checked_mul(b).ok_or_else(|| CudaError::Shape(format!("{a} x {b} overflows")))
 }
 
-/// Copies a host matrix to the device in its stored dtype (Q8 with its scales and biases).
+/// Copies a host matrix to the device in its stored dtype (Q8 and Q4 with their scales and biases).
 pub(crate) fn upload_mat(be: &CudaBackend, m: &MatView) -> Result<CudaMat, CudaError> {
-    // MLX 8-bit affine is Q8 exactly (u8 codes, f32 scales and biases); the 4-bit form has no device kernels yet.
-    expect(m.dtype != Dtype::Q4, || {
-        format!(
-            "matrix [{}, {}] is 4-bit affine codes, which the CUDA backend does not run yet (8-bit does)",
-            m.rows, m.cols
-        )
-    })?;
-    let want = mul(mul(m.rows, m.cols)?, m.dtype.size())?;
+    // MLX 8-bit affine is Q8 exactly (u8 codes, f32 scales and biases); 4-bit is Q4 (two codes a byte).
+    let elems = mul(m.rows, m.cols)?;
+    let want = m.dtype.bytes(elems).ok_or_else(|| CudaError::Shape(format!("{elems} elements of {:?}", m.dtype)))?;
     expect(m.bytes.len() == want, || {
         format!("matrix [{}, {}] has {} bytes, expected {want}", m.rows, m.cols, m.bytes.len())
     })?;
     let (group, scales, biases) = match (m.dtype, &m.affine) {
-        (Dtype::Q8, Some(a)) => {
+        (Dtype::Q8 | Dtype::Q4, Some(a)) => {
             let gb = mul(m.rows, m.cols / a.group.max(1))? * 4;
             let ok = a.group > 0 && m.cols.is_multiple_of(a.group) && a.scales.len() == gb && a.biases.len() == gb;
-            expect(ok, || format!("Q8 matrix [{}, {}]: groups of {} do not fit its scales", m.rows, m.cols, a.group))?;
+            expect(ok, || {
+                format!("affine matrix [{}, {}]: groups of {} do not fit its scales", m.rows, m.cols, a.group)
+            })?;
             (a.group, be.dev.upload(a.scales.as_slice())?, be.dev.upload(a.biases.as_slice())?)
         }
-        (Dtype::Q8, None) => return Err(CudaError::Shape("a Q8 matrix without scales and biases".into())),
+        (Dtype::Q8 | Dtype::Q4, None) => {
+            return Err(CudaError::Shape("an affine matrix without scales and biases".into()));
+        }
         _ => (1, None, None),
     };
     let data = be.dev.upload(m.bytes.as_slice())?;

@@ -42,7 +42,8 @@ extern "C" __global__ void embed(const void* table, const float* scales, const f
     v = bf16_to_f32(((const u16*)table)[at]);
   } else {
     u64 g = id * (u64)(h / group) + c / (u64)group;
-    v = fmaf((float)((const u8*)table)[at], scales[g], biases[g]);
+    u32 q = dtype == DT_Q4 ? (((const u8*)table)[at / 2] >> (4 * (at & 1))) & 0xfu : ((const u8*)table)[at];
+    v = fmaf((float)q, scales[g], biases[g]);
   }
   out[i] = v;
 }

@@ -49,7 +49,7 @@ pub struct CudaMat {
     pub cols: usize,
     /// Stored element type.
     pub dtype: Dtype,
-    /// Q8: elements a group; 1 otherwise.
+    /// Q8, Q4: elements a group; 1 otherwise.
     pub(crate) group: usize,
     pub(crate) data: Option<Mem>,
     pub(crate) scales: Option<Mem>,
@@ -74,7 +74,7 @@ impl CudaMat {
     /// Whether the 8-element chunk kernels apply: they need `cols` (and a Q8 group) to be multiples of 8. A
     /// property of the matrix alone, so every call on it reduces in the same order.
     pub(crate) fn v8(&self) -> bool {
-        self.cols.is_multiple_of(8) && (self.dtype != Dtype::Q8 || self.group.is_multiple_of(8))
+        self.cols.is_multiple_of(8) && (!self.dtype.is_affine() || self.group.is_multiple_of(8))
     }
 
     /// Whether the tensor-core linears (dense_tc.cu) serve this matrix: bf16 with k a non-zero multiple of 32 (whole
@@ -113,13 +113,12 @@ impl CudaMat {
         self.v8().then(|| (name.replacen(kind, &format!("{kind}_wide"), 1), cols))
     }
 
-    /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`).
+    /// The dtype code of common.cuh (`DT_F32`, `DT_BF16`, `DT_Q8`, `DT_Q4`).
     pub(crate) fn dtype_code(&self) -> i32 {
         match self.dtype {
             Dtype::F32 => 0,
             Dtype::Bf16 => 1,
             Dtype::Q8 => 2,
-            // Refused at upload (`ops::upload_mat`): no device kernel reads 4-bit codes yet.
             Dtype::Q4 => 3,
         }
     }

@@ -3,8 +3,12 @@
 //!
 //! The values are uniform in `[-a, a]` with `a = sqrt(3 / fan_in)` (unit variance through each linear; the embedding
 //! and tied head as a linear of fan-in `hidden`), norms are 1.0 and expert biases small f32 values, so activations
-//! stay finite over 40 layers and greedy decoding does not just repeat the input token (tested). Names and layouts are the released ones (experts one by one), so [`write`] gives a directory that
-//! transformers and our loader both open.
+//! stay finite over 40 layers and greedy decoding does not just repeat the input token (tested). Names and layouts
+//! are the released ones (experts one by one), so [`write`] gives a directory that transformers and our loader both
+//! open. A config with a `quantization` block (the `-mlx4` / `-mlx8` presets) is made in mlx-lm's layout instead,
+//! with seeded codes, scales and biases ([`mlx`]).
+
+mod mlx;
 
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorEntry, TensorTable};
 use crate::config::{Mixer, ModelConfig};
@@ -12,10 +16,11 @@ use rayon::prelude::*;
 use std::path::Path;
 use tensorfold_kernels::HostBytes;
 
-/// Shapes we ship as presets: `(name, config.json)`.
+/// Shapes we ship as presets: `(name, config.json)`. Each also serves as `NAME-mlx4` and `NAME-mlx8`: the same
+/// shape quantized as mlx-lm converts it ([`mlx::QUANT_SUFFIXES`]).
 pub const PRESETS: &[(&str, &str)] = &[
-    ("lfm2.5-24b-a2b", include_str!("shapes/lfm2.5-24b-a2b.json")),
-    ("lfm2-8b-a1b", include_str!("shapes/lfm2-8b-a1b.json")),
+    ("lfm2.5-24b-a2b", include_str!("../shapes/lfm2.5-24b-a2b.json")),
+    ("lfm2-8b-a1b", include_str!("../shapes/lfm2-8b-a1b.json")),
 ];
 
 /// A synthetic checkpoint: a config and the seed its values come from.
@@ -38,6 +43,23 @@ enum Fill {
     Ones,
     /// f32 uniform in `[-a, a]` (expert biases, stored f32 as released).
     UniformF32(f32),
+    /// MLX affine codes of `bits`, packed little-endian into u32 words (uniform codes).
+    Codes(u32),
+    /// MLX affine scales (bf16) of a matrix whose float form would be uniform in `[-a, a]`, at `bits`.
+    Scales(f32, u32),
+    /// The biases matching [`Fill::Scales`] of the same module (bf16): centred codes.
+    Biases(f32, u32),
+}
+
+impl Fill {
+    /// How the tensor is stored.
+    fn stored(self) -> StoredDtype {
+        match self {
+            Fill::UniformF32(_) => StoredDtype::F32,
+            Fill::Codes(_) => StoredDtype::U32,
+            _ => StoredDtype::Bf16,
+        }
+    }
 }
 
 impl Synthetic {
@@ -53,14 +75,15 @@ impl Synthetic {
             },
             None => (spec, 0),
         };
-        let config = match PRESETS.iter().find(|(n, _)| *n == what) {
-            Some((_, json)) => json.as_bytes().to_vec(),
+        let config = match preset(what)? {
+            Some(json) => json,
             None if what.ends_with(".json") => std::fs::read(what)
                 .map_err(|e| CheckpointError::Synthetic(format!("cannot read the config {what}: {e}")))?,
             None => {
                 let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(CheckpointError::Synthetic(format!(
-                    "no shape {what:?}: give one of {names:?} or a config.json path"
+                    "no shape {what:?}: give one of {names:?} (each also as NAME-mlx4 and NAME-mlx8) or a \
+                     config.json path"
                 )));
             }
         };
@@ -69,13 +92,7 @@ impl Synthetic {
 
     /// Every tensor's name, shape and stored dtype, without making any values (`inspect`).
     pub fn shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, StoredDtype)> {
-        tensors(cfg)
-            .into_iter()
-            .map(|(n, shape, f)| {
-                let dt = if matches!(f, Fill::UniformF32(_)) { StoredDtype::F32 } else { StoredDtype::Bf16 };
-                (n, shape, dt)
-            })
-            .collect()
+        tensors(cfg).into_iter().map(|(n, shape, f)| (n, shape, f.stored())).collect()
     }
 
     /// Every tensor of `cfg`, generated (in parallel) from the seed. Errors: a tensor too large to allocate (a
@@ -90,11 +107,36 @@ impl Synthetic {
     }
 }
 
+/// A preset's `config.json` by name, quantized for a `-mlx4` / `-mlx8` suffix; `None` when no preset has the name.
+fn preset(what: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+    let find = |n: &str| PRESETS.iter().find(|(p, _)| *p == n).map(|(_, json)| json.as_bytes());
+    if let Some(json) = find(what) {
+        return Ok(Some(json.to_vec()));
+    }
+    for (suffix, bits) in mlx::QUANT_SUFFIXES {
+        if let Some(json) = what.strip_suffix(suffix).and_then(find) {
+            return mlx::quantized_config(json, bits).map(Some);
+        }
+    }
+    Ok(None)
+}
+
 /// Expert biases: small, so they move routing without deciding it.
 const EXPERT_BIAS: f32 = 0.01;
 
-/// The tensors a config needs: `(name, shape, fill)` in the released naming.
+/// The tensors a config needs: `(name, shape, fill)`, in the released naming, or in mlx-lm's with its matrices
+/// quantized when the config has a `quantization` block.
 fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
+    match &cfg.quant {
+        Some(q) => mlx::quantize(float_tensors(cfg, true), q),
+        None => float_tensors(cfg, false),
+    }
+}
+
+/// The float tensors of `cfg` in the released naming, or (`mlx`) in mlx-lm's: the conv kernel `[h, taps, 1]` and, for
+/// LFM2-MoE (`lfm2_moe.py`; dense LFM2 keeps `w1` / `w3` / `w2`), `gate_proj` / `up_proj` / `down_proj` with the
+/// experts stacked as `switch_mlp`.
+fn float_tensors(cfg: &ModelConfig, mlx: bool) -> Vec<(String, Vec<usize>, Fill)> {
     let (h, v) = (cfg.hidden, cfg.vocab);
     let lin = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
     // The embedding (and tied head) at 1/sqrt(h), as a linear of fan-in h: a unit-variance embedding would dominate
@@ -106,11 +148,16 @@ fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
     if !cfg.tied {
         t.push(("lm_head.weight".to_string(), vec![v, h], lin(h)));
     }
-    let ffn = |t: &mut Vec<(String, Vec<usize>, Fill)>, p: &str, inter: usize| {
-        t.push((format!("{p}.w1.weight"), vec![inter, h], lin(h)));
-        t.push((format!("{p}.w3.weight"), vec![inter, h], lin(h)));
-        t.push((format!("{p}.w2.weight"), vec![h, inter], lin(inter)));
+    let moe_names = mlx && cfg.family == crate::config::Family::Lfm2Moe;
+    let [n1, n3, n2] = if moe_names { ["gate_proj", "up_proj", "down_proj"] } else { ["w1", "w3", "w2"] };
+    // `lead` is the stacked experts' dimension (empty for one FFN).
+    let ffn = |t: &mut Vec<(String, Vec<usize>, Fill)>, p: &str, lead: &[usize], inter: usize| {
+        let shape = |a: usize, b: usize| [lead, &[a, b]].concat();
+        t.push((format!("{p}.{n1}.weight"), shape(inter, h), lin(h)));
+        t.push((format!("{p}.{n3}.weight"), shape(inter, h), lin(h)));
+        t.push((format!("{p}.{n2}.weight"), shape(h, inter), lin(inter)));
     };
+    let conv_shape = if mlx { vec![h, cfg.conv_taps, 1] } else { vec![h, 1, cfg.conv_taps] };
     for (i, mixer) in cfg.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         t.push((format!("{p}.operator_norm.weight"), vec![h], Fill::Ones));
@@ -118,7 +165,7 @@ fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
         match mixer {
             Mixer::Conv => {
                 t.push((format!("{p}.conv.in_proj.weight"), vec![3 * h, h], lin(h)));
-                t.push((format!("{p}.conv.conv.weight"), vec![h, 1, cfg.conv_taps], lin(cfg.conv_taps)));
+                t.push((format!("{p}.conv.conv.weight"), conv_shape.clone(), lin(cfg.conv_taps)));
                 t.push((format!("{p}.conv.out_proj.weight"), vec![h, h], lin(h)));
                 if cfg.conv_bias {
                     t.push((format!("{p}.conv.in_proj.bias"), vec![3 * h], lin(h)));
@@ -143,11 +190,15 @@ fn tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Fill)> {
                 if m.use_expert_bias {
                     t.push((format!("{f}.expert_bias"), vec![m.experts], Fill::UniformF32(EXPERT_BIAS)));
                 }
-                for e in 0..m.experts {
-                    ffn(&mut t, &format!("{f}.experts.{e}"), m.inter);
+                if mlx {
+                    ffn(&mut t, &format!("{f}.switch_mlp"), &[m.experts], m.inter);
+                } else {
+                    for e in 0..m.experts {
+                        ffn(&mut t, &format!("{f}.experts.{e}"), &[], m.inter);
+                    }
                 }
             }
-            _ => ffn(&mut t, &f, cfg.dense_inter),
+            _ => ffn(&mut t, &f, &[], cfg.dense_inter),
         }
     }
     t
@@ -233,6 +284,9 @@ fn make(name: &str, shape: &[usize], fill: Fill, seed: u64) -> Result<TensorEntr
             v.iter_mut().enumerate().for_each(|(i, x)| *x = uniform(splitmix(key ^ i as u64), a));
             (StoredDtype::F32, HostBytes::from_f32(&v))
         }
+        Fill::Codes(_) => (StoredDtype::U32, mlx::codes(name, n, key)?),
+        Fill::Scales(a, bits) => (StoredDtype::Bf16, mlx::scales(name, n, seed, (a, bits), false)?),
+        Fill::Biases(a, bits) => (StoredDtype::Bf16, mlx::scales(name, n, seed, (a, bits), true)?),
     };
     Ok(TensorEntry { dtype, shape: shape.to_vec(), bytes })
 }
