@@ -178,6 +178,9 @@ fn drafter_configs_we_do_not_run_are_refused_by_name() {
         ("block_size", Box::new(|c| c["block_size"] = 33.into())),
         ("anchor_first", Box::new(|c| c["anchor_first"] = false.into())),
         ("mask_token_id", Box::new(|c| c["dflash_config"]["mask_token_id"] = 512.into())),
+        // A drafter in mlx-lm's format (issue 23): refused at admission, before any code tensor is read.
+        ("quantization", Box::new(|c| c["quantization"] = serde_json::json!({"group_size": 64, "bits": 4}))),
+        ("quantization_config", Box::new(|c| c["quantization_config"] = serde_json::json!({"bits": 8}))),
         (
             "markov_rank",
             Box::new(|c| c.as_object_mut().expect("object").remove("markov_rank").map(|_| ()).unwrap_or(())),

@@ -124,3 +124,17 @@ pub fn parse_drafter_bits(s: &str) -> Result<DrafterBits, String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafter_bits_eight_is_served_and_every_other_width_refused_by_name() {
+        assert_eq!(parse_drafter_bits("8"), Ok(DrafterBits::Eight));
+        for bad in ["4", "16", "bf16", ""] {
+            let e = parse_drafter_bits(bad).expect_err(bad);
+            assert!(e.starts_with(&format!("--drafter-bits {bad} is not supported")), "{e}");
+        }
+    }
+}

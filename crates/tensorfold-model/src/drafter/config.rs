@@ -115,6 +115,13 @@ fn admit(o: &Map<String, Value>, t: &ModelConfig) -> Result<DrafterConfig, Draft
             return Err(unsupported(flag, b, "no biases"));
         }
     }
+    for field in ["quantization", "quantization_config"] {
+        if let Some(q) = o.get(field).filter(|q| !q.is_null()) {
+            let why = "a quantized (MLX) drafter is not served: load the released bf16 drafter (`--drafter-bits 8` \
+                       quantizes its linears to 8-bit codes at load)";
+            return Err(unsupported(field, q, why));
+        }
+    }
     if let Some(r) = o.get("rope_scaling").filter(|r| !r.is_null()) {
         return Err(unsupported("rope_scaling", r, "the drafter runs plain RoPE"));
     }
