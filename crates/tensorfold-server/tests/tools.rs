@@ -1,6 +1,6 @@
 //! Tool calling over HTTP: `tool_choice: "required"` (and a named function) constrain the embedded code model to a
 //! parsed call whose arguments are JSON matching the tool's schema, `finish_reason: "tool_calls"`, drafted equal to
-//! `draft: false`, streamed as tool-call deltas; `auto` and `none` answer as before; bad tools and history are
+//! `draft: false`, streamed as tool-call deltas (a call's name, then its arguments in fragments); `auto` and `none` answer as before; bad tools and history are
 //! named 400s.
 
 mod common;
@@ -68,18 +68,18 @@ async fn required_and_named_choices_return_parsed_calls() {
         other => panic!("a call of an offered tool: {other:?}"),
     }
 
-    // Streamed: the same call as tool-call deltas, no content.
+    // Streamed: the same calls, announced then their arguments in fragments, no content.
     let st = s.stream(CHAT, &with(&tool_chat(named), json!({"stream": true}))).await;
     assert_eq!(st.finish_reason(), "tool_calls");
     assert_eq!(st.token_sha256(), sha_of(&r.json));
-    let deltas: Vec<&Value> =
-        st.chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
     let whole = r.json["choices"][0]["message"]["tool_calls"].as_array().unwrap();
-    assert_eq!(deltas.len(), whole.len());
-    for (i, (d, w)) in deltas.iter().zip(whole).enumerate() {
-        assert_eq!(d["index"], json!(i));
-        assert_eq!(d["function"], w["function"]);
+    let streamed = st.tool_calls(0);
+    assert_eq!(streamed.len(), whole.len());
+    for (s, w) in streamed.iter().zip(whole) {
+        assert_eq!(s["function"], w["function"]);
     }
+    let deltas = st.tool_call_deltas(0);
+    assert!(deltas.len() > whole.len(), "arguments come in fragments: {deltas:?}");
     assert_eq!(st.text(), "", "a constrained call has no content");
 }
 

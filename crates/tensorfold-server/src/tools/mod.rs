@@ -1,10 +1,11 @@
 //! Tool calling (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`) for LFM2 checkpoints: the request's tools
 //! checked (`spec`) and history tool fields (`history`), the chat template given `tools`, `required` or a named
 //! function constrained to a call through the engine's tool grammar (Pythonic form, LFM2's default), and the
-//! reply's `<|tool_call_start|>[...]<|tool_call_end|>` lists read (`pyliteral`, `split`) into OpenAI `tool_calls`,
-//! whole or streamed (`reply`). `tool_choice: "none"` renders the tools and reads nothing (vLLM's meaning).
+//! reply's `<|tool_call_start|>[...]<|tool_call_end|>` lists read (`pyliteral`, `split`; as they arrive: `live`)
+//! into OpenAI `tool_calls`, whole or streamed in argument fragments (`reply`). `tool_choice: "none"` renders the tools and reads nothing (vLLM's meaning).
 
 pub mod history;
+pub mod live;
 pub mod pyliteral;
 pub mod reply;
 pub mod spec;
