@@ -9,6 +9,7 @@ use serde_json::json;
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::keyed::SamplingParams;
 use tensorfold_engine::single::{GenerateOptions, generate};
+use tensorfold_engine::tool_bounds;
 use tensorfold_engine::tool_grammar::{ToolCallForm, ToolConstraint, ToolSpec, tool_call_spec};
 use tensorfold_engine::{Grammar, GrammarSpec, ModelTarget, Penalties, Request};
 use tensorfold_kernels::CpuBackend;
@@ -159,6 +160,8 @@ fn a_required_tool_call_is_a_call_of_an_offered_tool() {
             form,
             markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
             special_markers: true,
+            max_string: tool_bounds::MAX_STRING_CHARS,
+            max_calls: tool_bounds::MAX_CALLS,
         };
         let spec = tool_call_spec(&c).expect("a grammar");
         let start = t.token_to_id("<|tool_call_start|>").expect("a special token");
@@ -205,6 +208,8 @@ fn a_forced_call_admits_only_calls_with_every_required_argument() {
         form: ToolCallForm::Pythonic,
         markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
         special_markers: true,
+        max_string: tool_bounds::MAX_STRING_CHARS,
+        max_calls: tool_bounds::MAX_CALLS,
     };
     let one = tool_call_spec(&c(false)).expect("a grammar");
     let call = |inner: &str| format!("<|tool_call_start|>[{inner}]<|tool_call_end|>");

@@ -17,6 +17,7 @@ pub use spec::{ToolChoice, ToolPlan};
 use crate::api::Params;
 use crate::error::ApiError;
 use split::{CALL_END, CALL_START};
+use tensorfold_engine::tool_bounds;
 use tensorfold_engine::tool_grammar::{ToolCallForm, ToolConstraint, tool_call_spec};
 use tensorfold_text::Text;
 
@@ -49,6 +50,8 @@ pub fn prepare(params: &mut Params, text: &Text) -> Result<(), ApiError> {
         form: ToolCallForm::Pythonic,
         markers: (CALL_START.into(), CALL_END.into()),
         special_markers: plan.marker_ids.len() == 2,
+        max_string: tool_bounds::MAX_STRING_CHARS,
+        max_calls: tool_bounds::MAX_CALLS,
     };
     let spec = tool_call_spec(&constraint).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?;
     params.grammar = Some(("tool_choice", spec));
