@@ -252,6 +252,29 @@ def main():
         check(raw[0].id and raw[0].function.name == "get_weather", raw[0])
         check(all(d.id is None and d.function.name is None for d in raw[1:]), raw)
 
+    def t_tool_n_choices():
+        # n=2 with a forced call: each choice its own call, streamed and joined per choice by the client.
+        kw = dict(
+            model=state["model"],
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[weather],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=40,
+            temperature=0.9,
+            seed=3,
+            n=2,
+        )
+        whole = client.chat.completions.create(**kw)
+        with client.chat.completions.stream(**kw) as stream:
+            final = stream.get_final_completion()
+        check([c.index for c in final.choices] == [0, 1], final.choices)
+        for w, c in zip(whole.choices, final.choices):
+            check(c.finish_reason == w.finish_reason == "tool_calls", (c.finish_reason, w.finish_reason))
+            check(len(c.message.tool_calls) == 1, c.message)
+            check_call(c.message.tool_calls[0])
+            check(c.message.tool_calls[0].function.arguments == w.message.tool_calls[0].function.arguments, (c, w))
+
     def t_tool_bad_choice():
         try:
             client.chat.completions.create(
@@ -304,6 +327,7 @@ def main():
         t_chat_seeded_logprobs,
         t_tool_required,
         t_tool_stream,
+        t_tool_n_choices,
         t_tool_bad_choice,
         t_bad_request,
         t_context_exceeded,

@@ -124,14 +124,11 @@ pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
 }
 
 /// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it), then its
-/// tools (`tools::spec`; with `n` above 1 they are refused).
+/// tools (`tools::spec`; with `n` above 1 each choice reads its own calls).
 pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
     crate::echo::refuse_chat_echo(&r.options)?;
     let mut p = chat_shared(r)?;
     p.tools = crate::tools::spec::plan(&r.options.tools, r.tool_choice.as_ref(), &r.parallel_tool_calls)?;
-    if p.tools.is_some() && p.n > 1 {
-        return Err(ApiError::invalid("n", "`n` above 1 with `tools` is not supported"));
-    }
     Ok(p)
 }
 
