@@ -24,6 +24,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 /// Submits the `params.n` choices and answers: one SSE stream of them all, or the whole reply once every choice
 /// has finished.
 pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer) -> Result<Response, ApiError> {
+    if params.best_of > params.n {
+        return crate::best_of::respond(s, r, ids, params, a).await;
+    }
     let prompt_tokens = ids.len() as u64;
     let runs = submit_n(&r, ids, params.clone(), params.n).await?;
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
@@ -31,6 +34,16 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: An
     if params.stream {
         return Ok(stream(runs, shape, &params, a.log).into_response());
     }
+    let choices = collect(&r, runs, &a.log).await?;
+    Ok(Json(merge(&shape, &params, choices, &a.log)).into_response())
+}
+
+/// Every run's pieces and outcome, in order, once all have finished; a failed run fails the reply (logged).
+pub(crate) async fn collect(
+    r: &Ready,
+    runs: Vec<Running>,
+    log: &Entry,
+) -> Result<Vec<(Vec<Piece>, Outcome)>, ApiError> {
     let mut choices = Vec::new();
     // The engine runs every stream at once; reading them one after another only orders the reads.
     for run in runs {
@@ -43,7 +56,7 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: An
             .await
             .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
         if let Some(e) = &out.error {
-            a.log.outcome(&out);
+            log.outcome(&out);
             let status =
                 if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
             return Err(ApiError::status(status, "server_error", e.clone()));
@@ -51,12 +64,12 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: An
         metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
         choices.push((pieces, out));
     }
-    Ok(Json(merge(&shape, &params, choices, &a.log)).into_response())
+    Ok(choices)
 }
 
 /// The whole reply of several choices: choice `i`'s reply with its index (its own tool calls read from its own
 /// text), the choices together, the usage summed; each choice logged with its finish reason.
-fn merge(shape: &Shape, params: &Params, choices: Vec<(Vec<Piece>, Outcome)>, log: &Entry) -> Value {
+pub(crate) fn merge(shape: &Shape, params: &Params, choices: Vec<(Vec<Piece>, Outcome)>, log: &Entry) -> Value {
     let mut merged = Value::Null;
     let (mut list, mut stats, mut completion_tokens) = (Vec::new(), Vec::new(), 0);
     for (i, (pieces, out)) in choices.into_iter().enumerate() {
