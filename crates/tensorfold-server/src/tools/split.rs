@@ -77,61 +77,76 @@ impl Splitter {
     /// One step over the held text: `false` when it needs more.
     fn step(&mut self, out: &mut Vec<Out>) -> bool {
         let end = self.held.find(CALL_END);
-        match &mut self.inside {
-            Inside::Text => {
-                if let Some(i) = self.held.find(CALL_START) {
-                    push_text(out, self.held[..i].to_string());
-                    self.held.drain(..i + CALL_START.len());
-                    self.inside = if self.live {
-                        Inside::Live(Box::new(ListReader::new(self.offered.clone())))
-                    } else {
-                        Inside::Held
-                    };
-                    return true;
-                }
-                let keep = partial_marker(&self.held, CALL_START);
-                let text: String = self.held.drain(..self.held.len() - keep).collect();
-                push_text(out, text);
-                false
-            }
-            Inside::Held => {
-                let Some(j) = end else { return false };
-                let body: String = self.held.drain(..j + CALL_END.len()).collect();
-                self.inside = Inside::Text;
-                match self.read(&body[..j]) {
-                    Some(calls) => out.push(Out::Calls(calls)),
-                    None => push_text(out, format!("{CALL_START}{body}")),
-                }
+        match std::mem::replace(&mut self.inside, Inside::Text) {
+            Inside::Text => self.outside(out),
+            Inside::Held => self.held_list(end, out),
+            Inside::Live(r) => self.live_list(r, end, out),
+            Inside::Failed => self.failed_list(end, out),
+        }
+    }
+
+    /// Outside a list: text up to an opening marker (held back when it may be one arriving).
+    fn outside(&mut self, out: &mut Vec<Out>) -> bool {
+        if let Some(i) = self.held.find(CALL_START) {
+            push_text(out, self.held[..i].to_string());
+            self.held.drain(..i + CALL_START.len());
+            self.inside =
+                if self.live { Inside::Live(Box::new(ListReader::new(self.offered.clone()))) } else { Inside::Held };
+            return true;
+        }
+        let keep = partial_marker(&self.held, CALL_START);
+        let text: String = self.held.drain(..self.held.len() - keep).collect();
+        push_text(out, text);
+        false
+    }
+
+    /// A list held whole: read once its closing marker is in.
+    fn held_list(&mut self, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let Some(j) = end else {
+            self.inside = Inside::Held;
+            return false;
+        };
+        let body: String = self.held.drain(..j + CALL_END.len()).collect();
+        match self.read(&body[..j]) {
+            Some(calls) => out.push(Out::Calls(calls)),
+            None => push_text(out, format!("{CALL_START}{body}")),
+        }
+        true
+    }
+
+    /// A list read as it arrives, up to its closing marker or a tail that may be one.
+    fn live_list(&mut self, mut r: Box<ListReader>, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let upto = end.unwrap_or(self.held.len() - partial_marker(&self.held, CALL_END));
+        let text: String = self.held.drain(..upto).collect();
+        let read = feed(&mut r, &text, out).and_then(|()| if end.is_some() { r.end() } else { Ok(()) });
+        self.calls += std::mem::take(&mut r.closed);
+        if read.is_err() {
+            let rest = r.unreleased();
+            push_text(out, if r.started > 0 { rest.to_string() } else { format!("{CALL_START}{rest}") });
+            self.inside = Inside::Failed;
+            return true;
+        }
+        match end {
+            Some(_) => {
+                self.held.drain(..CALL_END.len());
                 true
             }
-            Inside::Live(r) => {
-                let upto = end.unwrap_or(self.held.len() - partial_marker(&self.held, CALL_END));
-                let text: String = self.held.drain(..upto).collect();
-                let read = feed(r, &text, out).and_then(|()| if end.is_some() { r.end() } else { Ok(()) });
-                self.calls += std::mem::take(&mut r.closed);
-                if read.is_err() {
-                    let started = r.started > 0;
-                    let rest = r.unreleased().to_string();
-                    push_text(out, if started { rest } else { format!("{CALL_START}{rest}") });
-                    self.inside = Inside::Failed;
-                    return true;
-                }
-                if end.is_some() {
-                    self.held.drain(..CALL_END.len());
-                    self.inside = Inside::Text;
-                }
-                end.is_some()
-            }
-            Inside::Failed => {
-                let upto = end.map_or(self.held.len() - partial_marker(&self.held, CALL_END), |j| j + CALL_END.len());
-                let text: String = self.held.drain(..upto).collect();
-                push_text(out, text);
-                if end.is_some() {
-                    self.inside = Inside::Text;
-                }
-                end.is_some()
+            None => {
+                self.inside = Inside::Live(r);
+                false
             }
         }
+    }
+
+    /// A failed list: its text is content up to and with its closing marker.
+    fn failed_list(&mut self, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let upto = end.map_or(self.held.len() - partial_marker(&self.held, CALL_END), |j| j + CALL_END.len());
+        let text: String = self.held.drain(..upto).collect();
+        push_text(out, text);
+        if end.is_none() {
+            self.inside = Inside::Failed;
+        }
+        end.is_some()
     }
 
     /// Ends the reply: held text (an unclosed list, markers included, or a stream's unsent rest of one) is content.
