@@ -1,8 +1,8 @@
 # The official `openai` Python client against a running `tensorfold serve` (see docs/api.md).
 """Checks a running `tensorfold serve` with the official `openai` Python client: completions and chat, streamed
-and not, usage, finish reasons, logprobs, `models.retrieve`, `echo`, tool calls (tool_choice required, streamed
-tool-call fragments joined by the client's `chat.completions.stream`) and the errors a bad request raises. Prints
-`N passed, M failed` and exits non-zero on any failure.
+and not, usage, finish reasons, logprobs, `models.retrieve`, `echo`, `best_of`, tool calls (tool_choice required,
+streamed tool-call fragments joined by the client's `chat.completions.stream`, n = 2) and the errors a bad request
+raises. Prints `N passed, M failed` and exits non-zero on any failure.
 
     python3 tools/api-tests/openai_client.py --base-url http://127.0.0.1:8080/v1 [--api-key KEY] [--model NAME]
 """
@@ -117,6 +117,19 @@ def main():
             extra_body={"ignore_eos": True},
         )
         check(r.choices[0].text == "def main():" + state["completion"], r.choices[0].text)
+
+    def t_completion_best_of():
+        r = client.completions.create(
+            model=state["model"], prompt="def main():", max_tokens=8, temperature=1.0, seed=5, n=2, best_of=3
+        )
+        check([c.index for c in r.choices] == [0, 1], r.choices)
+        check(all(c.logprobs is None for c in r.choices), r.choices)
+        try:
+            client.completions.create(model=state["model"], prompt="x", max_tokens=2, best_of=2, stream=True)
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "best_of", e.body)
+            return
+        raise AssertionError("a streamed best_of above n did not raise BadRequestError")
 
     def t_chat():
         r = client.chat.completions.create(
@@ -322,6 +335,7 @@ def main():
         t_completion_echo,
         t_completion_stream,
         t_completion_logprobs,
+        t_completion_best_of,
         t_chat,
         t_chat_stream,
         t_chat_seeded_logprobs,

@@ -97,7 +97,7 @@ fn the_official_openai_client_passes_against_the_binary_which_then_stops_cleanly
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    assert!(client_passes(port, "openai_client.py", &[]) >= 16);
+    assert!(client_passes(port, "openai_client.py", &[]) >= 17);
     assert!(client_passes(port, "langchain_client.py", &["--model", "tensorfold/default-pair"]) >= 3);
 
     let pid = server.0.id().to_string();
