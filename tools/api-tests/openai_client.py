@@ -1,7 +1,8 @@
 # The official `openai` Python client against a running `tensorfold serve` (see docs/api.md).
 """Checks a running `tensorfold serve` with the official `openai` Python client: completions and chat, streamed
-and not, usage, finish reasons, logprobs, `models.retrieve`, `echo`, tool calls (tool_choice required, streamed
-tool-call deltas) and the errors a bad request raises. Prints `N passed, M failed` and exits non-zero on any failure.
+and not, usage, finish reasons, logprobs, `models.retrieve`, `echo`, `best_of`, tool calls (tool_choice required,
+streamed tool-call fragments joined by the client's `chat.completions.stream`, n = 2) and the errors a bad request
+raises. Prints `N passed, M failed` and exits non-zero on any failure.
 
     python3 tools/api-tests/openai_client.py --base-url http://127.0.0.1:8080/v1 [--api-key KEY] [--model NAME]
 """
@@ -117,6 +118,19 @@ def main():
         )
         check(r.choices[0].text == "def main():" + state["completion"], r.choices[0].text)
 
+    def t_completion_best_of():
+        r = client.completions.create(
+            model=state["model"], prompt="def main():", max_tokens=8, temperature=1.0, seed=5, n=2, best_of=3
+        )
+        check([c.index for c in r.choices] == [0, 1], r.choices)
+        check(all(c.logprobs is None for c in r.choices), r.choices)
+        try:
+            client.completions.create(model=state["model"], prompt="x", max_tokens=2, best_of=2, stream=True)
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "best_of", e.body)
+            return
+        raise AssertionError("a streamed best_of above n did not raise BadRequestError")
+
     def t_chat():
         r = client.chat.completions.create(
             model=state["model"],
@@ -219,8 +233,9 @@ def main():
         check(r2.choices[0].message.content is not None, r2.choices[0].message)
 
     def t_tool_stream():
-        calls, finish = {}, None
-        for chunk in client.chat.completions.create(
+        # The client's own stream accumulation (`chat.completions.stream`): the call's name first, then its
+        # arguments as fragments, joined into the same call the whole reply gives.
+        kw = dict(
             model=state["model"],
             messages=[{"role": "user", "content": "Weather in Oslo?"}],
             tools=[weather],
@@ -228,20 +243,50 @@ def main():
             parallel_tool_calls=False,
             max_tokens=40,
             temperature=0,
-            stream=True,
-        ):
-            for c in chunk.choices:
-                finish = c.finish_reason or finish
-                for d in c.delta.tool_calls or []:
-                    slot = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
-                    slot["id"] += d.id or ""
-                    slot["name"] += (d.function and d.function.name) or ""
-                    slot["arguments"] += (d.function and d.function.arguments) or ""
-        check(finish == "tool_calls", finish)
-        check(list(calls) == [0], calls)
-        check(calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_"), calls)
-        args = json.loads(calls[0]["arguments"])
-        check(set(args) == {"city"} and args["city"] in ("Paris", "Oslo"), args)
+        )
+        whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+        fragments, done, raw = [], [], []
+        with client.chat.completions.stream(**kw) as stream:
+            for event in stream:
+                if event.type == "chunk":
+                    raw.extend(d for c in event.chunk.choices for d in c.delta.tool_calls or [])
+                elif event.type == "tool_calls.function.arguments.delta":
+                    fragments.append(event.arguments_delta)
+                    check(event.name == "get_weather" and event.index == 0, event)
+                elif event.type == "tool_calls.function.arguments.done":
+                    done.append(event.arguments)
+            final = stream.get_final_completion()
+        c = final.choices[0]
+        check(c.finish_reason == "tool_calls", c.finish_reason)
+        check(len(c.message.tool_calls) == 1, c.message)
+        check_call(c.message.tool_calls[0])
+        check(c.message.tool_calls[0].function.arguments == whole[0].function.arguments, (c.message, whole))
+        check(len(fragments) > 1 and "".join(fragments) == done[0] == whole[0].function.arguments, fragments)
+        check(raw[0].id and raw[0].function.name == "get_weather", raw[0])
+        check(all(d.id is None and d.function.name is None for d in raw[1:]), raw)
+
+    def t_tool_n_choices():
+        # n=2 with a forced call: each choice its own call, streamed and joined per choice by the client.
+        kw = dict(
+            model=state["model"],
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[weather],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=40,
+            temperature=0.9,
+            seed=3,
+            n=2,
+        )
+        whole = client.chat.completions.create(**kw)
+        with client.chat.completions.stream(**kw) as stream:
+            final = stream.get_final_completion()
+        check([c.index for c in final.choices] == [0, 1], final.choices)
+        for w, c in zip(whole.choices, final.choices):
+            check(c.finish_reason == w.finish_reason == "tool_calls", (c.finish_reason, w.finish_reason))
+            check(len(c.message.tool_calls) == 1, c.message)
+            check_call(c.message.tool_calls[0])
+            check(c.message.tool_calls[0].function.arguments == w.message.tool_calls[0].function.arguments, (c, w))
 
     def t_tool_bad_choice():
         try:
@@ -290,11 +335,13 @@ def main():
         t_completion_echo,
         t_completion_stream,
         t_completion_logprobs,
+        t_completion_best_of,
         t_chat,
         t_chat_stream,
         t_chat_seeded_logprobs,
         t_tool_required,
         t_tool_stream,
+        t_tool_n_choices,
         t_tool_bad_choice,
         t_bad_request,
         t_context_exceeded,

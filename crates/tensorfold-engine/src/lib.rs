@@ -17,6 +17,7 @@ pub mod schedule;
 pub mod single;
 pub mod solo;
 pub mod target;
+pub mod tool_bounds;
 pub mod tool_grammar;
 
 pub use crate::core::{Core, EngineConfig, Metrics};

@@ -3,9 +3,11 @@
 //! [`crate::grammar::Grammar::compile`]. Two forms, as LFM2's templates produce them: the Pythonic list
 //! `<|tool_call_start|>[name(arg=value, ...)]<|tool_call_end|>` and a JSON list
 //! `<|tool_call_start|>[{"name": ..., "arguments": {...}}]<|tool_call_end|>`. The markers are the tokenizer's special
-//! tokens when it has them (written `<|...|>` in the grammar, one token each), else plain text.
+//! tokens when it has them (written `<|...|>` in the grammar, one token each), else plain text. Bounded
+//! (`tool_bounds`): strings at most `max_string` characters, lists at most `max_calls` calls.
 
 use crate::grammar::{GrammarSpec, compact};
+use crate::tool_bounds::bounded_root;
 use serde_json::{Value, json};
 
 /// One offered function: its name and its parameters' JSON Schema (OpenAI's `function.parameters`).
@@ -40,6 +42,10 @@ pub struct ToolConstraint {
     pub markers: (String, String),
     /// Whether the markers are special tokens of the tokenizer (then each is one token).
     pub special_markers: bool,
+    /// The longest string an argument may hold, in characters ([`crate::tool_bounds::MAX_STRING_CHARS`]).
+    pub max_string: usize,
+    /// The most calls in the list when `parallel` ([`crate::tool_bounds::MAX_CALLS`]).
+    pub max_calls: usize,
 }
 
 /// Why no grammar could be built.
@@ -70,18 +76,22 @@ pub fn tool_call_spec(c: &ToolConstraint) -> Result<GrammarSpec, ToolGrammarErro
         }
     }
     let marker = |m: &str| if c.special_markers { m.to_string() } else { lark_string(m) };
-    let calls = if c.parallel { "call (\", \" call)*" } else { "call" };
+    let calls = match c.max_calls {
+        n if c.parallel && n > 1 => format!("call (\", \" call){{0,{}}}", n - 1),
+        _ => "call".to_string(),
+    };
     let mut lark = format!("start: {} \"[\" {calls} \"]\" {}\n", marker(&c.markers.0), marker(&c.markers.1));
     let names: Vec<String> = (0..c.tools.len()).map(|i| format!("call_{i}")).collect();
     lark += &format!("call: {}\n", names.join(" | "));
     for (i, t) in c.tools.iter().enumerate() {
         let params = if t.parameters.is_null() { json!({"type": "object"}) } else { t.parameters.clone() };
         let args = arguments(&t.name, &params)?;
+        let bounded = |schema: &Value| compact(bounded_root(schema, &params, c.max_string));
         // The reader takes a keyword of name characters only; a tool with another key is called in the JSON form,
         // which the same call list admits.
         let pythonic = c.form == ToolCallForm::Pythonic && args.iter().all(|a| spellable(&a.key));
         if pythonic {
-            lark += &pythonic_call(i, &t.name, &args);
+            lark += &pythonic_call(i, &t.name, &args, bounded);
         } else {
             let schema = json!({
                 "type": "object",
@@ -89,7 +99,7 @@ pub fn tool_call_spec(c: &ToolConstraint) -> Result<GrammarSpec, ToolGrammarErro
                 "required": ["name", "arguments"],
                 "additionalProperties": false,
             });
-            lark += &format!("call_{i}: %json {}\n", compact(schema));
+            lark += &format!("call_{i}: %json {}\n", bounded(&schema));
         }
     }
     Ok(GrammarSpec::Lark(lark))
@@ -146,7 +156,8 @@ fn arguments(tool: &str, params: &Value) -> Result<Vec<Argument>, ToolGrammarErr
 /// names no property twice; LFM2 writes arguments in the schema's order). Linear in the arguments: `tail_i_k` is
 /// what may follow once an argument before `k` is written, and the call's first argument is any optional one
 /// before the first required one, or that required one.
-fn pythonic_call(i: usize, name: &str, args: &[Argument]) -> String {
+/// Each value's schema is compiled as `bounded` gives it.
+fn pythonic_call(i: usize, name: &str, args: &[Argument], bounded: impl Fn(&Value) -> Value) -> String {
     if args.is_empty() {
         return format!("call_{i}: {}\n", lark_string(&format!("{name}()")));
     }
@@ -154,7 +165,7 @@ fn pythonic_call(i: usize, name: &str, args: &[Argument]) -> String {
     let mut out = String::new();
     for (k, a) in args.iter().enumerate() {
         out += &format!("arg_{i}_{k}: {} value_{i}_{k}\n", lark_string(&format!("{}=", a.key)));
-        out += &format!("value_{i}_{k}: %json {}\n", compact(a.schema.clone()));
+        out += &format!("value_{i}_{k}: %json {}\n", bounded(&a.schema));
     }
     let then = |k: usize| if k < n { format!(" tail_{i}_{k}") } else { String::new() };
     for (k, a) in args.iter().enumerate().skip(1) {
@@ -196,11 +207,17 @@ mod tests {
             form: ToolCallForm::Pythonic,
             markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
             special_markers: true,
+            max_string: 12,
+            max_calls: 3,
         };
         let GrammarSpec::Lark(l) = tool_call_spec(&c).unwrap() else { panic!("lark") };
         assert!(l.starts_with("start: <|tool_call_start|> \"[\" call \"]\" <|tool_call_end|>\n"), "{l}");
         assert!(l.contains("call_0: \"get_weather(\"") && l.contains("call_1: \"now()\""), "{l}");
-        assert!(l.contains("value_0_0: %json {\"type\":\"string\",\"x-guidance\""), "{l}");
+        assert!(l.contains("value_0_0: %json {\"type\":\"string\",\"maxLength\":12,\"$defs\":"), "{l}");
+        let GrammarSpec::Lark(l) = tool_call_spec(&ToolConstraint { parallel: true, ..c.clone() }).unwrap() else {
+            panic!("lark")
+        };
+        assert!(l.starts_with("start: <|tool_call_start|> \"[\" call (\", \" call){0,2} \"]\""), "{l}");
         let bad = ToolConstraint { tools: vec![ToolSpec { name: "a b".into(), parameters: Value::Null }], ..c.clone() };
         assert_eq!(tool_call_spec(&bad), Err(ToolGrammarError::BadName("a b".into())));
         assert_eq!(tool_call_spec(&ToolConstraint { tools: vec![], ..c }), Err(ToolGrammarError::NoTools));
@@ -214,12 +231,12 @@ mod tests {
         let keys: Vec<(&str, bool)> = args.iter().map(|a| (a.key.as_str(), a.required)).collect();
         assert_eq!(keys, [("a", false), ("b", true), ("c", false), ("e", true)]);
         assert_eq!((&args[2].schema, &args[3].schema), (&json!({}), &json!({})));
-        let l = pythonic_call(0, "f", &args);
+        let l = pythonic_call(0, "f", &args, |s: &Value| compact(s.clone()));
         assert!(l.contains("tail_0_1: \", \" arg_0_1 tail_0_2\ntail_0_2: (\", \" arg_0_2)? tail_0_3\n"), "{l}");
         assert!(l.contains("tail_0_3: \", \" arg_0_3\n"), "{l}");
         assert!(l.ends_with("call_0: \"f(\" (arg_0_0 tail_0_1 | arg_0_1 tail_0_2) \")\"\n"), "{l}");
         let none = arguments("g", &json!({"properties": {"a": {}, "b": {}}})).unwrap();
-        let l = pythonic_call(1, "g", &none);
+        let l = pythonic_call(1, "g", &none, |s: &Value| compact(s.clone()));
         assert!(l.ends_with("call_1: \"g(\" (arg_1_0 tail_1_1 | arg_1_1)? \")\"\n"), "{l}");
         let bad = json!({"properties": {"x": false}, "required": ["x"]});
         assert_eq!(arguments("h", &bad), Err(ToolGrammarError::Unsatisfiable("h".into(), "x".into())));
@@ -233,9 +250,11 @@ mod tests {
             form: ToolCallForm::Pythonic,
             markers: ("<a>".into(), "<b>".into()),
             special_markers: false,
+            max_string: 8,
+            max_calls: 1,
         };
         let GrammarSpec::Lark(l) = tool_call_spec(&c).unwrap() else { panic!("lark") };
-        assert!(l.starts_with("start: \"<a>\" \"[\" call (\", \" call)* \"]\" \"<b>\"\n"), "{l}");
+        assert!(l.starts_with("start: \"<a>\" \"[\" call \"]\" \"<b>\"\n"), "{l}");
         assert!(l.contains("call_0: %json {\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"}"), "{l}");
     }
 }

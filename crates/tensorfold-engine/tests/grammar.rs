@@ -1,14 +1,19 @@
 //! Structured output in the lane core, on the fixture model and its tokenizer: a constrained reply follows its
 //! grammar (a regex, a JSON schema, a tool call) and stops when the grammar is complete; a drafted constrained reply
 //! equals its `draft: false` reply and the solo loop token for token (context copies and held block drafts, greedy
-//! and sampled); concurrent equals alone; a grammar llguidance cannot compile is refused with its reason.
+//! and sampled); concurrent equals alone; a grammar llguidance cannot compile is refused with its reason. A forced
+//! tool call is bounded: a string argument (top level, in a list, in an any-value, behind a `$ref`) takes at most
+//! `max_string` characters, a parallel list at most `max_calls` calls, so a sampled forced call closes at the cap
+//! instead of running to `max_tokens`; the served caps compile quickly.
 
 mod common;
 
+use serde_json::Value;
 use serde_json::json;
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::keyed::SamplingParams;
 use tensorfold_engine::single::{GenerateOptions, generate};
+use tensorfold_engine::tool_bounds::{self, MAX_CALLS, MAX_STRING_CHARS};
 use tensorfold_engine::tool_grammar::{ToolCallForm, ToolConstraint, ToolSpec, tool_call_spec};
 use tensorfold_engine::{Grammar, GrammarSpec, ModelTarget, Penalties, Request};
 use tensorfold_kernels::CpuBackend;
@@ -159,6 +164,8 @@ fn a_required_tool_call_is_a_call_of_an_offered_tool() {
             form,
             markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
             special_markers: true,
+            max_string: tool_bounds::MAX_STRING_CHARS,
+            max_calls: tool_bounds::MAX_CALLS,
         };
         let spec = tool_call_spec(&c).expect("a grammar");
         let start = t.token_to_id("<|tool_call_start|>").expect("a special token");
@@ -205,6 +212,8 @@ fn a_forced_call_admits_only_calls_with_every_required_argument() {
         form: ToolCallForm::Pythonic,
         markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
         special_markers: true,
+        max_string: tool_bounds::MAX_STRING_CHARS,
+        max_calls: tool_bounds::MAX_CALLS,
     };
     let one = tool_call_spec(&c(false)).expect("a grammar");
     let call = |inner: &str| format!("<|tool_call_start|>[{inner}]<|tool_call_end|>");
@@ -268,4 +277,101 @@ fn a_grammar_llguidance_cannot_compile_is_refused_with_its_reason() {
         let e = Grammar::compile(&env.factory, &spec).expect_err("refused");
         assert!(e.to_string().contains(says) && e.why.len() > 5, "{e}");
     }
+}
+
+fn constraint(tools: Vec<ToolSpec>, form: ToolCallForm, max_string: usize, max_calls: usize) -> ToolConstraint {
+    ToolConstraint {
+        tools,
+        parallel: true,
+        form,
+        markers: ("<|tool_call_start|>".into(), "<|tool_call_end|>".into()),
+        special_markers: true,
+        max_string,
+        max_calls,
+    }
+}
+
+fn note_tool() -> ToolSpec {
+    ToolSpec {
+        name: "note".into(),
+        parameters: json!({"type": "object", "$defs": {"Tag": {"type": "object", "properties": {"t": {"type": "string"}},
+                                                                "required": ["t"], "additionalProperties": false}},
+            "properties": {"text": {"type": "string"}, "list": {"type": "array", "items": {"type": "string"}},
+                           "any": {}, "tag": {"$ref": "#/$defs/Tag"}},
+            "required": ["text"]}),
+    }
+}
+
+fn call(inner: &str) -> String {
+    format!("<|tool_call_start|>[{inner}]<|tool_call_end|>")
+}
+
+#[test]
+fn strings_past_the_cap_and_calls_past_the_cap_are_refused() {
+    let t = text();
+    let spec = tool_call_spec(&constraint(vec![note_tool()], ToolCallForm::Pythonic, 5, 3)).expect("a grammar");
+    for ok in [
+        r#"note(text="abcde")"#,
+        r#"note(text="", list=["abcde", "x"])"#,
+        r#"note(text="a", any={"k": ["abcde"]})"#,
+        r#"note(text="a", tag={"t": "abcde"})"#,
+        r#"note(text="a"), note(text="b"), note(text="c")"#,
+    ] {
+        assert!(takes(&t, &spec, &call(ok)), "refused {ok}");
+    }
+    for bad in [
+        r#"note(text="abcdef")"#,
+        r#"note(text="", list=["abcdef"])"#,
+        r#"note(text="a", any={"k": ["abcdef"]})"#,
+        r#"note(text="a", any="abcdef")"#,
+        r#"note(text="a", tag={"t": "abcdef"})"#,
+        r#"note(text="a"), note(text="b"), note(text="c"), note(text="d")"#,
+    ] {
+        assert!(!takes(&t, &spec, &call(bad)), "admitted {bad}");
+    }
+    // The JSON form: the same cap inside the call object.
+    let json_form = tool_call_spec(&constraint(vec![note_tool()], ToolCallForm::Json, 5, 1)).expect("a grammar");
+    assert!(takes(&t, &json_form, &call(r#"{"name": "note", "arguments": {"text": "abcde"}}"#)));
+    assert!(!takes(&t, &json_form, &call(r#"{"name": "note", "arguments": {"text": "abcdef"}}"#)));
+    assert!(!takes(
+        &t,
+        &json_form,
+        &call(r#"{"name": "note", "arguments": {"text": "a"}}, {"name": "note", "arguments": {"text": "b"}}"#)
+    ));
+}
+
+#[test]
+fn a_sampled_forced_call_closes_at_the_cap_and_the_served_caps_compile_quickly() {
+    let t = text();
+    let tools = vec![ToolSpec {
+        name: "note".into(),
+        parameters: json!({"properties": {"text": {"type": "string"}}, "required": ["text"]}),
+    }];
+    let spec = tool_call_spec(&constraint(tools.clone(), ToolCallForm::Pythonic, 6, 1)).expect("a grammar");
+    let mut l = tensorfold_model::open(&Source::Dir(root().join("lfm2-moe-f32")), CpuBackend).expect("target");
+    l.model.drafter = None;
+    let target = ModelTarget { model: std::sync::Arc::new(l.model), eos: l.eos_ids };
+    let reqs: Vec<Request> = (0..4u64)
+        .map(|i| Request {
+            params: SamplingParams { temperature: 1.5, seed: 11 + i, ..SamplingParams::greedy() },
+            ignore_eos: true,
+            grammar: Some(compile(&t, &spec)),
+            draft: false,
+            ..Request::greedy(t.encode(&format!("Note {i}: "), true).expect("encodes"), 200)
+        })
+        .collect();
+    let (replies, _) = common::run_all(target, EngineConfig::default(), &reqs);
+    for r in &replies {
+        let text = t.decode(r, false).expect("decodes");
+        assert!(r.len() < 200, "the call closed before max_tokens: {text:?}");
+        let inner =
+            text.strip_prefix("<|tool_call_start|>[note(text=").and_then(|x| x.strip_suffix(")]<|tool_call_end|>"));
+        let v: Value = serde_json::from_str(inner.unwrap_or_else(|| panic!("{text:?}"))).expect("a JSON string");
+        assert!(v.as_str().is_some_and(|s| s.chars().count() <= 6), "{text:?}");
+    }
+    let started = std::time::Instant::now();
+    let served = constraint(vec![note_tool(), tools[0].clone()], ToolCallForm::Pythonic, MAX_STRING_CHARS, MAX_CALLS);
+    let g = compile(&t, &tool_call_spec(&served).expect("a grammar"));
+    drop(g);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
 }

@@ -43,6 +43,8 @@ pub struct Params {
     pub penalties: tensorfold_engine::Penalties,
     /// `n`: choices, each its own stream with seed `seed + i`, sharing one prefill (`fanout.rs`).
     pub n: usize,
+    /// `best_of` (at least `n`): candidates run, the `n` of the highest cumulative logprob returned (`best_of.rs`).
+    pub best_of: usize,
     /// The reply's constraint (`structured.rs`, or a required tool call: `tools::prepare`), compiled at submission.
     pub grammar: Option<(&'static str, tensorfold_engine::GrammarSpec)>,
     /// `echo` (completions): the prompt text prepended to the reply (`echo.rs`).
@@ -54,22 +56,21 @@ pub struct Params {
 /// Most choices a request may ask for (`n`); the engine's lanes (`--parallel`) may bound it lower.
 pub const MAX_N: i64 = 16;
 
-/// `n` in [1, MAX_N], and `best_of` absent or equal to it: a `best_of` above `n` would rank candidates by
-/// cumulative logprob (OpenAI's and vLLM's meaning), which is not served; one below `n` is refused as OpenAI does.
-fn choices(o: &RequestOptions) -> Result<usize, ApiError> {
+/// `n` in [1, MAX_N], and `best_of` (default `n`) in [`n`, MAX_N]: above `n`, `best_of` candidates are run and the
+/// `n` of the highest cumulative logprob returned (`best_of.rs`, OpenAI's and vLLM's meaning); below `n` it is
+/// refused as OpenAI does.
+fn choices(o: &RequestOptions) -> Result<(usize, usize), ApiError> {
     let n = int(&o.n, "n")?.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::invalid("n", format!("`n` = {n} is out of range [1, {MAX_N}]")));
     }
     match int(&o.best_of, "best_of")? {
         Some(b) if b < n => Err(ApiError::invalid("best_of", format!("`best_of` = {b} must be at least `n` = {n}"))),
-        Some(b) if b > n => Err(ApiError::invalid(
-            "best_of",
-            format!(
-                "`best_of` = {b} above `n` = {n} is not supported (ranking candidates); send best_of = n or omit it"
-            ),
-        )),
-        _ => Ok(n as usize),
+        Some(b) if b > MAX_N => {
+            Err(ApiError::invalid("best_of", format!("`best_of` = {b} is out of range [`n`, {MAX_N}]")))
+        }
+        Some(b) => Ok((n as usize, b as usize)),
+        None => Ok((n as usize, n as usize)),
     }
 }
 
@@ -124,14 +125,11 @@ pub fn completion_params(r: &CompletionRequest) -> Result<Params, ApiError> {
 }
 
 /// Validates a chat request's shared fields (`logprobs` a boolean, `top_logprobs` in [0, 20] beside it), then its
-/// tools (`tools::spec`; with `n` above 1 they are refused).
+/// tools (`tools::spec`; with `n` above 1 each choice reads its own calls).
 pub fn chat_params(r: &ChatCompletionRequest) -> Result<Params, ApiError> {
     crate::echo::refuse_chat_echo(&r.options)?;
     let mut p = chat_shared(r)?;
     p.tools = crate::tools::spec::plan(&r.options.tools, r.tool_choice.as_ref(), &r.parallel_tool_calls)?;
-    if p.tools.is_some() && p.n > 1 {
-        return Err(ApiError::invalid("n", "`n` above 1 with `tools` is not supported"));
-    }
     Ok(p)
 }
 
@@ -159,7 +157,7 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
     };
     let max_tokens = max_tokens(o)?;
     let penalties = crate::penalties::penalties(o)?;
-    let n = choices(o)?;
+    let (n, best_of) = choices(o)?;
     let grammar = crate::structured::grammar_spec(o)?;
     let top_k = top_k(&o.top_k)?;
     let seed = match &o.seed {
@@ -168,6 +166,13 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         Field::Wrong(_) => return Err(ApiError::invalid("seed", "`seed` must be a non-negative integer")),
     };
     let logprobs = logprobs()?;
+    let stream = boolean(&o.stream, "stream", false)?;
+    if stream && best_of > n {
+        return Err(ApiError::invalid(
+            "best_of",
+            "`best_of` above `n` cannot be streamed (its choices are ranked at the end)",
+        ));
+    }
     let include_usage = match &o.stream_options {
         Field::Absent => false,
         Field::Given(so) => boolean(&so.include_usage, "include_usage", false)
@@ -183,13 +188,14 @@ fn params(o: &RequestOptions, logprobs: impl FnOnce() -> Result<Option<usize>, A
         min_p: num(&o.min_p, "min_p", 0.0, 0.0, 1.0)? as f32,
         seed,
         stop: stops(&o.stop)?,
-        stream: boolean(&o.stream, "stream", false)?,
+        stream,
         include_usage,
         ignore_eos: boolean(&o.ignore_eos, "ignore_eos", false)?,
         logprobs,
         draft: boolean(&o.draft, "draft", true)?,
         penalties,
         n,
+        best_of,
         grammar,
         echo: false,
         tools: None,

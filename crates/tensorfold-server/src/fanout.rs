@@ -1,8 +1,10 @@
 //! Replies with `n` > 1 choices: `n` engine streams of one prompt sharing one prefill (`submit_n`), choice `i` keyed
 //! by seed `seed + i`. A whole reply lists the choices by index, sums `completion_tokens` over them (the prompt
 //! counted once, as OpenAI and vLLM count it) and adds `tensorfold.choices` (each choice's engine block; the
-//! top-level block is choice 0's); a stream interleaves the choices' chunks, each carrying its `index`, each
-//! choice's finish chunk its own engine block, then one usage chunk and `[DONE]`.
+//! top-level block is choice 0's); a stream sends every choice's first chunk in index order (the official client
+//! appends choices as they first appear), then interleaves the choices' chunks, each carrying its `index`, each
+//! choice's finish chunk its own engine block, then one usage chunk and `[DONE]`. With tools, each choice reads its
+//! own calls from its own text (whole, or streamed as its own deltas).
 
 use crate::access_log::Entry;
 use crate::answer::Answer;
@@ -22,13 +24,26 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 /// Submits the `params.n` choices and answers: one SSE stream of them all, or the whole reply once every choice
 /// has finished.
 pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer) -> Result<Response, ApiError> {
+    if params.best_of > params.n {
+        return crate::best_of::respond(s, r, ids, params, a).await;
+    }
     let prompt_tokens = ids.len() as u64;
     let runs = submit_n(&r, ids, params.clone(), params.n).await?;
     metrics::counter!("tensorfold_prompt_tokens_total").increment(prompt_tokens);
     let shape = a.shape(s.model_name.clone());
     if params.stream {
-        return Ok(stream(runs, shape, params.include_usage, a.log).into_response());
+        return Ok(stream(runs, shape, &params, a.log).into_response());
     }
+    let choices = collect(&r, runs, &a.log).await?;
+    Ok(Json(merge(&shape, &params, choices, &a.log)).into_response())
+}
+
+/// Every run's pieces and outcome, in order, once all have finished; a failed run fails the reply (logged).
+pub(crate) async fn collect(
+    r: &Ready,
+    runs: Vec<Running>,
+    log: &Entry,
+) -> Result<Vec<(Vec<Piece>, Outcome)>, ApiError> {
     let mut choices = Vec::new();
     // The engine runs every stream at once; reading them one after another only orders the reads.
     for run in runs {
@@ -40,8 +55,8 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: An
             })
             .await
             .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
-        a.log.outcome(&out);
         if let Some(e) = &out.error {
+            log.outcome(&out);
             let status =
                 if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
             return Err(ApiError::status(status, "server_error", e.clone()));
@@ -49,18 +64,23 @@ pub async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: An
         metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
         choices.push((pieces, out));
     }
-    Ok(Json(merge(&shape, &params, choices)).into_response())
+    Ok(choices)
 }
 
-/// The whole reply of several choices: choice `i`'s reply with its index, the choices together, the usage summed.
-fn merge(shape: &Shape, params: &Params, choices: Vec<(Vec<Piece>, Outcome)>) -> Value {
+/// The whole reply of several choices: choice `i`'s reply with its index (its own tool calls read from its own
+/// text), the choices together, the usage summed; each choice logged with its finish reason.
+pub(crate) fn merge(shape: &Shape, params: &Params, choices: Vec<(Vec<Piece>, Outcome)>, log: &Entry) -> Value {
     let mut merged = Value::Null;
     let (mut list, mut stats, mut completion_tokens) = (Vec::new(), Vec::new(), 0);
     for (i, (pieces, out)) in choices.into_iter().enumerate() {
         let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
         let lps: Vec<LogprobEntry> = pieces.into_iter().flat_map(|p| p.logprobs).collect();
-        let mut reply = serde_json::to_value(shape.reply(text, params.logprobs.map(|_| lps.as_slice()), &out))
-            .expect("a reply has string keys only, so it always serializes");
+        let mut reply = shape.reply(text, params.logprobs.map(|_| lps.as_slice()), &out);
+        if let Some(plan) = params.tools.as_ref().filter(|p| p.parses()) {
+            crate::tools::apply(&mut reply, plan);
+        }
+        log.outcome(&Outcome { finish_reason: reply.finish_reason().unwrap_or(out.finish_reason), ..out.clone() });
+        let mut reply = serde_json::to_value(reply).expect("a reply has string keys only, so it always serializes");
         completion_tokens += out.tokens.len();
         stats.push(serde_json::to_value(engine_stats(&out)).expect("string keys"));
         if let Some(Value::Array(c)) = reply.get_mut("choices") {
@@ -88,40 +108,54 @@ fn indexed(chunk: Chunk, i: usize) -> String {
     v.to_string()
 }
 
-/// An SSE reply of several choices: each choice's chunks as its stream releases them (first chunk, pieces, its
-/// finish chunk), then the usage chunk if asked (completion tokens summed) and `[DONE]`. A client that leaves
-/// cancels every choice's stream.
-fn stream(runs: Vec<Running>, shape: Shape, include_usage: bool, log: Entry) -> impl IntoResponse {
+/// An SSE reply of several choices: every choice's first chunk in index order, then each choice's chunks as its
+/// stream releases them (pieces, or its own tool-call deltas, indexed within the choice; its finish chunk), then
+/// the usage chunk if asked (completion tokens summed) and `[DONE]`. A client that leaves cancels every choice's
+/// stream.
+fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let include_usage = params.include_usage;
+    if let Some(first) = shape.first_chunk() {
+        for i in 0..runs.len() {
+            let _ = tx.send(Ok(SseEvent::default().data(indexed(first.clone(), i))));
+        }
+    }
     let tasks: Vec<_> = runs
         .into_iter()
         .enumerate()
         .map(|(i, running)| {
             let (tx, shape, log) = (tx.clone(), shape.clone(), log.clone());
+            let mut tools = crate::tools::StreamTools::new(params.tools.as_ref());
             tokio::spawn(async move {
                 let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
-                if let Some(first) = shape.first_chunk()
-                    && !send(indexed(first, i))
-                {
-                    return None;
-                }
                 let want_lp = running.wants_logprobs();
                 let mut offset = 0;
                 let driving = running.drive(|p: Piece| {
-                    let chunk = shape.piece_chunk(p.text, want_lp.then_some((p.logprobs.as_slice(), offset)));
+                    let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
+                    let chunks = match tools.as_mut() {
+                        Some(t) => t.chunks(&shape, &p.text, lp),
+                        None => vec![shape.piece_chunk(p.text, lp)],
+                    };
                     offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-                    send(indexed(chunk, i))
+                    chunks.into_iter().all(|c| send(indexed(c, i)))
                 });
-                let out = tokio::select! {
+                let mut out = tokio::select! {
                     out = driving => out,
                     _ = tx.closed() => None,
                 }?;
-                log.outcome(&out);
                 if let Some(e) = &out.error {
+                    log.outcome(&out);
                     log.failed(StatusCode::INTERNAL_SERVER_ERROR);
                     send(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()).to_json());
                     return None;
                 }
+                if let Some(t) = tools.as_mut() {
+                    for c in t.finish(&shape) {
+                        send(indexed(c, i));
+                    }
+                    out.finish_reason = if t.called() { "tool_calls" } else { out.finish_reason };
+                }
+                log.outcome(&out);
                 metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
                 send(indexed(shape.finish_chunk(&out), i)).then_some(out)
             })

@@ -7,6 +7,7 @@
 pub mod access_log;
 pub mod answer;
 pub mod api;
+pub mod best_of;
 pub mod completion;
 pub mod cors;
 pub mod echo;

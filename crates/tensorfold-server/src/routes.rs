@@ -115,7 +115,7 @@ async fn complete_chat(s: AppState, log: Entry, b: Result<Bytes, BytesRejection>
 
 /// Submits the prompt and answers: an SSE stream, or the whole reply once it has finished.
 async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer) -> Result<Response, ApiError> {
-    if params.n > 1 {
+    if params.best_of > 1 {
         return crate::fanout::respond(s, r, ids, params, a).await;
     }
     let prompt_tokens = ids.len() as u64;

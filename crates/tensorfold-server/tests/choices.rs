@@ -1,6 +1,7 @@
 //! `n` choices over HTTP: choice `i` equals the same request with `n: 1` and seed `seed + i` (vLLM's derivation),
 //! whole and streamed (chunks carry their choice's `index`), on both routes; the usage counts the prompt once and
-//! every choice's tokens; bad `n` / `best_of` values are named 400s.
+//! every choice's tokens; `best_of` above `n` returns the `n` candidates of the highest cumulative logprob, best
+//! first; bad `n` / `best_of` values are named 400s.
 
 mod common;
 
@@ -70,8 +71,9 @@ async fn bad_n_and_best_of_are_named_400s() {
         (json!({"n": 0}), "n", "out of range"),
         (json!({"n": 17}), "n", "out of range"),
         (json!({"n": 9}), "n", "lanes"),
-        (json!({"n": 2, "best_of": 3}), "best_of", "not supported"),
+        (json!({"n": 2, "best_of": 17}), "best_of", "out of range"),
         (json!({"n": 2, "best_of": 1}), "best_of", "at least"),
+        (json!({"n": 1, "best_of": 2, "stream": true}), "best_of", "cannot be streamed"),
     ] {
         let r = s.post(COMPLETIONS, &with(&c, patch.clone())).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{patch}: {}", r.text);
@@ -86,4 +88,33 @@ async fn bad_n_and_best_of_are_named_400s() {
         ok.json["tensorfold"]["choices"][0]["token_sha256"],
         ok.json["tensorfold"]["choices"][1]["token_sha256"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_of_returns_the_candidates_of_the_highest_cumulative_logprob_best_first() {
+    let s = start(Setup::default()).await;
+    let body = with(&completion("Once upon a time", 8), json!({"temperature": 1.0, "seed": 70, "n": 2, "best_of": 5}));
+    let r = s.post(COMPLETIONS, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // Each candidate alone (seed 70 + k, its logprobs asked for): its cumulative logprob and its tokens.
+    let mut alone = Vec::new();
+    for k in 0..5u64 {
+        let a = s.post(COMPLETIONS, &with(&body, json!({"n": 1, "best_of": 1, "seed": 70 + k, "logprobs": 0}))).await;
+        let lps = a.json["choices"][0]["logprobs"]["token_logprobs"].as_array().expect("logprobs").clone();
+        let sum: f64 = lps.iter().map(|x| x.as_f64().expect("a number")).sum();
+        alone.push((sum, 70 + k, sha_of(&a.json), a.json["usage"]["completion_tokens"].as_u64().unwrap()));
+    }
+    let mut ranked = alone.clone();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    assert!(ranked[1].0 > ranked[2].0, "no tie at the cut: {ranked:?}");
+    let choices = r.json["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 2);
+    for (i, want) in ranked.iter().take(2).enumerate() {
+        assert_eq!(choices[i]["index"], i);
+        assert!(choices[i]["logprobs"].is_null(), "logprobs were not asked for: {}", r.text);
+        let stats = &r.json["tensorfold"]["choices"][i];
+        assert_eq!((stats["seed"].as_u64(), stats["token_sha256"].as_str()), (Some(want.1), Some(want.2.as_str())));
+    }
+    assert_eq!(r.json["usage"]["completion_tokens"].as_u64(), Some(ranked[0].3 + ranked[1].3));
+    assert!(ranked[0].1 != 70 || ranked[1].1 != 71, "the ranking changed the order: {ranked:?}");
 }

@@ -1,6 +1,6 @@
 //! Tool calling over HTTP: `tool_choice: "required"` (and a named function) constrain the embedded code model to a
 //! parsed call whose arguments are JSON matching the tool's schema, `finish_reason: "tool_calls"`, drafted equal to
-//! `draft: false`, streamed as tool-call deltas; `auto` and `none` answer as before; bad tools and history are
+//! `draft: false`, streamed as tool-call deltas (a call's name, then its arguments in fragments); `auto` and `none` answer as before; bad tools and history are
 //! named 400s.
 
 mod common;
@@ -68,18 +68,18 @@ async fn required_and_named_choices_return_parsed_calls() {
         other => panic!("a call of an offered tool: {other:?}"),
     }
 
-    // Streamed: the same call as tool-call deltas, no content.
+    // Streamed: the same calls, announced then their arguments in fragments, no content.
     let st = s.stream(CHAT, &with(&tool_chat(named), json!({"stream": true}))).await;
     assert_eq!(st.finish_reason(), "tool_calls");
     assert_eq!(st.token_sha256(), sha_of(&r.json));
-    let deltas: Vec<&Value> =
-        st.chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
     let whole = r.json["choices"][0]["message"]["tool_calls"].as_array().unwrap();
-    assert_eq!(deltas.len(), whole.len());
-    for (i, (d, w)) in deltas.iter().zip(whole).enumerate() {
-        assert_eq!(d["index"], json!(i));
-        assert_eq!(d["function"], w["function"]);
+    let streamed = st.tool_calls(0);
+    assert_eq!(streamed.len(), whole.len());
+    for (s, w) in streamed.iter().zip(whole) {
+        assert_eq!(s["function"], w["function"]);
     }
+    let deltas = st.tool_call_deltas(0);
+    assert!(deltas.len() > whole.len(), "arguments come in fragments: {deltas:?}");
     assert_eq!(st.text(), "", "a constrained call has no content");
 }
 
@@ -134,7 +134,6 @@ async fn bad_tool_requests_are_named_400s() {
             "admits no value",
         ),
         (json!({"parallel_tool_calls": "yes"}), "parallel_tool_calls", "true or false"),
-        (json!({"n": 2}), "n", "tools"),
         (
             json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]}),
             "messages[0].tool_calls[0].function.arguments",
@@ -154,4 +153,44 @@ async fn bad_tool_requests_are_named_400s() {
     }
     let r = s.post(COMPLETIONS, &with(&completion("x", 2), json!({"tools": weather_tools()}))).await;
     assert_eq!((r.status, r.json["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tools")), "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_n_choices_each_choice_reads_its_own_calls_whole_and_streamed() {
+    let s = start(Setup::default()).await;
+    // A named `now` (no arguments) so that lists of several calls fit; `get_weather` is offered beside it.
+    let body = with(
+        &tool_chat(json!({"type": "function", "function": {"name": "now"}})),
+        json!({"n": 3, "temperature": 1.0, "seed": 21, "max_tokens": 200, "parallel_tool_calls": true}),
+    );
+    let r = s.post(CHAT, &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let choices = r.json["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    let st = s.stream(CHAT, &with(&body, json!({"stream": true}))).await;
+    assert!(st.done);
+    let mut counts = Vec::new();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!((c["index"].clone(), c["finish_reason"].as_str()), (json!(i), Some("tool_calls")), "{c}");
+        let calls = c["message"]["tool_calls"].as_array().expect("tool_calls");
+        // Choice i is the request alone with seed 21 + i: the same calls.
+        let alone = s.post(CHAT, &with(&body, json!({"n": 1, "seed": 21 + i}))).await;
+        let alone_calls = alone.json["choices"][0]["message"]["tool_calls"].as_array().expect("tool_calls").clone();
+        let functions = |l: &[Value]| l.iter().map(|c| c["function"].clone()).collect::<Vec<_>>();
+        assert_eq!(functions(calls), functions(&alone_calls), "choice {i}");
+        // Streamed: the choice's own deltas, indexed from 0 within it, join to the same calls.
+        assert_eq!(functions(&st.tool_calls(i)), functions(calls), "choice {i} streamed");
+        let finish: Vec<&Value> = st
+            .chunks
+            .iter()
+            .filter_map(|ch| ch["choices"].get(0).filter(|x| x["index"] == i && !x["finish_reason"].is_null()))
+            .collect();
+        assert_eq!(finish.len(), 1, "choice {i}: one finish chunk");
+        assert_eq!(finish[0]["finish_reason"], "tool_calls");
+        counts.push(calls.len());
+    }
+    assert!(
+        counts.iter().any(|&n| n > 1),
+        "some choice makes several calls, so indexes past 0 are checked: {counts:?}"
+    );
 }

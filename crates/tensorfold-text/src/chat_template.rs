@@ -1,5 +1,6 @@
 //! The chat template: OpenAI-shaped chat messages and rendering them with the checkpoint's Jinja template the way
-//! transformers' `apply_chat_template` does (plus the UTC `strftime_now` templates may call).
+//! transformers' `apply_chat_template` does (plus the UTC `strftime_now` templates may call, and transformers'
+//! `{% generation %}` block and Python's `str` as the `string` filter: `template_compat`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -121,6 +122,7 @@ impl Text {
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TextError> {
         let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
+        let source = crate::template_compat::generation_blocks(source);
         let raised: Arc<OnceLock<String>> = Arc::default();
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -133,6 +135,7 @@ impl Text {
         env.set_unknown_method_callback(template_limits::method_callback);
         env.add_filter("format", template_limits::format_filter);
         env.add_filter("tojson", crate::tojson::tojson_filter);
+        env.add_filter("string", crate::template_compat::string_filter);
         let sink = Arc::clone(&raised);
         env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
             let _ = sink.set(msg.clone());
@@ -154,7 +157,7 @@ impl Text {
         };
         // Written through a capped writer, so a render past the size limit stops as it passes it.
         let mut out = Capped { buf: Vec::new(), over: false };
-        let rendered = env.template_from_str(source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
+        let rendered = env.template_from_str(&source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
         if let Err(e) = rendered {
             return Err(match (template_limits::budget_error(&e, out.over), raised.get()) {
                 (Some(limit), _) => limit,

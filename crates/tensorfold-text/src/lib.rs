@@ -7,6 +7,7 @@ mod content_tokens;
 pub mod detokenizer;
 pub mod error;
 pub mod grammar_env;
+pub mod template_compat;
 pub mod template_limits;
 mod tojson;
 pub mod tokenizer;

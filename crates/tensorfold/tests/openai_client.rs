@@ -1,6 +1,7 @@
 //! The real `tensorfold serve` binary on the embedded default model, checked with the official `openai` Python
-//! client (`tools/api-tests/openai_client.py`), then stopped with SIGTERM: it must exit 0 within its grace period.
-//! Needs python3 with `openai` installed; without them the test fails, saying how to install them.
+//! client (`tools/api-tests/openai_client.py`) and LangChain's `ChatOpenAI` (`tools/api-tests/langchain_client.py`,
+//! a tool-calling round trip), then stopped with SIGTERM: it must exit 0 within its grace period. Needs python3
+//! with `openai` and `langchain-openai` installed; without them the test fails, saying how to install them.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -42,14 +43,30 @@ impl Drop for Server {
     }
 }
 
+/// Runs `tools/api-tests/<script>` against the server on `port`: its passed count, every check passed.
+fn client_passes(port: u16, script: &str, args: &[&str]) -> usize {
+    let out = Command::new("python3")
+        .arg(repo().join("tools/api-tests").join(script))
+        .args(["--base-url", &format!("http://127.0.0.1:{port}/v1")])
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed ({}):\n{stdout}\n{stderr}", out.status);
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.ends_with(" passed, 0 failed"), "{stdout}");
+    summary.split(' ').next().and_then(|n| n.parse().ok()).expect("a count")
+}
+
 #[test]
 fn the_official_openai_client_passes_against_the_binary_which_then_stops_cleanly_on_sigterm() {
     // The client first: a missing python3 or openai package is a failure that names the fix.
-    let probe = Command::new("python3").args(["-c", "import openai; print(openai.__version__)"]).output();
+    let probe = Command::new("python3").args(["-c", "import openai, langchain_openai"]).output();
     match &probe {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
-            "the openai Python package is missing ({}); install it with `{INSTALL}`",
+            "the openai or langchain-openai Python package is missing ({}); install them with `{INSTALL}`",
             String::from_utf8_lossy(&o.stderr).trim()
         ),
         Err(e) => panic!("python3 cannot be run ({e}); install Python 3 and then `{INSTALL}`"),
@@ -80,18 +97,8 @@ fn the_official_openai_client_passes_against_the_binary_which_then_stops_cleanly
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let out = Command::new("python3")
-        .arg(repo().join("tools/api-tests/openai_client.py"))
-        .args(["--base-url", &format!("http://127.0.0.1:{port}/v1")])
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "openai_client.py failed ({}):\n{stdout}\n{stderr}", out.status);
-    let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.ends_with(" passed, 0 failed"), "{stdout}");
-    let passed: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
-    assert!(passed >= 15, "{stdout}");
+    assert!(client_passes(port, "openai_client.py", &[]) >= 17);
+    assert!(client_passes(port, "langchain_client.py", &["--model", "tensorfold/default-pair"]) >= 3);
 
     let pid = server.0.id().to_string();
     let kill = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");

@@ -1,7 +1,7 @@
 //! OpenAI stream chunks (SSE `data:` payloads) of completions and chat completions: a chunk per released piece, the
 //! finish chunk with TensorFold's engine block, and the usage chunk (no choices) when `include_usage` asks for it.
 
-use crate::protocol::replies::{ChatLogprobs, CompletionChoice, EngineStats, FunctionCall, Usage};
+use crate::protocol::replies::{ChatLogprobs, CompletionChoice, EngineStats, Usage};
 use serde::Serialize;
 
 /// A streamed completions chunk (OpenAI streams completions as `text_completion` objects; vLLM's
@@ -74,17 +74,29 @@ pub struct DeltaMessage {
     pub tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
-/// A streamed tool call (OpenAI's `ChoiceDeltaToolCall`): each call is sent whole, in one delta, with its index in
-/// the reply's call list, its id, type and name, and its arguments' full JSON text.
+/// A streamed tool call (OpenAI's `ChoiceDeltaToolCall`): the first delta of a call carries its index in the
+/// reply's call list, its id, type and name, with empty arguments; later deltas carry the index and a fragment of
+/// the arguments' JSON text only (the official client joins the fragments of one index).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DeltaToolCall {
     /// The call's place in the reply's list (0, 1, ...).
     pub index: usize,
-    /// `call_<random>`.
-    pub id: String,
-    /// `function`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The name and the arguments' JSON text.
-    pub function: FunctionCall,
+    /// `call_<random>`, in the call's first delta only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in the call's first delta only.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first delta) and a fragment of the arguments' JSON text.
+    pub function: DeltaFunction,
+}
+
+/// The function part of a streamed tool call.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeltaFunction {
+    /// The function's name, in the call's first delta only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next fragment of the arguments' JSON text (empty in a first delta that has none yet).
+    pub arguments: String,
 }

@@ -6,7 +6,8 @@ pub mod replies;
 pub mod requests;
 
 pub use chunks::{
-    ChatCompletionStreamResponse, ChatStreamChoice, CompletionStreamResponse, DeltaMessage, DeltaToolCall,
+    ChatCompletionStreamResponse, ChatStreamChoice, CompletionStreamResponse, DeltaFunction, DeltaMessage,
+    DeltaToolCall,
 };
 pub use replies::{
     ChatChoice, ChatCompletionResponse, ChatLogprobToken, ChatLogprobs, ChatReplyMessage, CompletionChoice,

@@ -132,7 +132,7 @@ pub struct RequestOptions {
     pub guided_grammar: Field<String>,
     /// `echo`: the prompt prepended to the reply (completions only; `echo.rs`).
     pub echo: Field<bool>,
-    /// `best_of`: absent or equal to `n` (ranking more candidates than `n` is not served).
+    /// `best_of`: at least `n`; above it, the `n` best candidates by cumulative logprob are returned.
     pub best_of: Field<i64>,
     /// `logit_bias`: token id -> bias in [-100, 100].
     pub logit_bias: Field<Map<String, Value>>,

@@ -1,10 +1,11 @@
 //! Tool calling (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`) for LFM2 checkpoints: the request's tools
 //! checked (`spec`) and history tool fields (`history`), the chat template given `tools`, `required` or a named
 //! function constrained to a call through the engine's tool grammar (Pythonic form, LFM2's default), and the
-//! reply's `<|tool_call_start|>[...]<|tool_call_end|>` lists read (`pyliteral`, `split`) into OpenAI `tool_calls`,
-//! whole or streamed (`reply`). `tool_choice: "none"` renders the tools and reads nothing (vLLM's meaning).
+//! reply's `<|tool_call_start|>[...]<|tool_call_end|>` lists read (`pyliteral`, `split`; as they arrive: `live`)
+//! into OpenAI `tool_calls`, whole or streamed in argument fragments (`reply`). `tool_choice: "none"` renders the tools and reads nothing (vLLM's meaning).
 
 pub mod history;
+pub mod live;
 pub mod pyliteral;
 pub mod reply;
 pub mod spec;
@@ -16,6 +17,7 @@ pub use spec::{ToolChoice, ToolPlan};
 use crate::api::Params;
 use crate::error::ApiError;
 use split::{CALL_END, CALL_START};
+use tensorfold_engine::tool_bounds;
 use tensorfold_engine::tool_grammar::{ToolCallForm, ToolConstraint, tool_call_spec};
 use tensorfold_text::Text;
 
@@ -48,6 +50,8 @@ pub fn prepare(params: &mut Params, text: &Text) -> Result<(), ApiError> {
         form: ToolCallForm::Pythonic,
         markers: (CALL_START.into(), CALL_END.into()),
         special_markers: plan.marker_ids.len() == 2,
+        max_string: tool_bounds::MAX_STRING_CHARS,
+        max_calls: tool_bounds::MAX_CALLS,
     };
     let spec = tool_call_spec(&constraint).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?;
     params.grammar = Some(("tool_choice", spec));

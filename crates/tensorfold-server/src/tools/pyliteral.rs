@@ -72,6 +72,41 @@ pub fn parse_calls(text: &str) -> Result<Vec<RawCall>, LiteralError> {
     Ok(calls)
 }
 
+/// Reads all of `text` as one argument value (what the stream's reader hands over once a value has ended).
+///
+/// # Errors
+/// [`LiteralError`] as [`parse_calls`] would give for this value, or text after it.
+pub fn read_value(text: &str) -> Result<Value, LiteralError> {
+    let mut r = Reader { s: text.as_bytes(), at: 0 };
+    let v = r.value(0)?;
+    r.end(v)
+}
+
+/// Reads all of `text` as one call (either form).
+///
+/// # Errors
+/// [`LiteralError`] as [`parse_calls`] would give for this call, or text after it.
+pub fn read_call(text: &str) -> Result<RawCall, LiteralError> {
+    let mut r = Reader { s: text.as_bytes(), at: 0 };
+    let c = r.call()?;
+    r.end(c)
+}
+
+/// The characters of `body`, a run of a string quoted by `quote` that ends neither inside an escape nor at the
+/// closing quote, with Python's escapes read (as [`parse_calls`] reads the whole string).
+///
+/// # Errors
+/// [`LiteralError`] for a bad escape or a newline.
+pub fn read_string_run(quote: u8, body: &str) -> Result<String, LiteralError> {
+    let mut text = Vec::with_capacity(body.len() + 2);
+    text.push(quote);
+    text.extend_from_slice(body.as_bytes());
+    text.push(quote);
+    let mut r = Reader { s: &text, at: 0 };
+    let s = r.string(quote)?;
+    r.end(s)
+}
+
 struct Reader<'a> {
     s: &'a [u8],
     at: usize,
@@ -80,6 +115,11 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn err(&self, what: &'static str) -> LiteralError {
         LiteralError { at: self.at, what }
+    }
+
+    /// `v` when the whole text was read.
+    fn end<T>(&self, v: T) -> Result<T, LiteralError> {
+        if self.at == self.s.len() { Ok(v) } else { Err(self.err("text after the value")) }
     }
 
     fn peek(&self) -> Option<u8> {

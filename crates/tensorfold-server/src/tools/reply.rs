@@ -1,12 +1,14 @@
 //! Tool calls in the reply: a whole chat reply's text split into `content` and `tool_calls` (`finish_reason:
 //! "tool_calls"` when any call was read), and a stream's pieces turned into content chunks and tool-call delta
-//! chunks (OpenAI's `delta.tool_calls[{index, id, type, function: {name, arguments}}]`, each call whole in one
-//! delta once its list has closed, as vLLM's lfm2 parser releases them).
+//! chunks as OpenAI streams them: a call's first delta `{index, id, type, function: {name, arguments: ""}}` once
+//! its name is read, then `{index, function: {arguments}}` fragments of its arguments' JSON text as they are read
+//! (`super::live`), in order with the content around them.
 
 use super::spec::ToolPlan;
+use super::split::call_id;
 use super::split::{Out, Splitter};
 use crate::completion::LogprobEntry;
-use crate::protocol::{DeltaToolCall, ToolCall};
+use crate::protocol::{DeltaFunction, DeltaToolCall, ToolCall};
 use crate::reply::{Chunk, Reply, Shape};
 
 /// Reads the tool calls out of a whole chat reply (a completions reply, or one without calls, is unchanged).
@@ -23,6 +25,8 @@ pub fn apply(reply: &mut Reply, plan: &ToolPlan) {
         match o {
             Out::Text(t) => content += &t,
             Out::Calls(c) => calls.extend(c),
+            // A whole reply's splitter holds each list whole: it releases no stream deltas.
+            Out::Start(_) | Out::Args(_) => {}
         }
     }
     if calls.is_empty() {
@@ -37,23 +41,29 @@ pub fn apply(reply: &mut Reply, plan: &ToolPlan) {
 /// A stream's tool-call reading.
 pub struct StreamTools {
     splitter: Splitter,
-    /// Calls sent so far (the next call's `index`).
+    /// Calls announced so far (the next call's `index`).
     sent: usize,
+}
+
+/// A piece's releases grouped in order: a run of content, or a run of call deltas.
+enum Run {
+    Text(String),
+    Calls(Vec<DeltaToolCall>),
 }
 
 impl StreamTools {
     /// For a request whose tools are read (`None` otherwise: the stream is as without tools).
     pub fn new(plan: Option<&ToolPlan>) -> Option<Self> {
-        plan.filter(|p| p.parses()).map(|p| Self { splitter: Splitter::new(p.names()), sent: 0 })
+        plan.filter(|p| p.parses()).map(|p| Self { splitter: Splitter::live(p.names()), sent: 0 })
     }
 
-    /// Whether any call was sent (the finish chunk then says `tool_calls`).
+    /// Whether any call was sent whole (its arguments closed; the finish chunk then says `tool_calls`).
     pub fn called(&self) -> bool {
         self.splitter.calls > 0
     }
 
-    /// The chunks of one released piece: its content (with the piece's logprobs, when asked for) and any calls
-    /// whose list it closed.
+    /// The chunks of one released piece: its content (with the piece's logprobs, when asked for) and the call
+    /// deltas it released, in order.
     pub fn chunks(&mut self, shape: &Shape, text: &str, logprobs: Option<(&[LogprobEntry], usize)>) -> Vec<Chunk> {
         let outs = self.splitter.push(text);
         self.emit(shape, outs, logprobs)
@@ -65,30 +75,70 @@ impl StreamTools {
         self.emit(shape, outs, None)
     }
 
-    /// `outs` as chunks: the text first (one piece chunk, with `logprobs`), then one chunk per closed call list.
+    /// `outs` as chunks, one a run; the piece's `logprobs` ride on its first chunk when that is content, else on
+    /// an empty content chunk before it.
     fn emit(&mut self, shape: &Shape, outs: Vec<Out>, logprobs: Option<(&[LogprobEntry], usize)>) -> Vec<Chunk> {
-        let mut text = String::new();
-        let mut chunks = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         for o in outs {
-            match o {
-                Out::Text(t) => text += &t,
-                Out::Calls(calls) => {
-                    let deltas = calls
-                        .into_iter()
-                        .map(|c| {
-                            self.sent += 1;
-                            DeltaToolCall { index: self.sent - 1, id: c.id, kind: c.kind, function: c.function }
-                        })
-                        .collect();
-                    chunks.push(shape.tool_calls_chunk(deltas));
-                }
-            }
+            self.add(&mut runs, o);
         }
         let has_logprobs = logprobs.is_some_and(|(l, _)| !l.is_empty());
-        if !text.is_empty() || has_logprobs {
-            chunks.insert(0, shape.piece_chunk(text, logprobs));
+        if has_logprobs && !matches!(runs.first(), Some(Run::Text(_))) {
+            runs.insert(0, Run::Text(String::new()));
         }
-        chunks
+        let mut logprobs = logprobs.filter(|_| has_logprobs);
+        runs.into_iter()
+            .map(|r| match r {
+                Run::Text(t) => shape.piece_chunk(t, logprobs.take()),
+                Run::Calls(d) => shape.tool_calls_chunk(d),
+            })
+            .collect()
+    }
+
+    /// Adds one release to the runs: text joins a text run; a new call opens a delta; an argument fragment joins
+    /// its call's last delta in the run, or opens one.
+    fn add(&mut self, runs: &mut Vec<Run>, o: Out) {
+        let fragment = |index, arguments| DeltaToolCall {
+            index,
+            id: None,
+            kind: None,
+            function: DeltaFunction { name: None, arguments },
+        };
+        let delta = match o {
+            Out::Text(t) => {
+                match runs.last_mut() {
+                    Some(Run::Text(s)) => s.push_str(&t),
+                    _ => runs.push(Run::Text(t)),
+                }
+                return;
+            }
+            Out::Start(name) => {
+                self.sent += 1;
+                let function = DeltaFunction { name: Some(name), arguments: String::new() };
+                DeltaToolCall { index: self.sent - 1, id: Some(call_id()), kind: Some("function"), function }
+            }
+            Out::Args(a) => {
+                if let Some(Run::Calls(d)) = runs.last_mut()
+                    && let Some(last) = d.last_mut().filter(|l| l.index + 1 == self.sent)
+                {
+                    last.function.arguments.push_str(&a);
+                    return;
+                }
+                fragment(self.sent.saturating_sub(1), a)
+            }
+            // A stream reads lists live; a whole list (not sent by the live splitter) is its calls in turn.
+            Out::Calls(calls) => {
+                for c in calls {
+                    self.add(runs, Out::Start(c.function.name));
+                    self.add(runs, Out::Args(c.function.arguments));
+                }
+                return;
+            }
+        };
+        match runs.last_mut() {
+            Some(Run::Calls(d)) => d.push(delta),
+            _ => runs.push(Run::Calls(vec![delta])),
+        }
     }
 }
 
@@ -129,6 +179,25 @@ mod tests {
         }
     }
 
+    /// The calls of a stream's chunks as the official client accumulates them: by `index`, `id` and `name` from
+    /// the first delta, argument fragments joined; deltas that would repeat an id or name are refused.
+    fn accumulate(chunks: &[Value]) -> Vec<(String, Value)> {
+        let mut calls: Vec<(String, Value)> = Vec::new();
+        for d in chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten() {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if i == calls.len() {
+                let f = &d["function"];
+                calls.push((d["id"].as_str().unwrap().into(), json!({"name": f["name"], "arguments": f["arguments"]})));
+                continue;
+            }
+            assert!(d.get("id").is_none() && d["function"].get("name").is_none(), "{d}");
+            let args =
+                calls[i].1["arguments"].as_str().unwrap().to_string() + d["function"]["arguments"].as_str().unwrap();
+            calls[i].1["arguments"] = json!(args);
+        }
+        calls
+    }
+
     #[test]
     fn streamed_deltas_assemble_to_the_whole_reply() {
         let shape = Shape::new(true, "m".into());
@@ -149,13 +218,17 @@ mod tests {
         assert!(st.called());
         let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
         assert_eq!(content, "Sure.  Done.");
-        let calls: Vec<&Value> =
-            chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+        let calls = accumulate(&chunks);
         assert_eq!(calls.len(), 2);
-        assert_eq!((calls[0]["index"].clone(), calls[1]["index"].clone()), (json!(0), json!(1)));
-        assert_eq!(calls[0]["function"], json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}));
-        assert_eq!(calls[1]["type"], "function");
-        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(calls[0].1, json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}));
+        assert_eq!(calls[1].1, json!({"name": "now", "arguments": "{}"}));
+        assert!(calls.iter().all(|(id, _)| id.starts_with("call_") && id.len() == 29));
+        // The call went out before its list closed: name first, then the arguments in fragments.
+        let deltas: Vec<&Value> =
+            chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+        assert_eq!(deltas[0]["function"], json!({"name": "get_weather", "arguments": "{\"city\":"}));
+        assert_eq!((deltas[0]["type"].as_str(), deltas[1].get("id")), (Some("function"), None));
+        assert_eq!(deltas[1]["function"], json!({"arguments": "\"Paris\"}"}));
         // The whole reply of the same text: the same content and calls.
         let out = stopped_outcome();
         let mut r = shape.reply(pieces.concat(), None, &out);

@@ -1,9 +1,12 @@
 //! Splitting a reply's text at LFM2's tool-call markers as it arrives: text outside the markers is content,
-//! released at once (but for a tail that may be the start of a marker written as plain text); text from
-//! `<|tool_call_start|>` is held until `<|tool_call_end|>`, then read as a call list. A list that does not read
-//! (or names a function that was not offered) is released as the text it was, markers included, never an error.
-//! This is what vLLM's `lfm2` tool parser does in effect; the whole reply and the stream share this one reader.
+//! released at once (but for a tail that may be the start of a marker written as plain text). The whole reply
+//! holds a list from `<|tool_call_start|>` until `<|tool_call_end|>`, then reads it; a list that does not read (or
+//! names a function that was not offered) is released as the text it was, markers included, never an error (what
+//! vLLM's `lfm2` tool parser does in effect). A stream reads the list as it arrives (`live`): a call goes out once
+//! its name is read, its arguments in fragments; a list that fails before any call went out is text as in the
+//! whole reply, one that fails later keeps the calls sent and releases the rest of its text as content.
 
+use super::live::{Failed, Frag, ListReader};
 use super::pyliteral::{RawCall, parse_calls};
 use crate::protocol::{FunctionCall, ToolCall};
 
@@ -17,8 +20,25 @@ pub const CALL_END: &str = "<|tool_call_end|>";
 pub enum Out {
     /// Content text.
     Text(String),
-    /// The calls of one marked list.
+    /// The calls of one marked list (the whole reply).
     Calls(Vec<ToolCall>),
+    /// A stream's next call, of this function.
+    Start(String),
+    /// More of the stream's latest call's arguments.
+    Args(String),
+}
+
+/// Where the splitter is.
+#[derive(Clone, Debug)]
+enum Inside {
+    /// Outside a list.
+    Text,
+    /// In a list held whole.
+    Held,
+    /// In a list read as it arrives.
+    Live(Box<ListReader>),
+    /// In a list that failed: its text runs to the closing marker.
+    Failed,
 }
 
 /// The splitter of one reply.
@@ -26,51 +46,118 @@ pub enum Out {
 pub struct Splitter {
     /// The names a call may take (the offered tools).
     offered: Vec<String>,
+    /// Read lists as they arrive (a stream).
+    live: bool,
     /// Text not released yet.
     held: String,
-    /// Inside a marked list (after its opening marker).
-    in_call: bool,
-    /// Calls released so far.
+    inside: Inside,
+    /// Calls whose arguments closed: read in whole lists, or closed in a stream.
     pub calls: usize,
 }
 
 impl Splitter {
-    /// A splitter for a reply whose calls may name `offered`.
+    /// A splitter for a whole reply whose calls may name `offered`.
     pub fn new(offered: Vec<String>) -> Self {
-        Self { offered, held: String::new(), in_call: false, calls: 0 }
+        Self { offered, live: false, held: String::new(), inside: Inside::Text, calls: 0 }
+    }
+
+    /// A splitter for a stream: lists read as they arrive.
+    pub fn live(offered: Vec<String>) -> Self {
+        Self { live: true, ..Self::new(offered) }
     }
 
     /// Takes the next piece of text and returns what it releases.
     pub fn push(&mut self, text: &str) -> Vec<Out> {
         self.held.push_str(text);
         let mut out = Vec::new();
-        loop {
-            if !self.in_call {
-                if let Some(i) = self.held.find(CALL_START) {
-                    push_text(&mut out, self.held[..i].to_string());
-                    self.held.drain(..i + CALL_START.len());
-                    self.in_call = true;
-                    continue;
-                }
-                let keep = partial_marker(&self.held);
-                let text: String = self.held.drain(..self.held.len() - keep).collect();
-                push_text(&mut out, text);
-                return out;
+        while self.step(&mut out) {}
+        out
+    }
+
+    /// One step over the held text: `false` when it needs more.
+    fn step(&mut self, out: &mut Vec<Out>) -> bool {
+        let end = self.held.find(CALL_END);
+        match std::mem::replace(&mut self.inside, Inside::Text) {
+            Inside::Text => self.outside(out),
+            Inside::Held => self.held_list(end, out),
+            Inside::Live(r) => self.live_list(r, end, out),
+            Inside::Failed => self.failed_list(end, out),
+        }
+    }
+
+    /// Outside a list: text up to an opening marker (held back when it may be one arriving).
+    fn outside(&mut self, out: &mut Vec<Out>) -> bool {
+        if let Some(i) = self.held.find(CALL_START) {
+            push_text(out, self.held[..i].to_string());
+            self.held.drain(..i + CALL_START.len());
+            self.inside =
+                if self.live { Inside::Live(Box::new(ListReader::new(self.offered.clone()))) } else { Inside::Held };
+            return true;
+        }
+        let keep = partial_marker(&self.held, CALL_START);
+        let text: String = self.held.drain(..self.held.len() - keep).collect();
+        push_text(out, text);
+        false
+    }
+
+    /// A list held whole: read once its closing marker is in.
+    fn held_list(&mut self, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let Some(j) = end else {
+            self.inside = Inside::Held;
+            return false;
+        };
+        let body: String = self.held.drain(..j + CALL_END.len()).collect();
+        match self.read(&body[..j]) {
+            Some(calls) => out.push(Out::Calls(calls)),
+            None => push_text(out, format!("{CALL_START}{body}")),
+        }
+        true
+    }
+
+    /// A list read as it arrives, up to its closing marker or a tail that may be one.
+    fn live_list(&mut self, mut r: Box<ListReader>, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let upto = end.unwrap_or(self.held.len() - partial_marker(&self.held, CALL_END));
+        let text: String = self.held.drain(..upto).collect();
+        let read = feed(&mut r, &text, out).and_then(|()| if end.is_some() { r.end() } else { Ok(()) });
+        self.calls += std::mem::take(&mut r.closed);
+        if read.is_err() {
+            let rest = r.unreleased();
+            push_text(out, if r.started > 0 { rest.to_string() } else { format!("{CALL_START}{rest}") });
+            self.inside = Inside::Failed;
+            return true;
+        }
+        match end {
+            Some(_) => {
+                self.held.drain(..CALL_END.len());
+                true
             }
-            let Some(j) = self.held.find(CALL_END) else { return out };
-            let body: String = self.held.drain(..j + CALL_END.len()).collect();
-            self.in_call = false;
-            match self.read(&body[..j]) {
-                Some(calls) => out.push(Out::Calls(calls)),
-                None => push_text(&mut out, format!("{CALL_START}{body}")),
+            None => {
+                self.inside = Inside::Live(r);
+                false
             }
         }
     }
 
-    /// Ends the reply: held text (an unclosed list, markers included) is content.
+    /// A failed list: its text is content up to and with its closing marker.
+    fn failed_list(&mut self, end: Option<usize>, out: &mut Vec<Out>) -> bool {
+        let upto = end.map_or(self.held.len() - partial_marker(&self.held, CALL_END), |j| j + CALL_END.len());
+        let text: String = self.held.drain(..upto).collect();
+        push_text(out, text);
+        if end.is_none() {
+            self.inside = Inside::Failed;
+        }
+        end.is_some()
+    }
+
+    /// Ends the reply: held text (an unclosed list, markers included, or a stream's unsent rest of one) is content.
     pub fn finish(&mut self) -> Vec<Out> {
         let held = std::mem::take(&mut self.held);
-        let text = if std::mem::take(&mut self.in_call) { format!("{CALL_START}{held}") } else { held };
+        let text = match std::mem::replace(&mut self.inside, Inside::Text) {
+            Inside::Text | Inside::Failed => held,
+            Inside::Held => format!("{CALL_START}{held}"),
+            Inside::Live(r) if r.started > 0 => format!("{}{held}", r.unreleased()),
+            Inside::Live(r) => format!("{CALL_START}{}{held}", r.unreleased()),
+        };
         let mut out = Vec::new();
         push_text(&mut out, text);
         out
@@ -87,17 +174,28 @@ impl Splitter {
     }
 }
 
+/// Feeds `text` to the live reader, its releases into `out`.
+fn feed(r: &mut ListReader, text: &str, out: &mut Vec<Out>) -> Result<(), Failed> {
+    let mut frags = Vec::new();
+    let read = r.push(text, &mut frags);
+    out.extend(frags.into_iter().map(|f| match f {
+        Frag::Start(name) => Out::Start(name),
+        Frag::Args(a) => Out::Args(a),
+    }));
+    read
+}
+
 fn push_text(out: &mut Vec<Out>, text: String) {
     if !text.is_empty() {
         out.push(Out::Text(text));
     }
 }
 
-/// Bytes at the end of `s` that are a proper prefix of [`CALL_START`] (held: the marker may be arriving as text).
-fn partial_marker(s: &str) -> usize {
-    (1..CALL_START.len())
+/// Bytes at the end of `s` that are a proper prefix of `marker` (held: the marker may be arriving as text).
+fn partial_marker(s: &str, marker: &str) -> usize {
+    (1..marker.len())
         .rev()
-        .find(|&n| s.len() >= n && s.is_char_boundary(s.len() - n) && CALL_START.starts_with(&s[s.len() - n..]))
+        .find(|&n| s.len() >= n && s.is_char_boundary(s.len() - n) && marker.starts_with(&s[s.len() - n..]))
         .unwrap_or(0)
 }
 
@@ -118,19 +216,35 @@ pub fn call_id() -> String {
 mod tests {
     use super::*;
 
-    fn split(pieces: &[&str]) -> (String, Vec<(String, String)>) {
-        let mut s = Splitter::new(vec!["get_weather".into(), "now".into()]);
+    /// The content and calls (name, arguments) of `pieces`, read whole or live; checks that a well-formed reply
+    /// (one whose calls all closed and whose text has no marker left) reads the same both ways.
+    fn split_as(live: bool, pieces: &[&str]) -> (String, Vec<(String, String)>) {
+        let offered = vec!["get_weather".into(), "now".into()];
+        let mut s = if live { Splitter::live(offered) } else { Splitter::new(offered) };
         let mut outs: Vec<Out> = pieces.iter().flat_map(|p| s.push(p)).collect();
         outs.extend(s.finish());
         let mut text = String::new();
-        let mut calls = Vec::new();
+        let mut calls: Vec<(String, String)> = Vec::new();
         for o in outs {
             match o {
                 Out::Text(t) => text += &t,
                 Out::Calls(c) => calls.extend(c.into_iter().map(|c| (c.function.name, c.function.arguments))),
+                Out::Start(n) => calls.push((n, String::new())),
+                Out::Args(a) => calls.last_mut().expect("a started call").1 += &a,
             }
         }
+        if !live {
+            assert_eq!(s.calls, if text.contains(CALL_START) { 0 } else { calls.len() }, "{pieces:?}");
+        }
         (text, calls)
+    }
+
+    fn split(pieces: &[&str]) -> (String, Vec<(String, String)>) {
+        let whole = split_as(false, pieces);
+        if !whole.0.contains(CALL_START) && !whole.0.contains(CALL_END) {
+            assert_eq!(split_as(true, pieces), whole, "live and whole differ on {pieces:?}");
+        }
+        whole
     }
 
     #[test]
@@ -167,6 +281,18 @@ mod tests {
         ] {
             assert_eq!(split(&[r]), (r.to_string(), vec![]), "{r:?}");
         }
+        // Live, a list that fails before a call went out is text as in the whole reply; one that fails after keeps
+        // the call sent and releases the rest as text (an unclosed one too, at the end).
+        let live = |pieces: &[&str]| split_as(true, pieces);
+        let bad = "<|tool_call_start|>[unknown_tool()]<|tool_call_end|> ok";
+        assert_eq!(live(&[bad]), (bad.to_string(), vec![]));
+        let late = ["<|tool_call_start|>[now(), get_weather(city=", ")]<|tool_call_end|> ok"];
+        let calls = vec![("now".to_string(), "{}".to_string()), ("get_weather".into(), "{\"city\":".into())];
+        assert_eq!(live(&late), (")]<|tool_call_end|> ok".to_string(), calls.clone()));
+        let cut = ["<|tool_call_start|>[now(), get_weather(city='Par"];
+        let calls = vec![calls[0].clone(), ("get_weather".into(), "{\"city\":\"Par".into())];
+        assert_eq!(live(&cut), (String::new(), calls));
+        assert_eq!(live(&["<|tool_call_start|>[now(), get_weather(city=12"]).0, "12");
     }
 
     #[test]

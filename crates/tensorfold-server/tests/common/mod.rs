@@ -239,6 +239,34 @@ impl Streamed {
         joined
     }
 
+    /// Choice `choice`'s tool-call deltas, in order.
+    pub fn tool_call_deltas(&self, choice: usize) -> Vec<Value> {
+        let of_choice = self.chunks.iter().filter_map(|c| c["choices"].get(0).filter(|ch| ch["index"] == choice));
+        of_choice.filter_map(|ch| ch["delta"]["tool_calls"].as_array()).flatten().cloned().collect()
+    }
+
+    /// Choice `choice`'s calls as the official client accumulates the deltas (by `index`: `id`, `type` and `name`
+    /// from a call's first delta, argument fragments joined); a later delta repeating an id or a name fails.
+    pub fn tool_calls(&self, choice: usize) -> Vec<Value> {
+        let mut calls: Vec<Value> = Vec::new();
+        for d in self.tool_call_deltas(choice) {
+            let i = d["index"].as_u64().expect("an index") as usize;
+            let f = &d["function"];
+            if i == calls.len() {
+                assert!(d["id"].is_string() && d["type"] == "function" && f["name"].is_string(), "{d}");
+                calls.push(serde_json::json!({"id": d["id"], "type": "function",
+                    "function": {"name": f["name"], "arguments": f["arguments"]}}));
+                continue;
+            }
+            assert!(d.get("id").is_none() && d.get("type").is_none() && f.get("name").is_none(), "{d}");
+            let call = calls.get_mut(i).expect("deltas of an announced call");
+            let joined = call["function"]["arguments"].as_str().expect("text").to_string()
+                + f["arguments"].as_str().expect("a fragment");
+            call["function"]["arguments"] = Value::String(joined);
+        }
+        calls
+    }
+
     /// Chat logprobs, every chunk's `content` entries joined.
     pub fn chat_logprobs(&self) -> Value {
         let mut all = Vec::new();
