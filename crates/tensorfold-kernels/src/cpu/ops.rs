@@ -14,6 +14,9 @@ use rayon::prelude::*;
 const ROW_BLOCK: usize = 64;
 /// Weight rows (output columns) a register block of the linear spans: 16 for one row (decode), 4 by 4 rows.
 const COL_BLOCK: usize = 16;
+/// Rows of `x` from which an affine column block is widened once into f32 rows, shared by every row of the row
+/// block, instead of in registers by each register block (which widens a chunk once for 1 or 4 rows).
+const WIDEN_ROWS: usize = 8;
 
 /// Multiply-adds below which a kernel runs on the calling thread: handing a decode step's small matrices to the
 /// pool costs more (waking threads, then waiting for them) than it saves. Where the split falls never changes bits.
@@ -114,11 +117,12 @@ unsafe fn linear_cols(
 ) {
     let (rows, n) = (xs.len(), w.rows);
     let mut tmp = vec![0f32; ROW_BLOCK.min(rows) * COL_BLOCK];
+    let mut wide = Vec::new();
     for r0 in (0..rows).step_by(ROW_BLOCK) {
         let r1 = (r0 + ROW_BLOCK).min(rows);
         for j0 in cols.clone().step_by(COL_BLOCK) {
             let j1 = (j0 + COL_BLOCK).min(cols.end);
-            let ws: Vec<WRow> = (j0..j1).map(|j| wrow(w, j)).collect();
+            let ws = block_rows(level, w, j0..j1, r1 - r0, &mut wide);
             simd::dot_grid(level, &xs[r0..r1], &ws, &mut tmp, COL_BLOCK);
             for i in 0..r1 - r0 {
                 for (j, v) in (j0..j1).zip(&tmp[i * COL_BLOCK..]) {
@@ -132,6 +136,30 @@ unsafe fn linear_cols(
             }
         }
     }
+}
+
+/// Weight rows `cols` of `w` as the grid reads them: affine rows in chunk form widened once into `buf` (each
+/// weight `fma(q, scale, bias)`, the value the grid's registers would hold) when `rows` of at least
+/// [`WIDEN_ROWS`] x rows share them; otherwise as stored (affine codes then widen in registers).
+fn block_rows<'a>(
+    level: Level,
+    w: &'a MatView,
+    cols: std::ops::Range<usize>,
+    rows: usize,
+    buf: &'a mut Vec<f32>,
+) -> Vec<WRow<'a>> {
+    let chunked: Option<Vec<simd::affine::Chunked>> = (rows >= WIDEN_ROWS && w.dtype.is_affine())
+        .then(|| cols.clone().map(|j| simd::affine::Chunked::of(wrow(w, j))).collect())
+        .flatten();
+    let Some(chunked) = chunked else {
+        return cols.map(|j| wrow(w, j)).collect();
+    };
+    let k = w.cols;
+    buf.resize(chunked.len() * k, 0.0);
+    for (c, o) in chunked.iter().zip(buf.chunks_exact_mut(k)) {
+        simd::affine::widen_into(level, c, o);
+    }
+    buf.chunks_exact(k).map(WRow::F32).collect()
 }
 
 /// [`linear_on`] at the detected SIMD level.

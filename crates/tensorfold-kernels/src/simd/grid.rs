@@ -5,6 +5,7 @@
 //! weight chunk is read once for 4 (or 1) x rows and an x chunk once for 4 (or 16) weight rows, and the 16
 //! folds run as one transposed tree of shuffles instead of 16 scalar trees.
 
+use super::affine::Chunked;
 use super::{Level, WRow, dot_tile};
 
 /// `out[a * stride + b] = dot(xs[a], ws[b])` for every pair, on `level`, in the canonical order. Every row
@@ -38,11 +39,13 @@ fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride:
     }
 }
 
-/// The weight rows of a grid when they share one plain element type (affine codes take the fallback).
+/// The weight rows of a grid when they share one form: f32, bf16, or affine codes in chunk form (widened in
+/// registers, 16 codes at a time); other affine rows take the fallback.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Weights<'a> {
     F32(Vec<&'a [f32]>),
     Bf16(Vec<&'a [u16]>),
+    Affine(Vec<Chunked<'a>>),
 }
 
 impl<'a> Weights<'a> {
@@ -58,7 +61,9 @@ impl<'a> Weights<'a> {
                 .map(|w| if let WRow::Bf16(r) = w { Some(*r) } else { None })
                 .collect::<Option<_>>()
                 .map(Weights::Bf16),
-            _ => None,
+            WRow::Q8 { .. } | WRow::Q4 { .. } => {
+                ws.iter().map(|w| Chunked::of(*w)).collect::<Option<_>>().map(Weights::Affine)
+            }
         }
     }
 }
@@ -67,27 +72,66 @@ impl<'a> Weights<'a> {
 mod x86 {
     use super::Weights;
     use crate::simd::LANES;
+    use crate::simd::affine::{Chunked, x86::chunk512};
     use crate::simd::x86::{bf16x16, pad};
     use std::arch::x86_64::*;
 
-    /// A weight element type the block loads 16 of as f32 lanes.
-    trait Elem: Copy + Default {
+    /// A weight row the block reads 16 elements at a time as f32 lanes.
+    trait Src: Copy {
+        /// Elements.
+        fn len(&self) -> usize;
+        /// Elements `o .. o + 16` widened to f32.
+        ///
         /// # Safety
-        /// 16 elements readable at `p`; avx512f present.
-        unsafe fn load(p: *const Self) -> __m512;
+        /// `o + 16 <= self.len()`; avx512f present.
+        unsafe fn load(&self, o: usize) -> __m512;
+        /// Elements `o ..` (fewer than 16), zero-padded to 16 lanes.
+        ///
+        /// # Safety
+        /// avx512f present.
+        unsafe fn tail(&self, o: usize) -> __m512;
     }
-    impl Elem for f32 {
+    impl Src for &[f32] {
+        fn len(&self) -> usize {
+            <[f32]>::len(self)
+        }
         #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m512 {
+        unsafe fn load(&self, o: usize) -> __m512 {
             // SAFETY: forwarded.
-            unsafe { _mm512_loadu_ps(p) }
+            unsafe { _mm512_loadu_ps(self.as_ptr().add(o)) }
+        }
+        #[inline(always)]
+        unsafe fn tail(&self, o: usize) -> __m512 {
+            // SAFETY: the padded copy holds 16 f32.
+            unsafe { _mm512_loadu_ps(pad(&self[o..]).as_ptr()) }
         }
     }
-    impl Elem for u16 {
+    impl Src for &[u16] {
+        fn len(&self) -> usize {
+            <[u16]>::len(self)
+        }
         #[inline(always)]
-        unsafe fn load(p: *const u16) -> __m512 {
+        unsafe fn load(&self, o: usize) -> __m512 {
             // SAFETY: forwarded.
-            unsafe { bf16x16(p) }
+            unsafe { bf16x16(self.as_ptr().add(o)) }
+        }
+        #[inline(always)]
+        unsafe fn tail(&self, o: usize) -> __m512 {
+            // SAFETY: the padded copy holds 16 u16.
+            unsafe { bf16x16(pad(&self[o..]).as_ptr()) }
+        }
+    }
+    impl Src for Chunked<'_> {
+        fn len(&self) -> usize {
+            self.len
+        }
+        #[inline(always)]
+        unsafe fn load(&self, o: usize) -> __m512 {
+            // SAFETY: forwarded.
+            unsafe { chunk512(self, o) }
+        }
+        unsafe fn tail(&self, _: usize) -> __m512 {
+            unreachable!("a chunked affine row is a whole number of chunks")
         }
     }
 
@@ -102,18 +146,19 @@ mod x86 {
             match ws {
                 Weights::F32(w) => grid_of(xs, w, out, stride),
                 Weights::Bf16(w) => grid_of(xs, w, out, stride),
+                Weights::Affine(w) => grid_of(xs, w, out, stride),
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn grid_of<T: Elem>(xs: &[&[f32]], ws: &[&[T]], out: &mut [f32], stride: usize) {
+    unsafe fn grid_of<T: Src>(xs: &[&[f32]], ws: &[T], out: &mut [f32], stride: usize) {
         let (na, nb) = (xs.len(), ws.len());
         let (a4, b4) = (na / 4 * 4, nb / 4 * 4);
         for a in (0..a4).step_by(4) {
             let x: &[&[f32]; 4] = xs[a..a + 4].try_into().expect("4 rows");
             for b in (0..b4).step_by(4) {
-                let w: &[&[T]; 4] = ws[b..b + 4].try_into().expect("4 rows");
+                let w: &[T; 4] = ws[b..b + 4].try_into().expect("4 rows");
                 // SAFETY: avx512f present (this function's feature); rows share one length.
                 let r = unsafe { block::<4, 4, T>(x, w) };
                 for i in 0..4 {
@@ -130,7 +175,7 @@ mod x86 {
         for a in a4..na {
             let b16 = nb / 16 * 16;
             for b in (0..b16).step_by(16) {
-                let w: &[&[T]; 16] = ws[b..b + 16].try_into().expect("16 rows");
+                let w: &[T; 16] = ws[b..b + 16].try_into().expect("16 rows");
                 // SAFETY: as above.
                 let r = unsafe { block::<1, 16, T>(&[xs[a]], w) };
                 out[a * stride + b..a * stride + b + 16].copy_from_slice(&r);
@@ -145,7 +190,7 @@ mod x86 {
     /// `A x B` canonical dots (`A * B` is 16, or 1 x 1), results row-major by x (`r[a * B + b]`). Pair `p = a * B +
     /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
     #[target_feature(enable = "avx512f")]
-    unsafe fn block<const A: usize, const B: usize, T: Elem>(xs: &[&[f32]; A], ws: &[&[T]; B]) -> [f32; 16] {
+    unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[T; B]) -> [f32; 16] {
         let n = ws[0].len();
         let full = n / LANES;
         let mut acc = [_mm512_setzero_ps(); 16];
@@ -155,7 +200,7 @@ mod x86 {
             unsafe {
                 let mut w = [_mm512_setzero_ps(); B];
                 for b in 0..B {
-                    w[b] = T::load(ws[b].as_ptr().add(o));
+                    w[b] = ws[b].load(o);
                 }
                 for a in 0..A {
                     let x = _mm512_loadu_ps(xs[a].as_ptr().add(o));
@@ -167,12 +212,11 @@ mod x86 {
         }
         if n > full * LANES {
             let o = full * LANES;
-            let wt: [[T; LANES]; B] = std::array::from_fn(|b| pad(&ws[b][o..]));
-            // SAFETY: the padded copies hold 16 elements.
+            // SAFETY: tails are padded copies; avx512f present.
             unsafe {
                 let mut w = [_mm512_setzero_ps(); B];
                 for b in 0..B {
-                    w[b] = T::load(wt[b].as_ptr());
+                    w[b] = ws[b].tail(o);
                 }
                 for a in 0..A {
                     let x = _mm512_loadu_ps(pad(&xs[a][o..]).as_ptr());
@@ -229,6 +273,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bytes::{Dtype, MatView};
+    use crate::cpu::ops::wrow;
     use crate::simd::available_levels;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -246,7 +292,13 @@ mod tests {
                 let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
                 let rows_f: Vec<WRow> = wf.iter().map(|w| WRow::F32(w)).collect();
                 let rows_b: Vec<WRow> = wb.iter().map(|w| WRow::Bf16(w)).collect();
-                for ws in [rows_f, rows_b] {
+                let mats: Vec<MatView> = [(Dtype::Q4, 32), (Dtype::Q8, 16)]
+                    .into_iter()
+                    .filter(|(_, g)| n % g == 0)
+                    .filter_map(|(d, g)| MatView::from_f32(nb, n, &wf.concat()).quantize_affine(d, g))
+                    .collect();
+                let affine: Vec<Vec<WRow>> = mats.iter().map(|m| (0..nb).map(|j| wrow(m, j)).collect()).collect();
+                for ws in [rows_f, rows_b].into_iter().chain(affine) {
                     for lv in available_levels() {
                         let stride = nb + 3;
                         let mut got = vec![f32::NAN; na * stride];
