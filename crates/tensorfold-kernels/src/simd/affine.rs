@@ -7,8 +7,8 @@
 
 use super::{LANES, WRow};
 
-/// An affine row in chunk form: 16 codes of one group a chunk.
-#[derive(Clone, Copy)]
+/// An affine row in chunk form: 16 codes of one group a chunk (the default is the empty row).
+#[derive(Clone, Copy, Default)]
 pub struct Chunked<'a> {
     /// Codes: one a byte (8-bit) or two a byte, element `2i` in the low nibble of byte `i` (4-bit).
     pub codes: &'a [u8],
@@ -59,6 +59,49 @@ impl<'a> Chunked<'a> {
     pub fn widen_portable(&self, o: usize) -> [f32; LANES] {
         let (s, b) = self.scale_bias(o);
         std::array::from_fn(|l| (self.code(o + l) as f32).mul_add(s, b))
+    }
+}
+
+/// A whole affine matrix whose rows take the chunk form: row `j` is [`ChunkedMat::row`].
+#[derive(Clone, Copy)]
+pub struct ChunkedMat<'a> {
+    codes: &'a [u8],
+    scales: &'a [f32],
+    biases: &'a [f32],
+    cols: usize,
+    shift: u32,
+    nibbles: bool,
+}
+
+impl<'a> ChunkedMat<'a> {
+    /// The chunk form of a matrix of `cols` columns (codes, scales and biases row-major, `group` elements a group),
+    /// when its group is a power of two of at least 16 dividing `cols`; `None` otherwise.
+    pub fn of(
+        codes: &'a [u8],
+        scales: &'a [f32],
+        biases: &'a [f32],
+        cols: usize,
+        group: usize,
+        nibbles: bool,
+    ) -> Option<Self> {
+        let ok = group >= LANES && group.is_power_of_two() && cols.is_multiple_of(group);
+        ok.then_some(Self { codes, scales, biases, cols, shift: group.trailing_zeros(), nibbles })
+    }
+
+    /// Row `j` (panics past the last row).
+    #[inline]
+    pub fn row(&self, j: usize) -> Chunked<'a> {
+        let (k, g) = (self.cols, self.cols >> self.shift);
+        let codes =
+            if self.nibbles { &self.codes[j * k / 2..(j + 1) * k / 2] } else { &self.codes[j * k..(j + 1) * k] };
+        Chunked {
+            codes,
+            scales: &self.scales[j * g..(j + 1) * g],
+            biases: &self.biases[j * g..(j + 1) * g],
+            shift: self.shift,
+            nibbles: self.nibbles,
+            len: k,
+        }
     }
 }
 

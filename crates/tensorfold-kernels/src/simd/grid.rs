@@ -28,6 +28,30 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
     by_columns(level, xs, ws, out, stride);
 }
 
+/// [`dot_grid`] over affine rows in chunk form (a linear's column block, read without building [`WRow`]s): the
+/// same bits as `dot_grid` over the same rows.
+pub fn dot_grid_chunked(level: Level, xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
+    if xs.is_empty() || ws.is_empty() {
+        return;
+    }
+    let n = ws[0].len;
+    assert!(xs.iter().all(|x| x.len() == n) && ws.iter().all(|w| w.len == n), "dot_grid: lengths differ");
+    assert!(out.len() >= (xs.len() - 1) * stride + ws.len() && stride >= ws.len(), "dot_grid: out too short");
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        unsafe { x86::grid_chunked(xs, ws, out, stride) };
+        return;
+    }
+    let mut col = vec![0f32; xs.len()];
+    for (b, w) in ws.iter().enumerate() {
+        super::affine_tile(level, xs, w, &mut col);
+        for (a, v) in col.iter().enumerate() {
+            out[a * stride + b] = *v;
+        }
+    }
+}
+
 /// The fallback: one [`dot_tile`] a weight row (the same bits: each pair is its own canonical dot).
 fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride: usize) {
     let mut col = vec![0f32; xs.len()];
@@ -43,27 +67,49 @@ fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride:
 /// registers, 16 codes at a time); other affine rows take the fallback.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Weights<'a> {
-    F32(Vec<&'a [f32]>),
-    Bf16(Vec<&'a [u16]>),
-    Affine(Vec<Chunked<'a>>),
+    F32(Few<&'a [f32]>),
+    Bf16(Few<&'a [u16]>),
+    Affine(Few<Chunked<'a>>),
+}
+
+/// Weight rows of one form: on the stack for a linear's column block (at most 16, no allocation a block),
+/// else in a vector.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Few<T> {
+    Stack([T; 16], usize),
+    Heap(Vec<T>),
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl<T: Copy + Default> Few<T> {
+    /// Every `f(w)`, or `None` when one is `None`.
+    fn collect<'a>(ws: &[WRow<'a>], f: impl Fn(WRow<'a>) -> Option<T>) -> Option<Self> {
+        if ws.len() > 16 {
+            return ws.iter().map(|w| f(*w)).collect::<Option<_>>().map(Few::Heap);
+        }
+        let mut a = [T::default(); 16];
+        for (o, w) in a.iter_mut().zip(ws) {
+            *o = f(*w)?;
+        }
+        Some(Few::Stack(a, ws.len()))
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            Few::Stack(a, n) => &a[..*n],
+            Few::Heap(v) => v,
+        }
+    }
 }
 
 impl<'a> Weights<'a> {
     fn of(ws: &[WRow<'a>]) -> Option<Self> {
         match ws[0] {
-            WRow::F32(_) => ws
-                .iter()
-                .map(|w| if let WRow::F32(r) = w { Some(*r) } else { None })
-                .collect::<Option<_>>()
-                .map(Weights::F32),
-            WRow::Bf16(_) => ws
-                .iter()
-                .map(|w| if let WRow::Bf16(r) = w { Some(*r) } else { None })
-                .collect::<Option<_>>()
-                .map(Weights::Bf16),
-            WRow::Q8 { .. } | WRow::Q4 { .. } => {
-                ws.iter().map(|w| Chunked::of(*w)).collect::<Option<_>>().map(Weights::Affine)
+            WRow::F32(_) => Few::collect(ws, |w| if let WRow::F32(r) = w { Some(r) } else { None }).map(Weights::F32),
+            WRow::Bf16(_) => {
+                Few::collect(ws, |w| if let WRow::Bf16(r) = w { Some(r) } else { None }).map(Weights::Bf16)
             }
+            WRow::Q8 { .. } | WRow::Q4 { .. } => Few::collect(ws, Chunked::of).map(Weights::Affine),
         }
     }
 }
@@ -144,11 +190,20 @@ mod x86 {
         // SAFETY: forwarded.
         unsafe {
             match ws {
-                Weights::F32(w) => grid_of(xs, w, out, stride),
-                Weights::Bf16(w) => grid_of(xs, w, out, stride),
-                Weights::Affine(w) => grid_of(xs, w, out, stride),
+                Weights::F32(w) => grid_of(xs, w.as_slice(), out, stride),
+                Weights::Bf16(w) => grid_of(xs, w.as_slice(), out, stride),
+                Weights::Affine(w) => grid_of(xs, w.as_slice(), out, stride),
             }
         }
+    }
+
+    /// [`grid`] over chunked affine rows.
+    ///
+    /// # Safety
+    /// As [`grid`].
+    pub unsafe fn grid_chunked(xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
+        // SAFETY: forwarded.
+        unsafe { grid_of(xs, ws, out, stride) }
     }
 
     #[target_feature(enable = "avx512f")]

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 pub mod affine;
 mod grid;
-pub use grid::dot_grid;
+pub use grid::{dot_grid, dot_grid_chunked};
 
 /// Accumulator lanes of the canonical dot.
 pub const LANES: usize = 16;
@@ -182,7 +182,7 @@ pub fn dot_tile(level: Level, xs: &[&[f32]], w: WRow, out: &mut [f32]) {
 
 /// [`dot_tile`] over a chunked affine row: its codes widen 16 at a time in registers (each weight
 /// `fma(q, scale, bias)`), shared by 4 x rows a tile; the same bits as the f32 dot over the widened row.
-fn affine_tile(level: Level, xs: &[&[f32]], w: &affine::Chunked, out: &mut [f32]) {
+pub(crate) fn affine_tile(level: Level, xs: &[&[f32]], w: &affine::Chunked, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if level != Level::Portable {
         let one = |x: &[&[f32]; 1]| {
