@@ -91,7 +91,7 @@ impl<'a> MatRows<'a> {
     }
 
     /// Row `j` (panics past the last row).
-    #[inline]
+    #[inline(always)]
     fn row(&self, j: usize) -> WRow<'a> {
         match *self {
             MatRows::F32(v, k) => WRow::F32(&v[j * k..(j + 1) * k]),
@@ -207,7 +207,10 @@ fn block_grid(
             simd::dot_grid(level, xs, &ws[..n], tmp, COL_BLOCK);
         }
         Some(cm) => {
-            let ws: [simd::affine::Chunked; COL_BLOCK] = std::array::from_fn(|i| cm.row(at(i)));
+            let mut ws = [simd::affine::Chunked::default(); COL_BLOCK];
+            for (i, w) in ws[..n].iter_mut().enumerate() {
+                *w = cm.row(j0 + i);
+            }
             simd::dot_grid_chunked(level, xs, &ws[..n], tmp, COL_BLOCK);
         }
         None => {

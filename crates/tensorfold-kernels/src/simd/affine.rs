@@ -89,7 +89,7 @@ impl<'a> ChunkedMat<'a> {
     }
 
     /// Row `j` (panics past the last row).
-    #[inline]
+    #[inline(always)]
     pub fn row(&self, j: usize) -> Chunked<'a> {
         let (k, g) = (self.cols, self.cols >> self.shift);
         let codes =
@@ -142,11 +142,23 @@ pub(super) mod x86 {
     /// avx512f present; `o + 16 <= w.len`.
     #[inline(always)]
     pub unsafe fn chunk512(w: &Chunked, o: usize) -> __m512 {
-        debug_assert!(o + LANES <= w.len);
-        let (s, b) = w.scale_bias(o);
-        // SAFETY: the chunk's codes are inside `w.codes` (o + 16 <= len); features from the caller.
+        // SAFETY: forwarded.
+        unsafe { if w.nibbles { chunk512_as::<true>(w, o) } else { chunk512_as::<false>(w, o) } }
+    }
+
+    /// [`chunk512`] for a row known to hold 4-bit (`Q4`) or 8-bit codes (`w.nibbles == Q4`).
+    ///
+    /// # Safety
+    /// As [`chunk512`], and `w.nibbles == Q4`.
+    #[inline(always)]
+    pub unsafe fn chunk512_as<const Q4: bool>(w: &Chunked, o: usize) -> __m512 {
+        debug_assert!(o + LANES <= w.len && w.nibbles == Q4);
+        // SAFETY: the chunk's codes, scale and bias are inside the row (o + 16 <= len, and `Chunked::of` checked a
+        // scale and bias for every group); features from the caller.
         unsafe {
-            let q = if w.nibbles {
+            let g = o >> w.shift;
+            let (s, b) = (*w.scales.get_unchecked(g), *w.biases.get_unchecked(g));
+            let q = if Q4 {
                 let v = _mm512_cvtepu8_epi32(twice(w.codes.as_ptr().add(o / 2)));
                 let sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
                 _mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15))

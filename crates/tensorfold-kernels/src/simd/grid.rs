@@ -118,12 +118,16 @@ impl<'a> Weights<'a> {
 mod x86 {
     use super::Weights;
     use crate::simd::LANES;
-    use crate::simd::affine::{Chunked, x86::chunk512};
+    use crate::simd::affine::Chunked;
+    use crate::simd::affine::x86::{chunk512, chunk512_as};
     use crate::simd::x86::{bf16x16, pad};
     use std::arch::x86_64::*;
 
     /// A weight row the block reads 16 elements at a time as f32 lanes.
     trait Src: Copy {
+        /// Whether a one-row block runs its 16 weight rows 4 at a time (each loaded value is used once, so the
+        /// 16 widened rows need not be held in registers together); the same accumulations either way.
+        const SPLIT: bool = false;
         /// Elements.
         fn len(&self) -> usize;
         /// Elements `o .. o + 16` widened to f32.
@@ -167,7 +171,26 @@ mod x86 {
             unsafe { bf16x16(pad(&self[o..]).as_ptr()) }
         }
     }
+    /// A chunked row of 4-bit codes (`Q4`) or of 8-bit codes: the code width fixed at compile time.
+    #[derive(Clone, Copy)]
+    #[repr(transparent)]
+    struct Codes<'a, const Q4: bool>(Chunked<'a>);
+    impl<const Q4: bool> Src for Codes<'_, Q4> {
+        const SPLIT: bool = true;
+        fn len(&self) -> usize {
+            self.0.len
+        }
+        #[inline(always)]
+        unsafe fn load(&self, o: usize) -> __m512 {
+            // SAFETY: forwarded; `grid_chunked` wraps only rows of this code width.
+            unsafe { chunk512_as::<Q4>(&self.0, o) }
+        }
+        unsafe fn tail(&self, _: usize) -> __m512 {
+            unreachable!("a chunked affine row is a whole number of chunks")
+        }
+    }
     impl Src for Chunked<'_> {
+        const SPLIT: bool = true;
         fn len(&self) -> usize {
             self.len
         }
@@ -202,8 +225,20 @@ mod x86 {
     /// # Safety
     /// As [`grid`].
     pub unsafe fn grid_chunked(xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
-        // SAFETY: forwarded.
-        unsafe { grid_of(xs, ws, out, stride) }
+        let q4 = ws[0].nibbles;
+        if ws.iter().any(|w| w.nibbles != q4) {
+            // SAFETY: forwarded.
+            return unsafe { grid_of(xs, ws, out, stride) };
+        }
+        // SAFETY: `Codes` is a transparent wrapper of `Chunked` and every row has the width it names; the rest is
+        // forwarded.
+        unsafe {
+            if q4 {
+                grid_of(xs, std::slice::from_raw_parts(ws.as_ptr().cast::<Codes<true>>(), ws.len()), out, stride)
+            } else {
+                grid_of(xs, std::slice::from_raw_parts(ws.as_ptr().cast::<Codes<false>>(), ws.len()), out, stride)
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f")]
@@ -246,6 +281,10 @@ mod x86 {
     /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
     #[target_feature(enable = "avx512f")]
     unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[T; B]) -> [f32; 16] {
+        if T::SPLIT && A == 1 && B == 16 {
+            // SAFETY: forwarded.
+            return unsafe { row_by_fours(xs[0], ws) };
+        }
         let n = ws[0].len();
         let full = n / LANES;
         let mut acc = [_mm512_setzero_ps(); 16];
@@ -291,6 +330,34 @@ mod x86 {
             // SAFETY: avx512f present; r holds 16 f32.
             unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
         }
+        r
+    }
+
+    /// One x row by 16 weight rows, 4 weight rows at a time over the whole row (the x row is re-read from cache,
+    /// the widened weights never leave registers), then one [`fold16`]: each pair's accumulator takes the same
+    /// chunks in the same order as in [`block`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 16] {
+        let n = ws[0].len();
+        debug_assert!(n % LANES == 0 && B == 16);
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for q in 0..B / 4 {
+            let w4: &[T; 4] = ws[q * 4..q * 4 + 4].try_into().expect("4 rows");
+            let mut a = [_mm512_setzero_ps(); 4];
+            for o in (0..n).step_by(LANES) {
+                // SAFETY: o + 16 <= n for every row (no tail chunk: `SPLIT` rows are whole chunks).
+                unsafe {
+                    let xv = _mm512_loadu_ps(x.as_ptr().add(o));
+                    for i in 0..4 {
+                        a[i] = _mm512_fmadd_ps(xv, w4[i].load(o), a[i]);
+                    }
+                }
+            }
+            acc[q * 4..q * 4 + 4].copy_from_slice(&a);
+        }
+        let mut r = [0f32; 16];
+        // SAFETY: avx512f present; r holds 16 f32.
+        unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
         r
     }
 
