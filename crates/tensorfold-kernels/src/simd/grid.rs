@@ -25,6 +25,9 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
         unsafe { x86::grid(xs, &ws, out, stride) };
         return;
     }
+    if let Some(chunked) = ws.iter().map(|w| Chunked::of(*w)).collect::<Option<Vec<_>>>() {
+        return dot_grid_chunked(level, xs, &chunked, out, stride);
+    }
     by_columns(level, xs, ws, out, stride);
 }
 
@@ -63,13 +66,12 @@ fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride:
     }
 }
 
-/// The weight rows of a grid when they share one form: f32, bf16, or affine codes in chunk form (widened in
-/// registers, 16 codes at a time); other affine rows take the fallback.
+/// The weight rows of a grid when they share one plain form, f32 or bf16 (affine rows go to
+/// [`dot_grid_chunked`] or the fallback).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Weights<'a> {
     F32(Few<&'a [f32]>),
     Bf16(Few<&'a [u16]>),
-    Affine(Few<Chunked<'a>>),
 }
 
 /// Weight rows of one form: on the stack for a linear's column block (at most 16, no allocation a block),
@@ -109,7 +111,7 @@ impl<'a> Weights<'a> {
             WRow::Bf16(_) => {
                 Few::collect(ws, |w| if let WRow::Bf16(r) = w { Some(r) } else { None }).map(Weights::Bf16)
             }
-            WRow::Q8 { .. } | WRow::Q4 { .. } => Few::collect(ws, Chunked::of).map(Weights::Affine),
+            WRow::Q8 { .. } | WRow::Q4 { .. } => None,
         }
     }
 }
@@ -215,7 +217,6 @@ mod x86 {
             match ws {
                 Weights::F32(w) => grid_of(xs, w.as_slice(), out, stride),
                 Weights::Bf16(w) => grid_of(xs, w.as_slice(), out, stride),
-                Weights::Affine(w) => grid_of(xs, w.as_slice(), out, stride),
             }
         }
     }
@@ -339,7 +340,7 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 16] {
         let n = ws[0].len();
-        debug_assert!(n % LANES == 0 && B == 16);
+        debug_assert!(n.is_multiple_of(LANES) && B == 16);
         let mut acc = [_mm512_setzero_ps(); 16];
         for q in 0..B / 4 {
             let w4: &[T; 4] = ws[q * 4..q * 4 + 4].try_into().expect("4 rows");
