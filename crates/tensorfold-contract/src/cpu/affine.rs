@@ -157,7 +157,11 @@ impl Kernel for Affine4And8 {
             let xs = uniform(rng, 33 * k);
             let diffs = widths_diffs(&|x, r, o| ops::linear(x, r, &wn, None, o), &xs, k, wn.rows);
             gates.push(invariance_gate(&shape, diffs));
-            gates.push(paths_gate(&shape, &wn, &xs, fault));
+            // Scales off the bf16 grid (as f32 checkpoints hold them), so `q * scale` rounds and a path that did not
+            // fuse the weight's multiply-add would show.
+            let mut mf = Mlx::random(rng, n.min(256), k, bits, group);
+            mf.scales.iter_mut().for_each(|s| *s *= 1.0 + rng.random::<f32>() * 1e-2);
+            gates.push(paths_gate(&shape, &mf.view(fault), &xs, fault));
             // The embedding's rows (the tied table's gather): each value exactly f32(fma(q, scale, bias)).
             let ids: Vec<u32> = (0..8).map(|_| rng.random_range(0..n as u32)).collect();
             let mut rows = vec![0f32; 8 * k];
