@@ -8,6 +8,7 @@ use rand::{Rng, rngs::StdRng};
 use tensorfold_kernels::backend::Ffn;
 use tensorfold_kernels::bytes::{Affine, Dtype, HostBytes, MatView};
 use tensorfold_kernels::cpu::{moe, ops};
+use tensorfold_kernels::simd::{self, Level};
 
 pub(crate) struct Affine4And8;
 faults! {
@@ -15,6 +16,7 @@ faults! {
     enum AffineFault {
         NibbleSwap = ("nibble-swap", "4-bit codes are read high nibble first (8-bit: the bytes of a word reversed)"),
         NeighbourGroupScale = ("neighbour-group-scale", "each group takes the next group's scale"),
+        UnfusedSimd = ("unfused-simd", "the SIMD levels round q*scale before adding the bias (two roundings a weight)"),
     }
 }
 
@@ -61,7 +63,7 @@ impl Mlx {
             Some(AffineFault::NibbleSwap) if self.bits == 4 => bytes.iter_mut().for_each(|b| *b = b.rotate_left(4)),
             Some(AffineFault::NibbleSwap) => bytes.chunks_mut(4).for_each(|c| c.reverse()),
             Some(AffineFault::NeighbourGroupScale) => scales.rotate_left(1),
-            None => {}
+            Some(AffineFault::UnfusedSimd) | None => {}
         }
         let dtype = if self.bits == 4 { Dtype::Q4 } else { Dtype::Q8 };
         let affine = Affine {
@@ -155,6 +157,11 @@ impl Kernel for Affine4And8 {
             let xs = uniform(rng, 33 * k);
             let diffs = widths_diffs(&|x, r, o| ops::linear(x, r, &wn, None, o), &xs, k, wn.rows);
             gates.push(invariance_gate(&shape, diffs));
+            // Scales off the bf16 grid (as f32 checkpoints hold them), so `q * scale` rounds and a path that did not
+            // fuse the weight's multiply-add would show.
+            let mut mf = Mlx::random(rng, n.min(256), k, bits, group);
+            mf.scales.iter_mut().for_each(|s| *s *= 1.0 + rng.random::<f32>() * 1e-2);
+            gates.push(paths_gate(&shape, &mf.view(fault), &xs, fault));
             // The embedding's rows (the tied table's gather): each value exactly f32(fma(q, scale, bias)).
             let ids: Vec<u32> = (0..8).map(|_| rng.random_range(0..n as u32)).collect();
             let mut rows = vec![0f32; 8 * k];
@@ -175,6 +182,44 @@ impl Kernel for Affine4And8 {
         gates.extend(expert_gates(fault, rng));
         merge(gates)
     }
+}
+
+/// Rows of the `paths` gate's calls: one (decode, codes widened in registers), 5 (a 4-row register block and one
+/// row) and 16 (column blocks widened once for the rows).
+const PATH_ROWS: [usize; 3] = [1, 5, 16];
+
+/// The linear on every SIMD level this CPU has, against the portable path, bit for bit, over `x` `[33, k]`.
+/// Under `UnfusedSimd` the SIMD levels run on weights rounded twice (`q * scale`, then `+ bias`).
+fn paths_gate(shape: &str, w: &MatView, x: &[f32], fault: Option<AffineFault>) -> Gate {
+    let k = w.cols;
+    let unfused = (fault == Some(AffineFault::UnfusedSimd)).then(|| unfused_copy(w));
+    let mut diffs = 0;
+    for rows in PATH_ROWS {
+        let mut want = vec![0f32; rows * w.rows];
+        ops::linear_on(Level::Portable, &x[..rows * k], rows, w, None, &mut want);
+        for lv in simd::available_levels().into_iter().filter(|&l| l != Level::Portable) {
+            let mut got = vec![0f32; rows * w.rows];
+            ops::linear_on(lv, &x[..rows * k], rows, unfused.as_ref().unwrap_or(w), None, &mut got);
+            diffs += bit_diffs(&got, &want);
+        }
+    }
+    let levels = simd::available_levels().len();
+    Gate::new("paths", diffs == 0, format!("{shape}: {diffs} outputs of {levels} levels differ from the portable path"))
+}
+
+/// `w` as f32 weights each rounded twice: `(q * scale) + bias` (the `unfused-simd` control).
+fn unfused_copy(w: &MatView) -> MatView {
+    let a = w.affine.as_ref().expect("affine");
+    let f32_at = |h: &HostBytes, i: usize| f32::from_le_bytes(h.as_slice()[4 * i..4 * i + 4].try_into().expect("4"));
+    let codes = w.bytes.as_slice();
+    let v: Vec<f32> = (0..w.rows * w.cols)
+        .map(|i| {
+            let q = if w.dtype == Dtype::Q4 { (codes[i / 2] >> (4 * (i % 2))) & 15 } else { codes[i] };
+            let g = i / a.group;
+            q as f32 * f32_at(&a.scales, g) + f32_at(&a.biases, g)
+        })
+        .collect();
+    MatView::from_f32(w.rows, w.cols, &v)
 }
 
 /// The MoE experts' kernel over quantized gate, up and down projections: the float64 SwiGLU of every assignment,

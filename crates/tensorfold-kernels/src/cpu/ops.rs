@@ -14,6 +14,9 @@ use rayon::prelude::*;
 const ROW_BLOCK: usize = 64;
 /// Weight rows (output columns) a register block of the linear spans: 16 for one row (decode), 4 by 4 rows.
 const COL_BLOCK: usize = 16;
+/// Rows of `x` from which an affine column block is widened once into f32 rows, shared by every row of the row
+/// block, instead of in registers by each register block (which widens a chunk once for 1 or 4 rows).
+const WIDEN_ROWS: usize = 8;
 
 /// Multiply-adds below which a kernel runs on the calling thread: handing a decode step's small matrices to the
 /// pool costs more (waking threads, then waiting for them) than it saves. Where the split falls never changes bits.
@@ -45,19 +48,62 @@ unsafe impl Sync for SendPtr {}
 
 /// Weight row `j` of `w`.
 pub fn wrow(w: &MatView, j: usize) -> WRow<'_> {
-    let b = w.bytes.as_slice();
-    match w.dtype {
-        Dtype::F32 => WRow::F32(&bytemuck::cast_slice::<u8, f32>(b)[j * w.cols..(j + 1) * w.cols]),
-        Dtype::Bf16 => WRow::Bf16(&bytemuck::cast_slice::<u8, u16>(b)[j * w.cols..(j + 1) * w.cols]),
-        Dtype::Q8 | Dtype::Q4 => {
-            let a = w.affine.as_ref().expect("an affine matrix has scales and biases");
-            let g = w.cols / a.group;
-            let scales = &bytemuck::cast_slice::<u8, f32>(a.scales.as_slice())[j * g..(j + 1) * g];
-            let biases = &bytemuck::cast_slice::<u8, f32>(a.biases.as_slice())[j * g..(j + 1) * g];
-            if w.dtype == Dtype::Q8 {
-                WRow::Q8 { codes: &b[j * w.cols..(j + 1) * w.cols], scales, biases, group: a.group }
-            } else {
-                WRow::Q4 { codes: &b[j * w.cols / 2..(j + 1) * w.cols / 2], scales, biases, group: a.group }
+    MatRows::of(w).row(j)
+}
+
+/// A matrix's element, scale and bias slices, cast once, so a kernel that reads many rows by index does not
+/// redo the casts a row.
+#[derive(Clone, Copy)]
+enum MatRows<'a> {
+    F32(&'a [f32], usize),
+    Bf16(&'a [u16], usize),
+    Affine { codes: &'a [u8], scales: &'a [f32], biases: &'a [f32], cols: usize, group: usize, q4: bool },
+}
+
+impl<'a> MatRows<'a> {
+    fn of(w: &'a MatView) -> Self {
+        let b = w.bytes.as_slice();
+        match w.dtype {
+            Dtype::F32 => MatRows::F32(bytemuck::cast_slice(b), w.cols),
+            Dtype::Bf16 => MatRows::Bf16(bytemuck::cast_slice(b), w.cols),
+            Dtype::Q8 | Dtype::Q4 => {
+                let a = w.affine.as_ref().expect("an affine matrix has scales and biases");
+                MatRows::Affine {
+                    codes: b,
+                    scales: bytemuck::cast_slice(a.scales.as_slice()),
+                    biases: bytemuck::cast_slice(a.biases.as_slice()),
+                    cols: w.cols,
+                    group: a.group,
+                    q4: w.dtype == Dtype::Q4,
+                }
+            }
+        }
+    }
+
+    /// The chunk form of an affine matrix (see [`simd::affine::ChunkedMat::of`]); `None` for other matrices.
+    fn chunked(&self) -> Option<simd::affine::ChunkedMat<'a>> {
+        match *self {
+            MatRows::Affine { codes, scales, biases, cols, group, q4 } => {
+                simd::affine::ChunkedMat::of(codes, scales, biases, cols, group, q4)
+            }
+            _ => None,
+        }
+    }
+
+    /// Row `j` (panics past the last row).
+    #[inline(always)]
+    fn row(&self, j: usize) -> WRow<'a> {
+        match *self {
+            MatRows::F32(v, k) => WRow::F32(&v[j * k..(j + 1) * k]),
+            MatRows::Bf16(v, k) => WRow::Bf16(&v[j * k..(j + 1) * k]),
+            MatRows::Affine { codes, scales, biases, cols, group, q4 } => {
+                let g = cols / group;
+                let (scales, biases) = (&scales[j * g..(j + 1) * g], &biases[j * g..(j + 1) * g]);
+                if q4 {
+                    WRow::Q4 { codes: &codes[j * cols / 2..(j + 1) * cols / 2], scales, biases, group }
+                } else {
+                    WRow::Q8 { codes: &codes[j * cols..(j + 1) * cols], scales, biases, group }
+                }
             }
         }
     }
@@ -114,12 +160,13 @@ unsafe fn linear_cols(
 ) {
     let (rows, n) = (xs.len(), w.rows);
     let mut tmp = vec![0f32; ROW_BLOCK.min(rows) * COL_BLOCK];
+    let mut wide = Vec::new();
+    let m = MatRows::of(w);
     for r0 in (0..rows).step_by(ROW_BLOCK) {
         let r1 = (r0 + ROW_BLOCK).min(rows);
         for j0 in cols.clone().step_by(COL_BLOCK) {
             let j1 = (j0 + COL_BLOCK).min(cols.end);
-            let ws: Vec<WRow> = (j0..j1).map(|j| wrow(w, j)).collect();
-            simd::dot_grid(level, &xs[r0..r1], &ws, &mut tmp, COL_BLOCK);
+            block_grid(level, &m, &xs[r0..r1], j0..j1, &mut wide, &mut tmp);
             for i in 0..r1 - r0 {
                 for (j, v) in (j0..j1).zip(&tmp[i * COL_BLOCK..]) {
                     let v = match bias {
@@ -130,6 +177,45 @@ unsafe fn linear_cols(
                     unsafe { *out.at((r0 + i) * n + j) = v };
                 }
             }
+        }
+    }
+}
+
+/// `tmp[i * COL_BLOCK + c] = dot(xs[i], w[cols.start + c])` for the column block `cols` (at most [`COL_BLOCK`]).
+/// Affine rows in chunk form widen in registers, or, when at least [`WIDEN_ROWS`] x rows share them, once
+/// into `buf` (each weight `fma(q, scale, bias)`, the value the registers would hold) for the f32 grid.
+fn block_grid(
+    level: Level,
+    m: &MatRows,
+    xs: &[&[f32]],
+    cols: std::ops::Range<usize>,
+    buf: &mut Vec<f32>,
+    tmp: &mut [f32],
+) {
+    let (j0, n) = (cols.start, cols.len());
+    debug_assert!(n > 0 && n <= COL_BLOCK);
+    let at = |i: usize| j0 + i.min(n - 1);
+    match m.chunked() {
+        Some(cm) if xs.len() >= WIDEN_ROWS => {
+            let k = cm.row(j0).len;
+            buf.resize(n * k, 0.0);
+            for (i, o) in buf.chunks_exact_mut(k).enumerate() {
+                simd::affine::widen_into(level, &cm.row(j0 + i), o);
+            }
+            let ws: [WRow; COL_BLOCK] =
+                std::array::from_fn(|i| WRow::F32(&buf[i.min(n - 1) * k..(i.min(n - 1) + 1) * k]));
+            simd::dot_grid(level, xs, &ws[..n], tmp, COL_BLOCK);
+        }
+        Some(cm) => {
+            let mut ws = [simd::affine::Chunked::default(); COL_BLOCK];
+            for (i, w) in ws[..n].iter_mut().enumerate() {
+                *w = cm.row(j0 + i);
+            }
+            simd::dot_grid_chunked(level, xs, &ws[..n], tmp, COL_BLOCK);
+        }
+        None => {
+            let ws: [WRow; COL_BLOCK] = std::array::from_fn(|i| m.row(at(i)));
+            simd::dot_grid(level, xs, &ws[..n], tmp, COL_BLOCK);
         }
     }
 }

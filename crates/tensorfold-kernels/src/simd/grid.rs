@@ -5,6 +5,7 @@
 //! weight chunk is read once for 4 (or 1) x rows and an x chunk once for 4 (or 16) weight rows, and the 16
 //! folds run as one transposed tree of shuffles instead of 16 scalar trees.
 
+use super::affine::Chunked;
 use super::{Level, WRow, dot_tile};
 
 /// `out[a * stride + b] = dot(xs[a], ws[b])` for every pair, on `level`, in the canonical order. Every row
@@ -24,7 +25,34 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
         unsafe { x86::grid(xs, &ws, out, stride) };
         return;
     }
+    if let Some(chunked) = ws.iter().map(|w| Chunked::of(*w)).collect::<Option<Vec<_>>>() {
+        return dot_grid_chunked(level, xs, &chunked, out, stride);
+    }
     by_columns(level, xs, ws, out, stride);
+}
+
+/// [`dot_grid`] over affine rows in chunk form (a linear's column block, read without building [`WRow`]s): the
+/// same bits as `dot_grid` over the same rows.
+pub fn dot_grid_chunked(level: Level, xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
+    if xs.is_empty() || ws.is_empty() {
+        return;
+    }
+    let n = ws[0].len;
+    assert!(xs.iter().all(|x| x.len() == n) && ws.iter().all(|w| w.len == n), "dot_grid: lengths differ");
+    assert!(out.len() >= (xs.len() - 1) * stride + ws.len() && stride >= ws.len(), "dot_grid: out too short");
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        unsafe { x86::grid_chunked(xs, ws, out, stride) };
+        return;
+    }
+    let mut col = vec![0f32; xs.len()];
+    for (b, w) in ws.iter().enumerate() {
+        super::affine_tile(level, xs, w, &mut col);
+        for (a, v) in col.iter().enumerate() {
+            out[a * stride + b] = *v;
+        }
+    }
 }
 
 /// The fallback: one [`dot_tile`] a weight row (the same bits: each pair is its own canonical dot).
@@ -38,27 +66,52 @@ fn by_columns(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], stride:
     }
 }
 
-/// The weight rows of a grid when they share one plain element type (affine codes take the fallback).
+/// The weight rows of a grid when they share one plain form, f32 or bf16 (affine rows go to
+/// [`dot_grid_chunked`] or the fallback).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Weights<'a> {
-    F32(Vec<&'a [f32]>),
-    Bf16(Vec<&'a [u16]>),
+    F32(Few<&'a [f32]>),
+    Bf16(Few<&'a [u16]>),
+}
+
+/// Weight rows of one form: on the stack for a linear's column block (at most 16, no allocation a block),
+/// else in a vector.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Few<T> {
+    Stack([T; 16], usize),
+    Heap(Vec<T>),
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl<T: Copy + Default> Few<T> {
+    /// Every `f(w)`, or `None` when one is `None`.
+    fn collect<'a>(ws: &[WRow<'a>], f: impl Fn(WRow<'a>) -> Option<T>) -> Option<Self> {
+        if ws.len() > 16 {
+            return ws.iter().map(|w| f(*w)).collect::<Option<_>>().map(Few::Heap);
+        }
+        let mut a = [T::default(); 16];
+        for (o, w) in a.iter_mut().zip(ws) {
+            *o = f(*w)?;
+        }
+        Some(Few::Stack(a, ws.len()))
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            Few::Stack(a, n) => &a[..*n],
+            Few::Heap(v) => v,
+        }
+    }
 }
 
 impl<'a> Weights<'a> {
     fn of(ws: &[WRow<'a>]) -> Option<Self> {
         match ws[0] {
-            WRow::F32(_) => ws
-                .iter()
-                .map(|w| if let WRow::F32(r) = w { Some(*r) } else { None })
-                .collect::<Option<_>>()
-                .map(Weights::F32),
-            WRow::Bf16(_) => ws
-                .iter()
-                .map(|w| if let WRow::Bf16(r) = w { Some(*r) } else { None })
-                .collect::<Option<_>>()
-                .map(Weights::Bf16),
-            _ => None,
+            WRow::F32(_) => Few::collect(ws, |w| if let WRow::F32(r) = w { Some(r) } else { None }).map(Weights::F32),
+            WRow::Bf16(_) => {
+                Few::collect(ws, |w| if let WRow::Bf16(r) = w { Some(r) } else { None }).map(Weights::Bf16)
+            }
+            WRow::Q8 { .. } | WRow::Q4 { .. } => None,
         }
     }
 }
@@ -67,27 +120,89 @@ impl<'a> Weights<'a> {
 mod x86 {
     use super::Weights;
     use crate::simd::LANES;
+    use crate::simd::affine::Chunked;
+    use crate::simd::affine::x86::{chunk512, chunk512_as};
     use crate::simd::x86::{bf16x16, pad};
     use std::arch::x86_64::*;
 
-    /// A weight element type the block loads 16 of as f32 lanes.
-    trait Elem: Copy + Default {
+    /// A weight row the block reads 16 elements at a time as f32 lanes.
+    trait Src: Copy {
+        /// Whether a one-row block runs its 16 weight rows 4 at a time (each loaded value is used once, so the
+        /// 16 widened rows need not be held in registers together); the same accumulations either way.
+        const SPLIT: bool = false;
+        /// Elements.
+        fn len(&self) -> usize;
+        /// Elements `o .. o + 16` widened to f32.
+        ///
         /// # Safety
-        /// 16 elements readable at `p`; avx512f present.
-        unsafe fn load(p: *const Self) -> __m512;
+        /// `o + 16 <= self.len()`; avx512f present.
+        unsafe fn load(&self, o: usize) -> __m512;
+        /// Elements `o ..` (fewer than 16), zero-padded to 16 lanes.
+        ///
+        /// # Safety
+        /// avx512f present.
+        unsafe fn tail(&self, o: usize) -> __m512;
     }
-    impl Elem for f32 {
+    impl Src for &[f32] {
+        fn len(&self) -> usize {
+            <[f32]>::len(self)
+        }
         #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m512 {
+        unsafe fn load(&self, o: usize) -> __m512 {
             // SAFETY: forwarded.
-            unsafe { _mm512_loadu_ps(p) }
+            unsafe { _mm512_loadu_ps(self.as_ptr().add(o)) }
+        }
+        #[inline(always)]
+        unsafe fn tail(&self, o: usize) -> __m512 {
+            // SAFETY: the padded copy holds 16 f32.
+            unsafe { _mm512_loadu_ps(pad(&self[o..]).as_ptr()) }
         }
     }
-    impl Elem for u16 {
+    impl Src for &[u16] {
+        fn len(&self) -> usize {
+            <[u16]>::len(self)
+        }
         #[inline(always)]
-        unsafe fn load(p: *const u16) -> __m512 {
+        unsafe fn load(&self, o: usize) -> __m512 {
             // SAFETY: forwarded.
-            unsafe { bf16x16(p) }
+            unsafe { bf16x16(self.as_ptr().add(o)) }
+        }
+        #[inline(always)]
+        unsafe fn tail(&self, o: usize) -> __m512 {
+            // SAFETY: the padded copy holds 16 u16.
+            unsafe { bf16x16(pad(&self[o..]).as_ptr()) }
+        }
+    }
+    /// A chunked row of 4-bit codes (`Q4`) or of 8-bit codes: the code width fixed at compile time.
+    #[derive(Clone, Copy)]
+    #[repr(transparent)]
+    struct Codes<'a, const Q4: bool>(Chunked<'a>);
+    impl<const Q4: bool> Src for Codes<'_, Q4> {
+        const SPLIT: bool = true;
+        fn len(&self) -> usize {
+            self.0.len
+        }
+        #[inline(always)]
+        unsafe fn load(&self, o: usize) -> __m512 {
+            // SAFETY: forwarded; `grid_chunked` wraps only rows of this code width.
+            unsafe { chunk512_as::<Q4>(&self.0, o) }
+        }
+        unsafe fn tail(&self, _: usize) -> __m512 {
+            unreachable!("a chunked affine row is a whole number of chunks")
+        }
+    }
+    impl Src for Chunked<'_> {
+        const SPLIT: bool = true;
+        fn len(&self) -> usize {
+            self.len
+        }
+        #[inline(always)]
+        unsafe fn load(&self, o: usize) -> __m512 {
+            // SAFETY: forwarded.
+            unsafe { chunk512(self, o) }
+        }
+        unsafe fn tail(&self, _: usize) -> __m512 {
+            unreachable!("a chunked affine row is a whole number of chunks")
         }
     }
 
@@ -100,20 +215,41 @@ mod x86 {
         // SAFETY: forwarded.
         unsafe {
             match ws {
-                Weights::F32(w) => grid_of(xs, w, out, stride),
-                Weights::Bf16(w) => grid_of(xs, w, out, stride),
+                Weights::F32(w) => grid_of(xs, w.as_slice(), out, stride),
+                Weights::Bf16(w) => grid_of(xs, w.as_slice(), out, stride),
+            }
+        }
+    }
+
+    /// [`grid`] over chunked affine rows.
+    ///
+    /// # Safety
+    /// As [`grid`].
+    pub unsafe fn grid_chunked(xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
+        let q4 = ws[0].nibbles;
+        if ws.iter().any(|w| w.nibbles != q4) {
+            // SAFETY: forwarded.
+            return unsafe { grid_of(xs, ws, out, stride) };
+        }
+        // SAFETY: `Codes` is a transparent wrapper of `Chunked` and every row has the width it names; the rest is
+        // forwarded.
+        unsafe {
+            if q4 {
+                grid_of(xs, std::slice::from_raw_parts(ws.as_ptr().cast::<Codes<true>>(), ws.len()), out, stride)
+            } else {
+                grid_of(xs, std::slice::from_raw_parts(ws.as_ptr().cast::<Codes<false>>(), ws.len()), out, stride)
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn grid_of<T: Elem>(xs: &[&[f32]], ws: &[&[T]], out: &mut [f32], stride: usize) {
+    unsafe fn grid_of<T: Src>(xs: &[&[f32]], ws: &[T], out: &mut [f32], stride: usize) {
         let (na, nb) = (xs.len(), ws.len());
         let (a4, b4) = (na / 4 * 4, nb / 4 * 4);
         for a in (0..a4).step_by(4) {
             let x: &[&[f32]; 4] = xs[a..a + 4].try_into().expect("4 rows");
             for b in (0..b4).step_by(4) {
-                let w: &[&[T]; 4] = ws[b..b + 4].try_into().expect("4 rows");
+                let w: &[T; 4] = ws[b..b + 4].try_into().expect("4 rows");
                 // SAFETY: avx512f present (this function's feature); rows share one length.
                 let r = unsafe { block::<4, 4, T>(x, w) };
                 for i in 0..4 {
@@ -130,7 +266,7 @@ mod x86 {
         for a in a4..na {
             let b16 = nb / 16 * 16;
             for b in (0..b16).step_by(16) {
-                let w: &[&[T]; 16] = ws[b..b + 16].try_into().expect("16 rows");
+                let w: &[T; 16] = ws[b..b + 16].try_into().expect("16 rows");
                 // SAFETY: as above.
                 let r = unsafe { block::<1, 16, T>(&[xs[a]], w) };
                 out[a * stride + b..a * stride + b + 16].copy_from_slice(&r);
@@ -145,7 +281,11 @@ mod x86 {
     /// `A x B` canonical dots (`A * B` is 16, or 1 x 1), results row-major by x (`r[a * B + b]`). Pair `p = a * B +
     /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
     #[target_feature(enable = "avx512f")]
-    unsafe fn block<const A: usize, const B: usize, T: Elem>(xs: &[&[f32]; A], ws: &[&[T]; B]) -> [f32; 16] {
+    unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[T; B]) -> [f32; 16] {
+        if T::SPLIT && A == 1 && B == 16 {
+            // SAFETY: forwarded.
+            return unsafe { row_by_fours(xs[0], ws) };
+        }
         let n = ws[0].len();
         let full = n / LANES;
         let mut acc = [_mm512_setzero_ps(); 16];
@@ -155,7 +295,7 @@ mod x86 {
             unsafe {
                 let mut w = [_mm512_setzero_ps(); B];
                 for b in 0..B {
-                    w[b] = T::load(ws[b].as_ptr().add(o));
+                    w[b] = ws[b].load(o);
                 }
                 for a in 0..A {
                     let x = _mm512_loadu_ps(xs[a].as_ptr().add(o));
@@ -167,12 +307,11 @@ mod x86 {
         }
         if n > full * LANES {
             let o = full * LANES;
-            let wt: [[T; LANES]; B] = std::array::from_fn(|b| pad(&ws[b][o..]));
-            // SAFETY: the padded copies hold 16 elements.
+            // SAFETY: tails are padded copies; avx512f present.
             unsafe {
                 let mut w = [_mm512_setzero_ps(); B];
                 for b in 0..B {
-                    w[b] = T::load(wt[b].as_ptr());
+                    w[b] = ws[b].tail(o);
                 }
                 for a in 0..A {
                     let x = _mm512_loadu_ps(pad(&xs[a][o..]).as_ptr());
@@ -192,6 +331,34 @@ mod x86 {
             // SAFETY: avx512f present; r holds 16 f32.
             unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
         }
+        r
+    }
+
+    /// One x row by 16 weight rows, 4 weight rows at a time over the whole row (the x row is re-read from cache,
+    /// the widened weights never leave registers), then one [`fold16`]: each pair's accumulator takes the same
+    /// chunks in the same order as in [`block`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 16] {
+        let n = ws[0].len();
+        debug_assert!(n.is_multiple_of(LANES) && B == 16);
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for q in 0..B / 4 {
+            let w4: &[T; 4] = ws[q * 4..q * 4 + 4].try_into().expect("4 rows");
+            let mut a = [_mm512_setzero_ps(); 4];
+            for o in (0..n).step_by(LANES) {
+                // SAFETY: o + 16 <= n for every row (no tail chunk: `SPLIT` rows are whole chunks).
+                unsafe {
+                    let xv = _mm512_loadu_ps(x.as_ptr().add(o));
+                    for i in 0..4 {
+                        a[i] = _mm512_fmadd_ps(xv, w4[i].load(o), a[i]);
+                    }
+                }
+            }
+            acc[q * 4..q * 4 + 4].copy_from_slice(&a);
+        }
+        let mut r = [0f32; 16];
+        // SAFETY: avx512f present; r holds 16 f32.
+        unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
         r
     }
 
@@ -229,6 +396,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bytes::{Dtype, MatView};
+    use crate::cpu::ops::wrow;
     use crate::simd::available_levels;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -246,7 +415,13 @@ mod tests {
                 let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
                 let rows_f: Vec<WRow> = wf.iter().map(|w| WRow::F32(w)).collect();
                 let rows_b: Vec<WRow> = wb.iter().map(|w| WRow::Bf16(w)).collect();
-                for ws in [rows_f, rows_b] {
+                let mats: Vec<MatView> = [(Dtype::Q4, 32), (Dtype::Q8, 16)]
+                    .into_iter()
+                    .filter(|(_, g)| n % g == 0)
+                    .filter_map(|(d, g)| MatView::from_f32(nb, n, &wf.concat()).quantize_affine(d, g))
+                    .collect();
+                let affine: Vec<Vec<WRow>> = mats.iter().map(|m| (0..nb).map(|j| wrow(m, j)).collect()).collect();
+                for ws in [rows_f, rows_b].into_iter().chain(affine) {
                     for lv in available_levels() {
                         let stride = nb + 3;
                         let mut got = vec![f32::NAN; na * stride];

@@ -8,8 +8,9 @@
 
 use std::sync::OnceLock;
 
+pub mod affine;
 mod grid;
-pub use grid::dot_grid;
+pub use grid::{dot_grid, dot_grid_chunked};
 
 /// Accumulator lanes of the canonical dot.
 pub const LANES: usize = 16;
@@ -148,8 +149,11 @@ pub fn fold(l: &[f32; LANES]) -> f32 {
 pub fn dot_tile(level: Level, xs: &[&[f32]], w: WRow, out: &mut [f32]) {
     // The SIMD paths load by `w.len()`: a shorter row would be read past its end.
     assert!(xs.iter().all(|x| x.len() == w.len()) && out.len() == xs.len(), "dot_tile: row lengths differ");
+    if let Some(c) = affine::Chunked::of(w) {
+        return affine_tile(level, xs, &c, out);
+    }
     if w.is_affine() {
-        // Codes widen once a tile, each weight exactly `fma(q, scale, bias)` in f32 (the value the portable path
+        // Other groups widen once a tile, each weight exactly `fma(q, scale, bias)` in f32 (the value the portable path
         // multiplies by), then run the f32 dot: the canonical order, the same bits on every level and width.
         let wide: Vec<f32> = (0..w.len()).map(|i| w.get(i)).collect();
         return dot_tile(level, xs, WRow::F32(&wide), out);
@@ -173,6 +177,42 @@ pub fn dot_tile(level: Level, xs: &[&[f32]], w: WRow, out: &mut [f32]) {
     }
     for (x, o) in xs.iter().zip(out.iter_mut()) {
         *o = dot_portable(x, w);
+    }
+}
+
+/// [`dot_tile`] over a chunked affine row: its codes widen 16 at a time in registers (each weight
+/// `fma(q, scale, bias)`), shared by 4 x rows a tile; the same bits as the f32 dot over the widened row.
+pub(crate) fn affine_tile(level: Level, xs: &[&[f32]], w: &affine::Chunked, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level != Level::Portable {
+        let one = |x: &[&[f32]; 1]| {
+            // SAFETY: the features of `level` were detected; every row has `w.len` elements (checked by dot_tile).
+            unsafe { if level == Level::Avx512 { affine::x86::dot512(x, w) } else { affine::x86::dot256(x, w) } }
+        };
+        let mut r = 0;
+        while r + 4 <= xs.len() {
+            let tile = [xs[r], xs[r + 1], xs[r + 2], xs[r + 3]];
+            // SAFETY: as above.
+            let o = unsafe {
+                if level == Level::Avx512 { affine::x86::dot512(&tile, w) } else { affine::x86::dot256(&tile, w) }
+            };
+            out[r..r + 4].copy_from_slice(&o);
+            r += 4;
+        }
+        for (x, o) in xs[r..].iter().zip(&mut out[r..]) {
+            *o = one(&[*x])[0];
+        }
+        return;
+    }
+    for (x, o) in xs.iter().zip(out.iter_mut()) {
+        let mut acc = [0f32; LANES];
+        for c in (0..w.len).step_by(LANES) {
+            let wv = w.widen_portable(c);
+            for l in 0..LANES {
+                acc[l] = x[c + l].mul_add(wv[l], acc[l]);
+            }
+        }
+        *o = fold(&acc);
     }
 }
 
@@ -354,6 +394,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bytes::Dtype;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect()
@@ -368,9 +409,14 @@ mod tests {
             let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
             let q = crate::bytes::MatView::from_f32(1, n, &w).quantize_q8(n.min(64)).filter(|_| n % 64 == 0 || n < 64);
             let q8 = q.as_ref().map(|m| crate::cpu::ops::wrow(m, 0));
-            for row in [Some(WRow::F32(&w)), Some(WRow::Bf16(&wb)), q8].into_iter().flatten() {
+            let q4m = (n % 32 == 0).then(|| crate::bytes::MatView::from_f32(1, n, &w).quantize_affine(Dtype::Q4, 32));
+            let q4 = q4m.as_ref().and_then(|m| m.as_ref()).map(|m| crate::cpu::ops::wrow(m, 0));
+            for row in [Some(WRow::F32(&w)), Some(WRow::Bf16(&wb)), q8, q4].into_iter().flatten() {
                 let mut want = vec![0f32; 6];
                 dot_tile(Level::Portable, &refs, row, &mut want);
+                for (x, v) in refs.iter().zip(&want) {
+                    assert_eq!(v.to_bits(), dot_portable(x, row).to_bits(), "n={n}: element-by-element dot");
+                }
                 for lv in available_levels() {
                     let mut got = vec![0f32; 6];
                     dot_tile(lv, &refs, row, &mut got);
