@@ -23,6 +23,8 @@ pub mod shutdown;
 pub mod state;
 pub mod stops;
 pub mod structured;
+#[cfg(test)]
+mod tests_fuzz;
 pub mod tools;
 
 use axum::Router;
