@@ -2,7 +2,9 @@
 //! and the collectives between them (NCCL on GPUs, the host stand-in on CPU ranks).
 
 use anyhow::Context;
-use tensorfold_kernels::{Backend, Collective, CpuBackend, HostCollective};
+use tensorfold_kernels::{
+    Backend, Collective, CpuBackend, DEFAULT_DEVICE_DEADLINE, DeviceWatch, HostCollective, Watched,
+};
 use tensorfold_model::{Loaded, Source};
 
 /// The device flags every running command takes (each has a `TENSORFOLD_*` environment mirror).
@@ -29,7 +31,7 @@ pub trait Ranks: Backend + Clone + 'static {
 
 impl Ranks for CpuBackend {
     fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
-        Ok(Box::new(HostCollective::new(ranks.len())))
+        Ok(Box::new(Watched::new(HostCollective::new(ranks.len()), DeviceWatch::new(DEFAULT_DEVICE_DEADLINE))))
     }
 }
 
@@ -37,7 +39,7 @@ impl Ranks for CpuBackend {
 impl Ranks for tensorfold_kernels::CudaBackend {
     fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
         let c = tensorfold_kernels::cuda::NcclCollective::new(ranks).map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
-        Ok(Box::new(c))
+        Ok(Box::new(Watched::new(c, DeviceWatch::new(DEFAULT_DEVICE_DEADLINE))))
     }
 }
 
