@@ -331,3 +331,104 @@ fn the_body_mutations_reach_both_outcomes_on_both_routes() {
         assert!((30..=270).contains(&ok), "chat {chat}: {ok} of 300 bodies accepted");
     }
 }
+
+/// Model output around tool calls: the markers, call-list syntax (names, keyword arguments, literals, brackets,
+/// quotes, escapes) and arbitrary text.
+fn tool_text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        prop::sample::select(vec![
+            crate::tools::split::CALL_START,
+            crate::tools::split::CALL_END,
+            "<|tool_call",
+            "[",
+            "]",
+            "(",
+            ")",
+            "{",
+            "}",
+            "get_weather",
+            "now",
+            "city=",
+            "\"Paris\"",
+            "'x\\'y'",
+            "1e400",
+            "-0",
+            "True",
+            "None",
+            "null",
+            ", ",
+            ":",
+            "\"name\": \"now\"",
+            "\"arguments\": {}",
+            "\\u00e9",
+            "é",
+            "\n",
+            "<|tool_call_start|>[get_weather(city=\"Paris\"), now()]<|tool_call_end|>",
+            "<|tool_call_start|>[{\"name\": \"now\", \"arguments\": {\"a\": [1, {\"b\": null}]}}]<|tool_call_end|>",
+        ])
+        .prop_map(str::to_string),
+        any::<String>().prop_map(|s| s.chars().take(4).collect()),
+        (1usize..80).prop_map(|n| "[".repeat(n)),
+    ];
+    prop::collection::vec(piece, 0..24).prop_map(|p| p.concat())
+}
+
+/// The splitter's output with adjacent text merged and call ids dropped (they are random).
+fn split_all(pieces: &[&str]) -> Vec<(String, Vec<(String, String)>)> {
+    use crate::tools::split::{Out, Splitter};
+    let mut s = Splitter::new(vec!["get_weather".into(), "now".into()]);
+    let mut outs: Vec<Out> = pieces.iter().flat_map(|p| s.push(p)).collect();
+    outs.extend(s.finish());
+    let mut merged: Vec<(String, Vec<(String, String)>)> = vec![];
+    for o in outs {
+        match o {
+            Out::Text(t) => match merged.last_mut() {
+                Some((text, calls)) if calls.is_empty() => *text += &t,
+                _ => merged.push((t, vec![])),
+            },
+            Out::Calls(c) => {
+                let calls = c.into_iter().map(|c| (c.function.name, c.function.arguments)).collect();
+                merged.push((String::new(), calls));
+            }
+        }
+    }
+    merged
+}
+
+proptest! {
+    #![proptest_config(fuzz_config(256))]
+
+    #[test]
+    fn tool_calls_read_the_same_whatever_the_pieces_and_text_round_trips(
+        text in tool_text(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)
+    ) {
+        // The bounded literal reader refuses by name, whatever the text (deep nesting included).
+        let _ = crate::tools::pyliteral::parse_calls(&text);
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
+        at.extend([0, text.len()]);
+        at.sort_unstable();
+        at.dedup();
+        let pieces: Vec<&str> = at.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+        let whole = split_all(&[&text]);
+        prop_assert_eq!(&split_all(&pieces), &whole);
+        // Without calls read, the content is the text as it was, markers included.
+        if whole.iter().all(|(_, c)| c.is_empty()) {
+            prop_assert_eq!(whole.into_iter().map(|(t, _)| t).collect::<String>(), text);
+        }
+    }
+}
+
+/// The generated model output reads as calls often enough for the property above to test the reader.
+#[test]
+fn the_tool_texts_read_as_calls_in_some_cases_and_as_text_in_others() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::new(fuzz_config(1));
+    let strategy = tool_text();
+    let with_calls = (0..300)
+        .filter(|_| {
+            let text = strategy.new_tree(&mut runner).expect("a text").current();
+            split_all(&[&text]).iter().any(|(_, c)| !c.is_empty())
+        })
+        .count();
+    assert!((15..=285).contains(&with_calls), "{with_calls} of 300 texts read as calls");
+}
