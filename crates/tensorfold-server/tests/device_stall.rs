@@ -1,7 +1,8 @@
 //! A device that stops answering without an error (a planted stall in the host-rank stand-in's collective, feature
 //! `planted-faults`) is caught by the deadline on device waits: the engine stops with `DeviceFailure: ...` naming
-//! the deadline, `serve` returns that error (the binary exits non-zero) within the stall and a few seconds, and once
-//! the stalled wait returns, the request in flight ends with the same failure.
+//! the deadline, a request waiting over HTTP is answered 503, `serve` returns that error (the binary exits non-zero)
+//! within the stall and a few seconds, and once the stalled wait returns, the request in flight ends with the same
+//! failure.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,10 +13,10 @@ use tensorfold_kernels::deadline::StallingCollective;
 use tensorfold_kernels::{CpuBackend, DeviceWatch, Watched};
 use tensorfold_model::{Source, open_expert_parallel};
 use tensorfold_server::state::Ready;
-use tensorfold_server::{ServeOptions, serve};
+use tensorfold_server::{ServeOptions, serve_on};
 
 const DEADLINE: Duration = Duration::from_millis(300);
-const STALL: Duration = Duration::from_secs(3);
+const STALL: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_collective_past_its_deadline_stops_the_engine_and_the_server_by_name() {
@@ -41,10 +42,25 @@ async fn a_stalled_collective_past_its_deadline_stops_the_engine_and_the_server_
         conn: Default::default(),
         http: Default::default(),
     };
+    let listener = tokio::net::TcpListener::bind(opts.addr).await.expect("binding loopback");
+    let url = format!("http://{}/v1/completions", listener.local_addr().expect("an address"));
+    let never = std::future::pending::<()>();
+    let server = tokio::spawn(serve_on(listener, opts, move || Ok((ready, engine)), never));
+    // A request over HTTP waiting on the stalled engine is answered 503 when the deadline stops it.
+    let body = serde_json::json!({"prompt": [7, 8, 9], "max_tokens": 8, "temperature": 0});
+    let client = reqwest::Client::builder().no_proxy().build().expect("a client");
     let t = Instant::now();
-    let served = tokio::time::timeout(Duration::from_secs(20), serve(opts, move || Ok((ready, engine))))
+    let reply = tokio::time::timeout(Duration::from_secs(20), client.post(&url).json(&body).send())
         .await
-        .expect("serve returns on its own");
+        .expect("answered before the test's deadline")
+        .expect("answered, not dropped");
+    // At the deadline (and the server's 200 ms poll), not when the stall ends.
+    assert!(t.elapsed() < STALL - Duration::from_secs(2), "answered after {:?}", t.elapsed());
+    assert_eq!(reply.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE, "{:?}", reply.text().await);
+    let served = tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("serve returns on its own")
+        .expect("the serve task");
     let err = served.expect_err("a device past its deadline is an error exit");
     assert!(err.starts_with("engine stopped: DeviceFailure:") && err.contains("deadline"), "{err}");
     assert!(handle.metrics().failure.is_some_and(|f| f.contains("forward")), "the wait named");
