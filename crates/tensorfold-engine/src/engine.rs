@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
+use tensorfold_kernels::DeviceWatch;
 
 enum Command {
     Submit(Request, Sink, Sender<Result<RequestId, SubmitError>>),
@@ -81,6 +83,9 @@ impl Engine {
         let metrics = Arc::new(Mutex::new(Metrics::default()));
         let m = metrics.clone();
         let alive = Arc::new(AtomicBool::new(true));
+        if let Some(watch) = target.device_watch() {
+            watchdog(watch, alive.clone(), metrics.clone());
+        }
         let flag = AliveFlag(alive.clone());
         let thread = std::thread::Builder::new()
             .name("tensorfold-engine".into())
@@ -116,6 +121,32 @@ impl Drop for AliveFlag {
         if std::thread::panicking() {
             eprintln!("error: the engine thread panicked; the server can no longer generate");
         }
+    }
+}
+
+/// Watches the target's device waits from a thread of its own: one past its deadline is a lost device. The
+/// engine thread may never come back from it, so the watchdog records `DeviceFailure: ...` in the metrics and clears
+/// the alive flag itself (the server then exits non-zero, as for a reported failure); should the wait return, its
+/// forward is refused with the same error (`Watched::check`) and the core ends every stream with it. The watchdog
+/// ends with the engine.
+fn watchdog(watch: Arc<DeviceWatch>, alive: Arc<AtomicBool>, metrics: Arc<Mutex<Metrics>>) {
+    let period = (watch.deadline() / 10).clamp(Duration::from_millis(1), Duration::from_millis(500));
+    let spawned = std::thread::Builder::new().name("tensorfold-device-watchdog".into()).spawn(move || {
+        while alive.load(Ordering::Acquire) {
+            if let Some(e) = watch.overdue() {
+                let failure = format!("DeviceFailure: {e}");
+                eprintln!("error: engine stopped: {failure}");
+                if let Ok(mut m) = metrics.lock() {
+                    m.failure = Some(failure);
+                }
+                alive.store(false, Ordering::Release);
+                return;
+            }
+            std::thread::sleep(period);
+        }
+    });
+    if let Err(e) = spawned {
+        eprintln!("warning: no device watchdog ({e}): device waits have no deadline");
     }
 }
 

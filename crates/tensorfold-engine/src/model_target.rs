@@ -30,6 +30,10 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     type State = StreamState<B>;
     type Held = HeldBlocks<B>;
 
+    fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
+        self.model.device_watch()
+    }
+
     fn caps(&self) -> Caps {
         Caps {
             vocab: self.model.cfg.vocab,

@@ -103,6 +103,11 @@ pub trait Target: Send + 'static {
     type Held: Send;
     /// What the target states about itself.
     fn caps(&self) -> Caps;
+    /// The watch of its device waits, when they have a deadline: the engine's watchdog stops the engine with a
+    /// `DeviceFailure` once a wait runs past it (`Engine::start`). `None` (the default): no deadline.
+    fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
+        None
+    }
     /// A fresh state at position 0.
     fn new_state(&self) -> Self::State;
     /// Positions a state has consumed.

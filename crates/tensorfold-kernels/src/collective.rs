@@ -24,6 +24,11 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn check(&self) -> Result<(), KernelError> {
         Ok(())
     }
+    /// The watch its calls enter, when they are under a deadline (`crate::deadline::Watched`); the forward enters
+    /// it too, so a device sync that never returns is caught as well.
+    fn watch(&self) -> Option<std::sync::Arc<crate::deadline::DeviceWatch>> {
+        None
+    }
 }
 
 /// The experts each of `world` ranks owns: contiguous ranges, rank 0 first, the first `experts % world` ranks one

@@ -11,6 +11,7 @@ pub mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod deadline;
 pub mod sample;
 pub mod shape;
 pub mod simd;
@@ -27,3 +28,4 @@ pub use collective::{Collective, HostCollective, expert_ranges};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaError};
+pub use deadline::{DEFAULT_DEVICE_DEADLINE, DeviceWatch, Watched};

@@ -124,6 +124,14 @@ impl<B: Backend> ExpertParallel<B> {
     }
 }
 
+impl<B: Backend> Model<B> {
+    /// The deadline watch of the model's collective, when it has one (`tensorfold_kernels::Watched`); a watchdog
+    /// reads it (the engine's, `tensorfold_engine::Engine::start`).
+    pub fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
+        self.ep.as_ref().and_then(|e| e.comm.watch())
+    }
+}
+
 /// Opens a MoE checkpoint with its experts split over `backends` (rank 0 first; [`expert_ranges`]): rank 0 binds
 /// every other tensor and its experts, each other rank only its experts. `comm` spans the same devices in the same
 /// order. A dense model on one rank opens plainly. Errors: [`OpenError::ExpertParallel`] for a dense model on several

@@ -63,6 +63,10 @@ impl<B: Backend> Model<B> {
     /// collective's failure after that is returned as it happened.
     pub fn forward(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         self.check(&batch)?;
+        // Under a device deadline (expert parallelism's collectives), the whole forward is one watched wait: its
+        // collectives and the sync that reads its results (`tensorfold_kernels::deadline`).
+        let watch = self.device_watch();
+        let _waiting = watch.as_ref().map(|w| w.enter("forward"));
         let rows = batch.tokens.len();
         let from = batch.held.as_ref().map(|h| h.picks(rows)).transpose()?;
         let (b, w, h) = (&self.backend, &self.weights, self.cfg.hidden);

@@ -24,6 +24,8 @@ pub mod shutdown;
 pub mod state;
 pub mod stops;
 pub mod structured;
+#[cfg(test)]
+mod tests_fuzz;
 pub mod tools;
 
 use axum::Router;
@@ -211,6 +213,8 @@ pub async fn serve_on<K: Send + 'static>(
             // The engine ended every stream with the failure already; stop serving and exit non-zero.
             tracing::error!("engine stopped: {failure}; shutting down");
             stop_accepting();
+            // A wedged engine (a device past its deadline) never ends its streams: answer them 503 now.
+            state.shutdown.cancel_all();
             let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
             shutdown::stop_engine(keep).await;
             return Err(format!("engine stopped: {failure}"));

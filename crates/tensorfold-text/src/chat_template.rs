@@ -103,7 +103,8 @@ impl Text {
     /// # Errors
     /// [`TextError::NoChatTemplate`] without a template; [`TextError::Template`] for a
     /// compile/render error or a `raise_exception` call (carrying its message);
-    /// [`TextError::TemplateBudget`] / [`TextError::TemplateTooLarge`] past the bounds.
+    /// [`TextError::TemplateBudget`] / [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the
+    /// bounds.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
         self.render_chat_with_tools(messages, add_generation_prompt, None)
     }
@@ -122,7 +123,22 @@ impl Text {
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TextError> {
         let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
+        if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
+            return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
+        }
         let source = crate::template_compat::generation_blocks(source);
+        // On a thread of its own with a deep stack: minijinja recurses as deep as a template nests its values.
+        template_limits::on_render_stack(|| self.render_source(&source, messages, add_generation_prompt, tools))
+    }
+
+    /// One render of `source` (the body of [`Text::render_chat_with_tools`]).
+    fn render_source(
+        &self,
+        source: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, TextError> {
         let raised: Arc<OnceLock<String>> = Arc::default();
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -136,6 +152,7 @@ impl Text {
         env.add_filter("format", template_limits::format_filter);
         env.add_filter("tojson", crate::tojson::tojson_filter);
         env.add_filter("string", crate::template_compat::string_filter);
+        env.add_filter("pprint", template_limits::pprint_filter);
         let sink = Arc::clone(&raised);
         env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
             let _ = sink.set(msg.clone());
@@ -157,7 +174,7 @@ impl Text {
         };
         // Written through a capped writer, so a render past the size limit stops as it passes it.
         let mut out = Capped { buf: Vec::new(), over: false };
-        let rendered = env.template_from_str(&source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
+        let rendered = env.template_from_str(source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
         if let Err(e) = rendered {
             return Err(match (template_limits::budget_error(&e, out.over), raised.get()) {
                 (Some(limit), _) => limit,
@@ -173,7 +190,7 @@ impl Text {
     /// roles) are left to requests.
     ///
     /// # Errors
-    /// [`TextError::TemplateBudget`] or [`TextError::TemplateTooLarge`].
+    /// [`TextError::TemplateBudget`], [`TextError::TemplateTooLarge`] or [`TextError::TemplateSource`].
     pub fn probe_chat_template(&self) -> Result<(), TextError> {
         if self.chat_template.is_none() {
             return Ok(());
@@ -185,7 +202,11 @@ impl Text {
             ChatMessage::new("user", "Bye."),
         ];
         match self.render_chat(&probe, true) {
-            Err(e @ (TextError::TemplateBudget { .. } | TextError::TemplateTooLarge { .. })) => Err(e),
+            Err(
+                e @ (TextError::TemplateBudget { .. }
+                | TextError::TemplateTooLarge { .. }
+                | TextError::TemplateSource { .. }),
+            ) => Err(e),
             _ => Ok(()),
         }
     }

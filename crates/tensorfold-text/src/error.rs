@@ -43,6 +43,14 @@ pub enum TextError {
         /// The size limit in bytes.
         limit: usize,
     },
+    /// The chat template's source is over its size limit (refused at open, before it is parsed).
+    #[error("chat template: its source is {bytes} bytes, over the limit of {limit}")]
+    TemplateSource {
+        /// The source's length in bytes.
+        bytes: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The prompt text contributes no tokens.
     #[error("the prompt tokenizes to zero tokens")]
     EmptyPrompt,

@@ -23,4 +23,6 @@ mod tests;
 #[cfg(test)]
 mod tests_bounds;
 #[cfg(test)]
+mod tests_fuzz;
+#[cfg(test)]
 mod tests_tools;

@@ -1,7 +1,8 @@
 //! Bounds on rendering a chat template (templates come with checkpoints from a hub: they are input): minijinja's
-//! fuel as a step budget, a cap on the rendered size, and format widths refused before they allocate.
+//! fuel as a step budget, a cap on the rendered size, format widths refused before they allocate, a cap on the
+//! template's source, and a render thread whose stack holds the deepest value the fuel lets a template build.
 
-use minijinja::value::Value;
+use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
 
 use crate::error::TextError;
@@ -16,6 +17,87 @@ pub const TEMPLATE_MAX_BYTES: usize = 8 << 20;
 /// Largest width or precision a format spec may ask for (`"%9999999999s"|format(x)`, `"{:>9999999999}".format(x)`
 /// allocate that much at once, before fuel or the size cap can see it).
 pub const MAX_FORMAT_WIDTH: usize = 1 << 16;
+
+/// Largest template source: 256 KiB (released templates are a few KiB). Parsing nests as the source does (a
+/// chain of filters is one level each), so the source bounds the parser's depth.
+pub const TEMPLATE_MAX_SOURCE: usize = 256 << 10;
+
+/// Stack of the thread each render runs on: 512 MiB reserved, touched only as deep as a render goes. minijinja
+/// drops, prints and compares nested values recursively (about 400 bytes of stack a level), and the fuel lets a
+/// template nest a list about 450,000 deep (`{% set ns.x = [ns.x] %}` in a loop), about 180 MiB of stack; the
+/// 2 MiB of a worker thread overflow at 10,000 and abort the process.
+pub const RENDER_STACK_BYTES: usize = 512 << 20;
+
+/// Deepest value our own filters (`tojson`, `pprint`) walk: 128 levels, as serde_json parses.
+pub const MAX_VALUE_DEPTH: usize = 128;
+
+/// Runs one render on its own thread with [`RENDER_STACK_BYTES`] of stack (scoped: it may borrow).
+///
+/// # Errors
+/// [`TextError::Template`] when the thread cannot be started or the render panicked.
+pub(crate) fn on_render_stack<T: Send>(f: impl FnOnce() -> Result<T, TextError> + Send) -> Result<T, TextError> {
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("chat-template".into())
+            .stack_size(RENDER_STACK_BYTES)
+            .spawn_scoped(scope, f)
+            .map_err(|e| TextError::Template(format!("cannot start the render thread: {e}")))?;
+        thread.join().unwrap_or_else(|_| Err(TextError::Template("the render panicked".into())))
+    })
+}
+
+/// Whether `v` nests at most `max` levels of lists and maps (a walk that stops past `max`, so its own depth is
+/// bounded).
+pub(crate) fn depth_within(v: &Value, max: usize) -> bool {
+    let Some(items) = v.as_object().filter(|_| matches!(v.kind(), ValueKind::Seq | ValueKind::Map)) else {
+        return true;
+    };
+    if max == 0 {
+        return false;
+    }
+    let Some(iter) = items.try_iter() else { return true };
+    let is_map = v.kind() == ValueKind::Map;
+    iter.into_iter().all(|k| {
+        let child = if is_map { v.get_item(&k).unwrap_or_default() } else { k };
+        depth_within(&child, max - 1)
+    })
+}
+
+/// The refusal of a value nested past [`MAX_VALUE_DEPTH`].
+pub(crate) fn too_deep(filter: &str) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("{filter}: the value nests past {MAX_VALUE_DEPTH} levels"))
+}
+
+/// `pprint`: minijinja's pretty form (`{:#?}`), refused past [`MAX_VALUE_DEPTH`] levels (its indentation makes
+/// the text grow with the square of the depth) and stopped at [`TEMPLATE_MAX_BYTES`] as it is written.
+pub(crate) fn pprint_filter(value: &Value) -> Result<String, Error> {
+    if !depth_within(value, MAX_VALUE_DEPTH) {
+        return Err(too_deep("pprint"));
+    }
+    let mut out = CappedText(String::new());
+    std::fmt::Write::write_fmt(&mut out, format_args!("{value:#?}")).map_err(|_| over_size())?;
+    Ok(out.0)
+}
+
+/// The refusal of a filter's text past [`TEMPLATE_MAX_BYTES`] (read as [`TextError::TemplateTooLarge`]).
+pub(crate) fn over_size() -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("{OVER_SIZE} ({TEMPLATE_MAX_BYTES} bytes)"))
+}
+
+const OVER_SIZE: &str = "a filter's text is over the size limit";
+
+/// A `fmt::Write` that fails once its text would pass [`TEMPLATE_MAX_BYTES`].
+struct CappedText(String);
+
+impl std::fmt::Write for CappedText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.0.len() + s.len() > TEMPLATE_MAX_BYTES {
+            return Err(std::fmt::Error);
+        }
+        self.0.push_str(s);
+        Ok(())
+    }
+}
 
 /// A writer that refuses to grow past [`TEMPLATE_MAX_BYTES`] (and records that it did).
 pub(crate) struct Capped {
@@ -44,7 +126,7 @@ pub(crate) fn budget_error(e: &Error, over: bool) -> Option<TextError> {
     if e.kind() == ErrorKind::OutOfFuel {
         return Some(TextError::TemplateBudget { fuel: TEMPLATE_FUEL });
     }
-    if over || e.detail().is_some_and(|d| d.contains(WIDTH_REFUSED)) {
+    if over || e.detail().is_some_and(|d| d.contains(WIDTH_REFUSED) || d.contains(OVER_SIZE)) {
         return Some(TextError::TemplateTooLarge { limit: TEMPLATE_MAX_BYTES });
     }
     None

@@ -5,6 +5,8 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Error, ErrorKind};
 use serde_json::Value as Json;
 
+use crate::template_limits::{MAX_VALUE_DEPTH, TEMPLATE_MAX_BYTES, depth_within, over_size, too_deep};
+
 /// Largest `indent` a template may ask for (a huge one would allocate that much a line).
 const MAX_INDENT: usize = 64;
 
@@ -13,7 +15,9 @@ const MAX_INDENT: usize = 64;
 /// `ensure_ascii` and `separators` are read and ignored; `sort_keys` sorts object keys.
 ///
 /// # Errors
-/// A value with no JSON form (an undefined inside a strict template), or an `indent` past [`MAX_INDENT`].
+/// A value with no JSON form (an undefined inside a strict template), an `indent` past [`MAX_INDENT`], a value
+/// nested past [`MAX_VALUE_DEPTH`] (checked before serde walks it recursively), or a text past
+/// [`TEMPLATE_MAX_BYTES`] (stopped as it is written).
 pub(crate) fn tojson_filter(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
         None => None,
@@ -27,12 +31,15 @@ pub(crate) fn tojson_filter(value: &Value, indent: Option<Value>, kwargs: Kwargs
     let _ = kwargs.get::<Option<Value>>("ensure_ascii")?;
     let _ = kwargs.get::<Option<Value>>("separators")?;
     kwargs.assert_all_used()?;
+    if !depth_within(value, MAX_VALUE_DEPTH) {
+        return Err(too_deep("tojson"));
+    }
     let mut json = serde_json::to_value(value).map_err(|e| bad(&format!("no JSON form: {e}")))?;
     if sort_keys {
         sort(&mut json);
     }
     let mut out = String::new();
-    write(&mut out, &json, indent, 0);
+    write(&mut out, &json, indent, 0).ok_or_else(over_size)?;
     Ok(Value::from_safe_string(out))
 }
 
@@ -56,8 +63,12 @@ fn sort(v: &mut Json) {
     }
 }
 
-/// Writes `v` at nesting `depth`: compact Python spacing, or one item a line at `indent` spaces a level.
-fn write(out: &mut String, v: &Json, indent: Option<usize>, depth: usize) {
+/// Writes `v` at nesting `depth`: compact Python spacing, or one item a line at `indent` spaces a level. `None`
+/// once the text passes [`TEMPLATE_MAX_BYTES`].
+fn write(out: &mut String, v: &Json, indent: Option<usize>, depth: usize) -> Option<()> {
+    if out.len() > TEMPLATE_MAX_BYTES {
+        return None;
+    }
     let newline = |out: &mut String, d: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -73,7 +84,7 @@ fn write(out: &mut String, v: &Json, indent: Option<usize>, depth: usize) {
                     out.push_str(sep);
                 }
                 newline(out, depth + 1);
-                write(out, x, indent, depth + 1);
+                write(out, x, indent, depth + 1)?;
             }
             newline(out, depth);
             out.push(']');
@@ -87,7 +98,7 @@ fn write(out: &mut String, v: &Json, indent: Option<usize>, depth: usize) {
                 newline(out, depth + 1);
                 out.push_str(&Json::String(k.clone()).to_string());
                 out.push_str(": ");
-                write(out, x, indent, depth + 1);
+                write(out, x, indent, depth + 1)?;
             }
             newline(out, depth);
             out.push('}');
@@ -95,6 +106,7 @@ fn write(out: &mut String, v: &Json, indent: Option<usize>, depth: usize) {
         // Scalars and empty containers: serde_json's text is Python's (`[]`, `{}`, `1.5`, `"é"`, `null`).
         other => out.push_str(&other.to_string()),
     }
+    Some(())
 }
 
 #[cfg(test)]

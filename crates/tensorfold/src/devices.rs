@@ -2,7 +2,9 @@
 //! and the collectives between them (NCCL on GPUs, the host stand-in on CPU ranks).
 
 use anyhow::Context;
-use tensorfold_kernels::{Backend, Collective, CpuBackend, HostCollective};
+use tensorfold_kernels::{
+    Backend, Collective, CpuBackend, DEFAULT_DEVICE_DEADLINE, DeviceWatch, HostCollective, Watched,
+};
 use tensorfold_model::{Loaded, Source};
 
 /// The device flags every running command takes (each has a `TENSORFOLD_*` environment mirror).
@@ -19,25 +21,38 @@ pub struct DeviceArgs {
     /// model's experts a layer; a dense model takes only 1. Default: one device, no collectives.
     #[arg(long, env = "TENSORFOLD_GPUS")]
     pub gpus: Option<usize>,
+    /// Seconds a collective or a forward of `--gpus` ranks may wait on a device before it counts as lost: past it the
+    /// engine stops with `DeviceFailure` and `serve` exits non-zero (docs/multi-gpu.md).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEVICE_DEADLINE.as_secs_f64(), env = "TENSORFOLD_DEVICE_DEADLINE")]
+    pub device_deadline: f64,
+}
+
+impl DeviceArgs {
+    /// `--device-deadline` as a duration. Errors: not a positive number of seconds (at most a day), by name.
+    pub fn deadline(&self) -> anyhow::Result<std::time::Duration> {
+        let s = self.device_deadline;
+        anyhow::ensure!(s.is_finite() && s > 0.0 && s <= 86_400.0, "--device-deadline {s}: give seconds in (0, 86400]");
+        Ok(std::time::Duration::from_secs_f64(s))
+    }
 }
 
 /// A backend whose devices can work together: how to make the collective over a list of them.
 pub trait Ranks: Backend + Clone + 'static {
     /// The collective over `ranks` (rank 0 first).
-    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>>;
+    fn collective(ranks: &[Self], deadline: std::time::Duration) -> anyhow::Result<Box<dyn Collective<Self>>>;
 }
 
 impl Ranks for CpuBackend {
-    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
-        Ok(Box::new(HostCollective::new(ranks.len())))
+    fn collective(ranks: &[Self], deadline: std::time::Duration) -> anyhow::Result<Box<dyn Collective<Self>>> {
+        Ok(Box::new(Watched::new(HostCollective::new(ranks.len()), DeviceWatch::new(deadline))))
     }
 }
 
 #[cfg(feature = "cuda")]
 impl Ranks for tensorfold_kernels::CudaBackend {
-    fn collective(ranks: &[Self]) -> anyhow::Result<Box<dyn Collective<Self>>> {
+    fn collective(ranks: &[Self], deadline: std::time::Duration) -> anyhow::Result<Box<dyn Collective<Self>>> {
         let c = tensorfold_kernels::cuda::NcclCollective::new(ranks).map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
-        Ok(Box::new(c))
+        Ok(Box::new(Watched::new(c, DeviceWatch::new(deadline))))
     }
 }
 
@@ -47,6 +62,8 @@ pub struct Devices<B> {
     pub backend: B,
     /// Every rank, rank 0 first, with `--gpus` (a world of 1 still takes the expert-parallel path).
     pub ranks: Option<Vec<B>>,
+    /// The deadline on the ranks' collectives and forwards (`--device-deadline`).
+    pub deadline: std::time::Duration,
 }
 
 impl<B: Ranks> Devices<B> {
@@ -55,7 +72,7 @@ impl<B: Ranks> Devices<B> {
     pub fn open(&self, src: &Source) -> anyhow::Result<Loaded<B>> {
         let loaded = match &self.ranks {
             None => tensorfold_model::open(src, self.backend.clone()),
-            Some(r) => tensorfold_model::open_expert_parallel(src, r.clone(), B::collective(r)?),
+            Some(r) => tensorfold_model::open_expert_parallel(src, r.clone(), B::collective(r, self.deadline)?),
         }
         .with_context(|| format!("opening {}", src.describe()))?;
         tracing::info!("opened {} on {} x{}", src.describe(), self.backend.name(), loaded.model.world());
@@ -95,13 +112,14 @@ pub fn ranks<B>(
 }
 
 /// The CPU, or `--gpus n` host ranks (the stand-in for the collectives CI runs).
-pub fn cpu(gpus: Option<usize>) -> anyhow::Result<Devices<CpuBackend>> {
-    Ok(Devices { backend: CpuBackend, ranks: ranks(0, gpus, |_| Ok(CpuBackend))? })
+pub fn cpu(d: &DeviceArgs) -> anyhow::Result<Devices<CpuBackend>> {
+    Ok(Devices { backend: CpuBackend, ranks: ranks(0, d.gpus, |_| Ok(CpuBackend))?, deadline: d.deadline()? })
 }
 
 /// GPU `gpu`, or with `--gpus n` GPUs `gpu .. gpu + n` (refused by name without a driver or such a GPU).
 #[cfg(feature = "cuda")]
-pub fn cuda(gpu: usize, gpus: Option<usize>) -> anyhow::Result<Devices<tensorfold_kernels::CudaBackend>> {
+pub fn cuda(d: &DeviceArgs) -> anyhow::Result<Devices<tensorfold_kernels::CudaBackend>> {
+    let (gpu, gpus, deadline) = (d.gpu, d.gpus, d.deadline()?);
     let open = |g: usize| {
         let be = tensorfold_kernels::CudaBackend::new(g).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
         tracing::info!("CUDA device {g}: {} ({})", be.device_name(), be.arch());
@@ -115,5 +133,5 @@ pub fn cuda(gpu: usize, gpus: Option<usize>) -> anyhow::Result<Devices<tensorfol
         Some(r) => r[0].clone(),
         None => open(gpu)?,
     };
-    Ok(Devices { backend, ranks })
+    Ok(Devices { backend, ranks, deadline })
 }

@@ -183,9 +183,9 @@ pub trait OnBackend {
 pub fn on_device(d: devices::DeviceArgs, job: impl OnBackend) -> anyhow::Result<ExitCode> {
     check_device(d.device)?;
     match d.device {
-        Device::Cpu => job.run(devices::cpu(d.gpus)?),
+        Device::Cpu => job.run(devices::cpu(&d)?),
         #[cfg(feature = "cuda")]
-        Device::Cuda => job.run(devices::cuda(d.gpu, d.gpus)?),
+        Device::Cuda => job.run(devices::cuda(&d)?),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => unreachable!("check_device refused it (gpu {})", d.gpu),
     }

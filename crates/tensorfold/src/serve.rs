@@ -130,6 +130,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     }
     // What needs no model is refused before the port opens.
     devices::check_gpus(a.dev.gpu, a.dev.gpus)?;
+    a.dev.deadline()?;
     for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
     {
         if v == 0 {
@@ -271,12 +272,12 @@ impl LoadPlan {
         let d = self.dev;
         match d.device {
             Device::Cpu => {
-                let dev = devices::cpu(d.gpus).map_err(e)?;
+                let dev = devices::cpu(&d).map_err(e)?;
                 self.load_on(dev)
             }
             #[cfg(feature = "cuda")]
             Device::Cuda => {
-                let dev = devices::cuda(d.gpu, d.gpus).map_err(e)?;
+                let dev = devices::cuda(&d).map_err(e)?;
                 self.load_on(dev)
             }
             #[cfg(not(feature = "cuda"))]

@@ -282,3 +282,23 @@ fn serve_takes_the_model_as_a_flag_too_and_refuses_a_missing_one_before_listenin
     let both = tensorfold(&["serve", "a", "--model", "b"]);
     assert!(!both.status.success() && stderr(&both).contains("cannot be used with"), "{}", stderr(&both));
 }
+
+#[test]
+fn a_device_deadline_that_is_not_a_positive_number_of_seconds_is_refused_by_name() {
+    for bad in ["--device-deadline=0", "--device-deadline=-1", "--device-deadline=NaN", "--device-deadline=1e9"] {
+        let err = refused(&tensorfold(&["generate", "--prompt-ids", "1,2", "--max-tokens", "1", "--gpus", "2", bad]));
+        assert!(err.contains("--device-deadline") && err.contains("(0, 86400]"), "{bad}: {err}");
+    }
+    // A deadline in range runs as before.
+    ok(&tensorfold(&[
+        "generate",
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+        "--gpus",
+        "2",
+        "--device-deadline",
+        "30",
+    ]));
+}
