@@ -29,7 +29,7 @@ fn fixture_names() -> Vec<String> {
         .map(|e| e.expect("a directory entry"))
         .filter(|e| e.file_type().expect("a file type").is_dir())
         .map(|e| e.file_name().into_string().expect("a UTF-8 name"))
-        .filter(|n| !n.starts_with("dspark-") && n != "mlx")
+        .filter(|n| !n.starts_with("dspark-") && n != "mlx" && n != "chat_templates")
         .collect();
     names.sort();
     names

@@ -390,6 +390,8 @@ fn split_all(pieces: &[&str]) -> Vec<(String, Vec<(String, String)>)> {
                 let calls = c.into_iter().map(|c| (c.function.name, c.function.arguments)).collect();
                 merged.push((String::new(), calls));
             }
+            // Only a live splitter (`Splitter::live`) streams a call's name and argument fragments.
+            Out::Start(_) | Out::Args(_) => panic!("a whole-list splitter streamed a call fragment: {o:?}"),
         }
     }
     merged

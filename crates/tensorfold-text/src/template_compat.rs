@@ -17,7 +17,8 @@ pub fn generation_blocks(source: &str) -> Cow<'_, str> {
     while let Some(i) = rest.find("{%") {
         out.push_str(&rest[..i]);
         let tag = &rest[i..];
-        let Some(end) = tag.find("%}") else {
+        // The close is searched past the open, so `{%}` is not a tag of its own.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return Cow::Owned(out);
         };
@@ -31,9 +32,12 @@ pub fn generation_blocks(source: &str) -> Cow<'_, str> {
 /// One `{%...%}` tag, rewritten when it is `generation` or `endgeneration`.
 fn rewrite_tag(tag: &str) -> Cow<'_, str> {
     let inner = &tag[2..tag.len() - 2];
-    let open = inner.strip_prefix(['-', '+']).map_or("", |_| &inner[..1]);
-    let close = inner.strip_suffix(['-', '+']).map_or("", |_| &inner[inner.len() - 1..]);
-    let word = inner[open.len()..inner.len() - close.len()].trim();
+    // The open's control first, then the close's from what is left (`{%-%}`: one `-`, the open's).
+    let open_len = usize::from(inner.starts_with(['-', '+']));
+    let body = &inner[open_len..];
+    let close_len = usize::from(body.ends_with(['-', '+']));
+    let (open, close) = (&inner[..open_len], &body[body.len() - close_len..]);
+    let word = body[..body.len() - close_len].trim();
     let with = match word {
         "generation" => "if true",
         "endgeneration" => "endif",
@@ -106,6 +110,19 @@ mod tests {
         assert_eq!(generation_blocks(s), "a{%- if true -%} b {% endif %}{%+ if true %}{% if x %}{% endif -%}");
         assert!(matches!(generation_blocks("{% if x %}y{% endif %}"), Cow::Borrowed(_)));
         assert_eq!(generation_blocks("{% set generations = 1 %}{% gen"), "{% set generations = 1 %}{% gen");
+    }
+
+    #[test]
+    fn degenerate_tags_are_left_to_the_parser_never_a_panic() {
+        // A template is input: `{%}` (its `%}` overlaps the open) and a control alone were once slicing panics.
+        for s in
+            ["add_generation_prompt {%}", "generation {%-%}", "generation {%+%}{%}", "generation {%%}", "generation {%"]
+        {
+            assert_eq!(generation_blocks(s), s, "{s}");
+        }
+        // `{%}` opens a tag that runs to the next `%}`: left as it is, for the parser to refuse by name.
+        assert_eq!(generation_blocks("{%}{% generation %}"), "{%}{% generation %}");
+        assert_eq!(generation_blocks("{%-generation+%}"), "{%- if true +%}");
     }
 
     #[test]
