@@ -141,6 +141,8 @@ fn forward<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Forward
             .collect::<Result<Vec<_>, _>>()?,
         None => ids(512),
     };
+    // The decode check runs the prompt and then its steps but the last: prompt + steps - 1 positions.
+    fits_context(m.cfg.max_positions, &a.prompt_lens, prompt.len() + a.decode.max(2) - 1)?;
     let (tokens, decode_secs, prefill_profile) = greedy_decode(m, &prompt, a.decode.max(2), a.chunk)?;
     if let Some(p) = prefill_profile {
         out.insert("prompt_prefill_profile".into(), json!(p));
@@ -224,6 +226,23 @@ fn print_memory<B: Backend>(m: &Model<B>) -> Value {
             json!({"peak_rss_kib": rss, "weight_bytes": m.weight_bytes()})
         }
     }
+}
+
+/// Refuses, before any forward runs, a prefill length that is 0 or past the model's `context` positions, and a decode
+/// (its prompt plus its steps, `decode_len` positions) past it, naming the option.
+fn fits_context(context: usize, prompt_lens: &[usize], decode_len: usize) -> anyhow::Result<()> {
+    if let Some(&n) = prompt_lens.iter().find(|&&n| n == 0 || n > context) {
+        bail!(
+            "--prompt-lens {n}: a prefill takes 1 to {context} tokens, the model's context (max_position_embeddings)"
+        );
+    }
+    if decode_len > context {
+        bail!(
+            "the decode check's prompt and --decode steps take {decode_len} positions, past the model's context of \
+             {context} (max_position_embeddings)"
+        );
+    }
+    Ok(())
 }
 
 /// Prints the decode floor line: the weight bytes a step reads over the measured copy bandwidth, against this

@@ -148,3 +148,26 @@ fn bench_engine_json_matches_its_text_lines() {
     assert_eq!(line(&out, "equal: "), want);
     assert!(num(&j, "/devices/0/weight_bytes") > 0.0, "{j:#}");
 }
+
+#[test]
+fn bench_forward_refuses_lengths_past_the_context_before_running() {
+    // The default target's context is 4,096 positions: a longer prefill, an empty one, or a decode check that
+    // outgrows it is refused by name at once, not after the earlier lengths ran.
+    for (args, want) in [
+        (&["--prompt-lens", "512,5000"][..], "--prompt-lens 5000: a prefill takes 1 to 4096 tokens"),
+        (&["--prompt-lens", "0"][..], "--prompt-lens 0:"),
+        (&["--prompt-lens", "16", "--decode", "4000"][..], "take 4511 positions, past the model's context of 4096"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_tensorfold"))
+            .args(["bench", "forward"])
+            .args(args)
+            .env_remove("TENSORFOLD_MODEL")
+            .env_remove("TENSORFOLD_DEVICE")
+            .output()
+            .expect("the binary runs");
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(!o.status.success(), "{args:?} ran: {out}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!out.contains("exactness:"), "{args:?}: refused only after running: {out}");
+    }
+}
