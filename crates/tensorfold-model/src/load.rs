@@ -85,9 +85,8 @@ pub fn summarize(src: &Source) -> Result<Summary, OpenError> {
     let table = TensorTable::open(src)?;
     let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut params = 0;
-    for t in table.tensors.values() {
-        let n: usize = t.shape.iter().product();
-        params += n;
+    for (name, t) in &table.tensors {
+        params += params_of(&cfg, (name, &t.shape, t.dtype), |n| table.tensors.contains_key(n));
         let e = dtypes.entry(t.dtype.as_str()).or_default();
         e.0 += 1;
         e.1 += t.bytes.len();
@@ -140,15 +139,15 @@ fn synthetic_summary(cfg: ModelConfig, s: &crate::synthetic::Synthetic) -> Summa
     let mut dtypes: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let (mut params, mut bytes) = (0, 0);
     let shapes = crate::synthetic::Synthetic::shapes(&cfg);
-    for (_, shape, dt) in &shapes {
+    let names: BTreeSet<&str> = shapes.iter().map(|(n, _, _)| n.as_str()).collect();
+    for (name, shape, dt) in &shapes {
         let n: usize = shape.iter().product();
         let b = n * if matches!(dt, StoredDtype::F32 | StoredDtype::U32) { 4 } else { 2 };
-        params += n;
+        params += params_of(&cfg, (name, shape, *dt), |x| names.contains(x));
         bytes += b;
         let e = dtypes.entry(dt.as_str()).or_default();
         (e.0, e.1) = (e.0 + 1, e.1 + b);
     }
-    let names: BTreeSet<&str> = shapes.iter().map(|(n, _, _)| n.as_str()).collect();
     let quant = kinds_of(&cfg, shapes.iter().map(|(n, s, d)| (n.as_str(), s.as_slice(), *d)), |n| names.contains(n));
     Summary { cfg, params, bytes, dtypes, files: vec![s.name.clone()], has_tokenizer: false, quant }
 }
@@ -214,4 +213,19 @@ pub fn layer_plan(cfg: &ModelConfig) -> String {
 /// Per-layer FFN kind: `D` dense, `M` MoE.
 pub fn ffn_plan(cfg: &ModelConfig) -> String {
     (0..cfg.layers.len()).map(|i| if cfg.is_moe_layer(i) { 'M' } else { 'D' }).collect()
+}
+
+/// Parameters one tensor `(name, shape, dtype)` holds: its elements, or for MLX codes (a U32 `weight` beside its
+/// `.scales`, `has` telling which names exist) the codes its words pack at the module's bits.
+fn params_of(
+    cfg: &ModelConfig,
+    (name, shape, dtype): (&str, &[usize], StoredDtype),
+    has: impl Fn(&str) -> bool,
+) -> usize {
+    let n: usize = shape.iter().product();
+    let bits = name
+        .strip_suffix(".weight")
+        .filter(|m| dtype == StoredDtype::U32 && has(&format!("{m}.scales")))
+        .and_then(|m| cfg.quant.as_ref()?.params(m));
+    bits.map_or(n, |p| n * 32 / p.bits as usize)
 }

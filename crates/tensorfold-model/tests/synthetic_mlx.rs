@@ -79,9 +79,14 @@ fn mlx_presets_quantize_every_matrix_mlx_lm_quantizes() {
         let count = |suffix: &str| shapes.keys().filter(|n| n.ends_with(suffix)).count();
         let codes = shapes.values().filter(|(_, d)| *d == StoredDtype::U32).count();
         assert_eq!((count(".scales"), count(".biases")), (codes, codes), "{name}");
-        // 40 layers' 2 or 3 matrices (mixer) + 3 (FFN) + the router on 38, and the embedding.
+        // 30 conv layers' 2 matrices and 10 attention layers' 4 (mixer) + 3 (FFN) + the router on 38, and the embedding.
         assert_eq!(codes, 30 * 2 + 10 * 4 + 40 * 3 + 38 + 1, "{name}");
     }
+    // `inspect` counts the codes a word packs, so the 4-bit shape has the bf16 shape's parameters plus its scales
+    // and biases (two a group of 64: 1/32 more for the quantized matrices).
+    let params = |s: &str| summarize(&source(s)).expect("inspect").params as f64;
+    let (q4, bf16) = (params("lfm2.5-24b-a2b-mlx4"), params("lfm2.5-24b-a2b"));
+    assert!(q4 > bf16 && q4 < bf16 * (1.0 + 1.0 / 32.0), "{q4} against {bf16}");
     let err = Synthetic::parse("lfm2.5-24b-a2b-mlx3").expect_err("refused").to_string();
     assert!(err.contains("no shape \"lfm2.5-24b-a2b-mlx3\"") && err.contains("NAME-mlx4"), "{err}");
 }

@@ -122,10 +122,10 @@ impl Kernel for Embed {
                 "reference",
                 ok && q_ok && bit_diffs(&got, &want) == 0 && qd == 0,
                 format!(
-                    "bf16: {} of {} values differ; q8: {qd} of {} differ",
+                    "bf16: {} of {} values differ; q8 and q4: {qd} of {} differ",
                     bit_diffs(&got, &want),
                     got.len(),
-                    qwant.len()
+                    qwant.len() + q4want.len()
                 ),
             ),
             invariance_gate("33 ids", inv),

@@ -13,14 +13,15 @@ struct Mat {
   int group;            // Q8, Q4 only: elements a group
 };
 
-// 8 consecutive weights of row `row` from column c as loaded (c % 8 == 0, k % 8 == 0, Q8: group % 8 == 0, so the 8
-// share one group), widened to f32 only by widen8: a group of loads can be in flight before the first multiply. Row
-// starts are then 16-byte (f32, bf16) or 8-byte (Q8) aligned: device allocations are 256-byte aligned.
+// 8 consecutive weights of row `row` from column c as loaded (c % 8 == 0, k % 8 == 0, Q8 / Q4: group % 8 == 0, so
+// the 8 share one group), widened to f32 only by widen8: a group of loads can be in flight before the first
+// multiply. Row starts are then 16-byte (f32, bf16), 8-byte (Q8) or 4-byte (Q4) aligned: device allocations are
+// 256-byte aligned.
 struct Raw8 {
   uint4 a;  // bf16: 8 values; f32: the first 4; Q8: .x, .y the 8 codes; Q4: .x the 8 codes
   uint4 b;  // f32: the last 4
-  float s;  // Q8: the group's scale
-  float o;  // Q8: the group's bias
+  float s;  // Q8, Q4: the group's scale
+  float o;  // Q8, Q4: the group's bias
 };
 
 template <int DT>
