@@ -126,9 +126,8 @@ impl Text {
         if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
             return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
         }
-        let source = crate::template_compat::generation_blocks(source);
         // On a thread of its own with a deep stack: minijinja recurses as deep as a template nests its values.
-        template_limits::on_render_stack(|| self.render_source(&source, messages, add_generation_prompt, tools))
+        template_limits::on_render_stack(|| self.render_source(source, messages, add_generation_prompt, tools))
     }
 
     /// One render of `source` (the body of [`Text::render_chat_with_tools`]).

@@ -159,6 +159,8 @@ impl Text {
         if jinja.is_some() {
             text.chat_template = jinja;
         }
+        // transformers' `{% generation %}` read once at open (`template_compat`); it never lengthens a source.
+        text.chat_template = text.chat_template.map(|s| crate::template_compat::generation_blocks(&s).into_owned());
         text.probe_chat_template()?;
         Ok(text)
     }
