@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "../../../crates/tensorfold-kernels/src/cuda/")
 MODULES = ["rows", "dense", "rope", "attention", "conv", "moe", "sample"]
 # Files a module's text holds after common.cuh (cuda/device.rs's `Src::body`): the tensor-core linears share dense's.
-PARTS = {"dense": ["dense", "dense_tc"]}
+PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"]}
 
 
 def module_text(mod):

@@ -48,6 +48,7 @@ pub(super) const TC_PLANTS: &[Planted<TcFault>] = &[
     (TcFault::WidthSplit, Src::Dense, "FAULT_TC_WIDTH_SPLIT"),
     (TcFault::RowMix, Src::Dense, "FAULT_TC_ROW_MIX"),
     (TcFault::GroupOrder, Src::Dense, "FAULT_TC_GROUP_ORDER"),
+    (TcFault::FewOrder, Src::Dense, "FAULT_TC_FEW_ORDER"),
 ];
 
 faults! {
@@ -57,6 +58,7 @@ faults! {
         WidthSplit = ("width-split", "the wide form splits k into 2 segments, the narrow into 4 (a split chosen by width)"),
         RowMix = ("row-mix", "a row of a wide tile (linear, gate-up, experts) reads the next row's activations"),
         GroupOrder = ("group-order", "narrow blocks of several column groups add the K segments in reverse"),
+        FewOrder = ("few-order", "the few-row form (at most 8 rows, MoE tiles) adds a chunk's pieces in reverse order"),
     }
 }
 
@@ -199,12 +201,19 @@ impl Kernel for LinearTc {
         merge(gates)
     }
     fn limits(&self) -> Vec<String> {
-        let narrow = [("linear", 4), ("gateup", 2), ("moe_gateup", 2), ("moe_down", 4)];
+        // (kind, most column groups, the forms under the wide one: narrow "tc", few-row "tcf")
+        let narrow: [(&str, usize, &[&str]); 4] = [
+            ("linear", 4, &["tc", "tcf"]),
+            ("gateup", 2, &["tc", "tcf"]),
+            ("moe_gateup", 2, &["tcf"]),
+            ("moe_down", 4, &["tcf"]),
+        ];
         let names = narrow
             .iter()
-            .flat_map(|&(k, most)| {
+            .flat_map(|&(k, most, forms)| {
                 let groups = [1, 2, 4].into_iter().filter(move |&g| g <= most);
-                groups.map(move |g| format!("{k}_tc{g}_bf16")).chain([format!("{k}_tcw_bf16")])
+                let small = forms.iter().flat_map(move |f| groups.clone().map(move |g| format!("{k}_{f}{g}_bf16")));
+                small.chain([format!("{k}_tcw_bf16")])
             })
             .collect::<Vec<_>>();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())

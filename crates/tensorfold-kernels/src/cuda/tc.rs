@@ -9,34 +9,64 @@ use crate::backend::Ffn;
 /// Threads of a narrow-form block: a warp a K segment.
 const NARROW_BLOCK: u32 = 32 * TC_SEGS as u32;
 
-/// Column groups of 8 a narrow block computes (1, 2 or 4; at most 2 for the gate-up forms, which read two
-/// matrices) for `n` outputs over `tiles` row tiles: the override the contract sets, else the most groups that
-/// still give the device two blocks an SM (more groups split an activation once for more columns and keep more
-/// weight bytes in flight a lane; fewer give small matrices enough blocks). No bit depends on it.
-fn narrow_group(be: &CudaBackend, n: usize, tiles: usize, gateup: bool) -> usize {
+/// Rows a tile of the few-row form holds (dense_tc.cu's `tc_few`: the mma's n8 side); a dense call of at most
+/// this many rows, and every narrow MoE tile (at most [`super::device::RT`] slots), runs it.
+const FEW_ROWS: usize = 8;
+const _: () = assert!(super::device::RT <= FEW_ROWS, "a narrow MoE tile fits the few-row form");
+
+/// The two forms of a block of [`NARROW_BLOCK`] threads: `Narrow` (activations as the mma's A operand: tiles of
+/// 16 rows, column groups of 8) and `Few` (weights as the A operand: tiles of [`FEW_ROWS`], column groups of 16).
+/// Both give an output the same bits (one chain fixed by k).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Form {
+    Narrow,
+    Few,
+}
+
+impl Form {
+    /// Columns a group of this form covers.
+    fn group_cols(self) -> usize {
+        match self {
+            Form::Narrow => 8,
+            Form::Few => 16,
+        }
+    }
+}
+
+/// Column groups a block of `form` computes (1, 2 or 4; at most 2 for the gate-up forms, which read two matrices)
+/// for `n` outputs over `tiles` row tiles: the override the contract sets, else the most groups that still give
+/// the device two blocks an SM (more groups split an activation once for more columns and keep more weight bytes
+/// in flight a lane; fewer give small matrices enough blocks). No bit depends on it.
+fn narrow_group(be: &CudaBackend, form: Form, n: usize, tiles: usize, gateup: bool) -> usize {
     let most = if gateup { 2 } else { 4 };
     if let Some(g) = be.dev.tc_group() {
         return g.clamp(1, most);
     }
     let want = 2 * be.dev.sms();
-    [4, 2].into_iter().find(|&g| g <= most && n.div_ceil(8 * g).saturating_mul(tiles) >= want).unwrap_or(1)
+    let blocks = |g: usize| n.div_ceil(form.group_cols() * g).saturating_mul(tiles);
+    [4, 2].into_iter().find(|&g| g <= most && blocks(g) >= want).unwrap_or(1)
 }
 
-/// The narrow entry of `kind` (linear, gateup, moe_gateup, moe_down) at `grp` column groups: one entry each, so
-/// a small group count keeps its own (smaller) register count.
-pub(crate) fn narrow_entry(kind: &str, grp: usize) -> Result<&'static str, CudaError> {
-    Ok(match (kind, grp) {
-        ("linear", 1) => "linear_tc1_bf16",
-        ("linear", 2) => "linear_tc2_bf16",
-        ("linear", 4) => "linear_tc4_bf16",
-        ("gateup", 1) => "gateup_tc1_bf16",
-        ("gateup", 2) => "gateup_tc2_bf16",
-        ("moe_gateup", 1) => "moe_gateup_tc1_bf16",
-        ("moe_gateup", 2) => "moe_gateup_tc2_bf16",
-        ("moe_down", 1) => "moe_down_tc1_bf16",
-        ("moe_down", 2) => "moe_down_tc2_bf16",
-        ("moe_down", 4) => "moe_down_tc4_bf16",
-        _ => return Err(CudaError::Shape(format!("no narrow tensor-core {kind} at {grp} column groups"))),
+/// The entry of `kind` (linear, gateup, moe_gateup, moe_down) in `form` at `grp` column groups: one entry each,
+/// so a small group count keeps its own (smaller) register count. The MoE tiles run the few-row form only.
+fn narrow_entry(kind: &str, form: Form, grp: usize) -> Result<&'static str, CudaError> {
+    Ok(match (kind, form, grp) {
+        ("linear", Form::Narrow, 1) => "linear_tc1_bf16",
+        ("linear", Form::Narrow, 2) => "linear_tc2_bf16",
+        ("linear", Form::Narrow, 4) => "linear_tc4_bf16",
+        ("linear", Form::Few, 1) => "linear_tcf1_bf16",
+        ("linear", Form::Few, 2) => "linear_tcf2_bf16",
+        ("linear", Form::Few, 4) => "linear_tcf4_bf16",
+        ("gateup", Form::Narrow, 1) => "gateup_tc1_bf16",
+        ("gateup", Form::Narrow, 2) => "gateup_tc2_bf16",
+        ("gateup", Form::Few, 1) => "gateup_tcf1_bf16",
+        ("gateup", Form::Few, 2) => "gateup_tcf2_bf16",
+        ("moe_gateup", Form::Few, 1) => "moe_gateup_tcf1_bf16",
+        ("moe_gateup", Form::Few, 2) => "moe_gateup_tcf2_bf16",
+        ("moe_down", Form::Few, 1) => "moe_down_tcf1_bf16",
+        ("moe_down", Form::Few, 2) => "moe_down_tcf2_bf16",
+        ("moe_down", Form::Few, 4) => "moe_down_tcf4_bf16",
+        _ => return Err(CudaError::Shape(format!("no {form:?} tensor-core {kind} at {grp} column groups"))),
     })
 }
 
@@ -51,9 +81,9 @@ fn wide_entry(kind: &str) -> Result<&'static str, CudaError> {
     })
 }
 
-/// Row tiles of 16 for the narrow forms of a `rows`-row call, within the grid's y limit.
-fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
-    u32::try_from(rows.div_ceil(16))
+/// Row tiles of `tile` rows for the narrow or few-row form of a `rows`-row call, within the grid's y limit.
+fn narrow_tiles(rows: usize, tile: usize) -> Result<u32, CudaError> {
+    u32::try_from(rows.div_ceil(tile))
         .ok()
         .filter(|&t| t as usize <= GRID_YZ)
         .ok_or_else(|| CudaError::Shape(format!("{rows} rows for the narrow tensor-core forms")))
@@ -61,8 +91,8 @@ fn narrow_tiles(rows: usize) -> Result<u32, CudaError> {
 
 /// `out = w x (+ bias)` over checked shapes (`x` `[rows, w.cols]`, device addresses; `bias` 0 for none): the wide
 /// form (blocks of [`TCM`] rows by [`TCN`] columns) for calls that take the wide tiles
-/// ([`super::device::Dev::wide`]), else the narrow form (16 rows by 8, 16 or 32 columns a block:
-/// [`narrow_group`]). Both give a row the same bits.
+/// ([`super::device::Dev::wide`]), else the few-row form for at most [`FEW_ROWS`] rows (16, 32 or 64 columns a
+/// block) or the narrow one (16 rows by 8, 16 or 32 columns: [`narrow_group`]). All give a row the same bits.
 pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
     let (wp, _, _) = w.ptrs()?;
     dense(be, "linear", (xp, rows), (w.cols, w.rows), &[Arg::P(wp), Arg::P(bias), Arg::P(op)])
@@ -100,10 +130,11 @@ fn dense(
         let f = be.func(Src::Dense, wide_entry(kind)?)?;
         return be.dev.launch(&f, grid, BLOCK, 0, &args);
     }
-    let tiles = narrow_tiles(rows)?;
-    let grp = narrow_group(be, n, tiles as usize, gateup);
-    let f = be.func(Src::Dense, narrow_entry(kind, grp)?)?;
-    let grid = (int(n.div_ceil(8 * grp), "blocks")? as u32, tiles, 1);
+    let (form, tile) = if rows <= FEW_ROWS { (Form::Few, FEW_ROWS) } else { (Form::Narrow, 16) };
+    let tiles = narrow_tiles(rows, tile)?;
+    let grp = narrow_group(be, form, n, tiles as usize, gateup);
+    let f = be.func(Src::Dense, narrow_entry(kind, form, grp)?)?;
+    let grid = (int(n.div_ceil(form.group_cols() * grp), "blocks")? as u32, tiles, 1);
     be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
 
@@ -149,11 +180,11 @@ pub(crate) fn grouped(
         let f = be.func(Src::Dense, wide_entry(kind)?)?;
         return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
-    let grp = narrow_group(be, n, p.bound, gateup);
-    let f = be.func(Src::Dense, narrow_entry(kind, grp)?)?;
+    let grp = narrow_group(be, Form::Few, n, p.bound, gateup);
+    let f = be.func(Src::Dense, narrow_entry(kind, Form::Few, grp)?)?;
     let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(0)]].concat();
     let last = args.len() - 1;
-    let gx = int(n.div_ceil(8 * grp), "blocks")? as u32;
+    let gx = int(n.div_ceil(Form::Few.group_cols() * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {
         args[last] = Arg::I(int(tile0, "tile")?);
         be.dev.launch(&f, (gx, (p.bound - tile0).min(GRID_YZ) as u32, 1), NARROW_BLOCK, 0, &args)?;

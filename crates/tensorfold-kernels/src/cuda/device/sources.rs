@@ -7,7 +7,7 @@ const COMMON: &str = include_str!("../common.cuh");
 pub enum Src {
     /// `rows.cu`: embed, rmsnorm, add, gather, greedy.
     Rows,
-    /// `dense.cu` then `dense_tc.cu`: linear (CUDA cores and tensor cores), SwiGLU gate-up, MoE expert tiles.
+    /// `dense.cu` then `dense_tc.cu` and `dense_tcw.cu`: linear (CUDA cores and tensor cores), SwiGLU gate-up, MoE expert tiles.
     Dense,
     /// `rope.cu`: q/k norm and rotary embedding.
     Rope,
@@ -38,7 +38,7 @@ impl Src {
         }
     }
 
-    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` after it) with its planted-fault blocks stripped at build time (build.rs,
+    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` and `dense_tcw.cu` after it) with its planted-fault blocks stripped at build time (build.rs,
     /// `strip.rs`), so what production compiles carries no fault.
     fn body(self) -> &'static str {
         match self {
@@ -62,7 +62,13 @@ impl Src {
     fn planted_body(self) -> &'static str {
         match self {
             Src::Rows => include_str!("../rows.cu"),
-            Src::Dense => concat!(include_str!("../dense.cu"), "\n", include_str!("../dense_tc.cu")),
+            Src::Dense => concat!(
+                include_str!("../dense.cu"),
+                "\n",
+                include_str!("../dense_tc.cu"),
+                "\n",
+                include_str!("../dense_tcw.cu")
+            ),
             Src::Rope => include_str!("../rope.cu"),
             Src::Attention => include_str!("../attention.cu"),
             Src::Conv => include_str!("../conv.cu"),

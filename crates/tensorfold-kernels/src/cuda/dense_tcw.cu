@@ -1,0 +1,226 @@
+//! Tensor-core linears, the wide form (prefill and wide MoE tiles): 64 x 128 blocks from shared-memory stages, the narrow form's chain (dense_tc.cu) at every width.
+// Appended to dense.cu's module after dense_tc.cu (cuda/device/sources.rs), whose pieces, chunk partials and
+// segments it uses: a row's bits are the narrow and few-row forms'.
+
+// Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE
+// chunks; warp (wm, wn) = (warp / 4, warp % 4) the rows 32 wm .. +31 (two m16 tiles) and columns 32 wn .. +31 (four
+// n8 tiles). A stage holds the tile's A fragments (pieces split once, by tc_split2) and B fragments in lane order,
+// so each fragment is one 16-byte shared load.
+#define TCM 64
+#define TCN 128
+#define TCK_STAGE 2
+
+struct alignas(16) TcSmem {
+  uint4 a[TCK_STAGE][3][TCM / 16][2][32];  // [chunk][piece][m16 tile][half][lane]: {a0, a1, a2, a3}
+  uint4 b[TCK_STAGE][TCN / 8][32];         // [chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
+};
+
+// One stage's global loads, held in registers while the stage before it is multiplied: 4 x float4 of activations
+// and 4 x 16 bytes of weights a thread.
+struct TcLoad {
+  float4 x[4];
+  uint4 w[4];
+};
+
+// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activation float4 f = tid + 256 i is tile row f / 16
+// (input row in_row(f / 16) of x) at element 4 (f % 16) of the stage; weight load u = tid + 256 i is block column
+// u / 8 at element 8 (u % 8): column j0 + u / 8 of w0, or with NW == 2 block columns 0 .. 63 from w0 and 64 .. 127
+// from w1, both at j0 + (u / 8) % 64. Rows past nt and chunks past C load zeros; columns past n load the last column
+// (never written).
+template <int NW, class In>
+__device__ __forceinline__ void tc_fetch(const float* x, In in_row, int nt, int k, const u16* w0, const u16* w1, int j0,
+                                         int n, int st, int chunks, TcLoad& ld) {
+  int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int f = tid + 256 * i, r = f / 16, e = 4 * (f % 16);
+    int c = TCK_STAGE * st + e / 32;
+#ifdef FAULT_TC_ROW_MIX
+    if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
+#endif
+    bool ok = r < nt && c < chunks;
+    ld.x[i] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)in_row(r) * (u64)k + 32 * c + e % 32))
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int u = tid + 256 * i, bc = u / 8, cw = TCK_STAGE * st + (u % 8) / 4;
+    const u16* w = NW == 2 && bc >= TCN / 2 ? w1 : w0;
+    int col = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
+    if (col >= n) col = n - 1;
+    ld.w[i] = cw < chunks ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * (u64)k + 32 * cw + 8 * (u % 4)))
+                          : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// The held loads into the stage: activations split into pieces at their fragment words, weights as loaded.
+__device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
+  int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int f = tid + 256 * i, r = f / 16, e = 4 * (f % 16);
+    int cc = e / 32, kk = e % 32, t = kk / 8, h = (kk % 8) / 4;
+    int mt = r / 16, rr = r % 16, lane = 4 * (rr % 8) + t, up = rr / 8;
+    u32 p0[3], p1[3];
+    tc_split2(ld.x[i].x, ld.x[i].y, p0);
+    tc_split2(ld.x[i].z, ld.x[i].w, p1);
+#pragma unroll
+    for (int pc = 0; pc < 3; pc++) {
+      u32* wd = reinterpret_cast<u32*>(&sm.a[cc][pc][mt][h][lane]);
+      wd[up] = p0[pc];      // a0 (row g) or a1 (row g + 8)
+      wd[2 + up] = p1[pc];  // a2 or a3
+    }
+    int u = tid + 256 * i, cl = u / 8;
+    sm.b[(u % 8) / 4][cl / 8][4 * (cl % 8) + u % 4] = ld.w[i];
+  }
+}
+
+// The wide block's sums: tile rows 0 .. nt - 1 (nt <= TCM; row i reads input row in_row(i)), block columns as
+// tc_fetch's, into this thread's tot[m16 tile][n8 tile][fragment element]. Every thread must call it (barriers).
+template <int NW, class In>
+__device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const u16* w0,
+                                             const u16* w1, int j0, int n, float tot[2][4][4]) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
+  int chunks = k / 32, stages = (chunks + TCK_STAGE - 1) / TCK_STAGE;
+  float acc[2][4][4];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int b = 0; b < 4; b++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) { acc[a][b][i] = 0.0f; tot[a][b][i] = 0.0f; }
+#ifdef FAULT_TC_WIDTH_SPLIT
+  const int segs = 2;  // planted: the wide form splits k in two segments (a split chosen by the width)
+#else
+  const int segs = TC_SEGS;
+#endif
+  int seg = 0;
+  // Closes every segment that ends at or before chunk c: the segment's sum joins the total, in segment order.
+  auto close_until = [&](int c) {
+    while (seg < segs && (int)(((long long)(seg + 1) * chunks) / segs) <= c) {
+#pragma unroll
+      for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            tot[a][b][i] = seg == 0 ? acc[a][b][i] : tot[a][b][i] + acc[a][b][i];
+            acc[a][b][i] = 0.0f;
+          }
+      seg++;
+    }
+  };
+  TcLoad ld;
+  if (stages > 0) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, 0, chunks, ld);
+  for (int st = 0; st < stages; st++) {
+    __syncthreads();  // the stage before is multiplied
+    tc_put(sm, ld);
+    __syncthreads();
+    if (st + 1 < stages) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, st + 1, chunks, ld);
+#pragma unroll
+    for (int cc = 0; cc < TCK_STAGE; cc++) {
+      int c = TCK_STAGE * st + cc;
+      if (c >= chunks) break;
+      close_until(c);
+      u32 a[2][3][2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            uint4 v = sm.a[cc][pc][2 * wm + mi][h][lane];
+            a[mi][pc][h][0] = v.x; a[mi][pc][h][1] = v.y; a[mi][pc][h][2] = v.z; a[mi][pc][h][3] = v.w;
+          }
+#pragma unroll
+      for (int ni = 0; ni < 4; ni++) {
+        uint4 q = sm.b[cc][4 * wn + ni][lane];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) tc_chunk(acc[mi][ni], a[mi], q);
+      }
+    }
+  }
+  close_until(chunks);
+}
+
+// Hands the wide block's outputs to put(i, j, y0, y1) for tile rows i < nt and columns j < n. NW == 1: y0 is block
+// column j - j0 (y1 unused); NW == 2: y0 from w0 and y1 from w1 at column j (block columns j - j0 and 64 + j - j0),
+// which meet in shared memory. Every thread must call it (barriers).
+template <int NW, class Put>
+__device__ __forceinline__ void tc_wide_out(TcSmem& sm, const float tot[2][4][4], int nt, int j0, int n, Put put) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
+  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 40
+  if (NW == 2) __syncthreads();             // the last stage is multiplied
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int r = 32 * wm + 16 * mi + g + (i >= 2 ? 8 : 0), bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
+        if (NW == 1) {
+          if (r < nt && j0 + bc < n) put(r, j0 + bc, tot[mi][ni][i], 0.0f);
+        } else {
+          o[r * TCN + bc] = tot[mi][ni][i];
+        }
+      }
+  if (NW == 1) return;
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < TCM * (TCN / 2); idx += 256) {
+    int r = idx / (TCN / 2), c = idx % (TCN / 2);
+    if (r < nt && j0 + c < n) put(r, j0 + c, o[r * TCN + c], o[r * TCN + TCN / 2 + c]);
+  }
+}
+
+// Wide entry points. Grid x: row tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column
+// blocks of TCN (TCN / 2 for the gate-up forms, which read two matrices).
+extern "C" __global__ void __launch_bounds__(256) linear_tcw_bf16(const float* x, int rows, int k, int n,
+                                                                  const u16* w, const float* bias, float* out) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<1>(sm, x, [&](int i) { return r0 + i; }, nt, k, w, w, j0, n, tot);
+  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {
+    out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) gateup_tcw_bf16(const float* x, int rows, int k, int n,
+                                                                  const u16* g, const u16* u, float* act) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<2>(sm, x, [&](int i) { return r0 + i; }, nt, k, g, u, j0, n, tot);
+  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
+    act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_gateup_tcw_bf16(const float* x, int k, int n, const u64* tab,
+                                                                      const int* tiles, const int* ntiles,
+                                                                      const int* list, int kk, float* act) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int t = blockIdx.x;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;
+  float tot[2][4][4];
+  tc_wide_sums<2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, tc_expert(tab, e, 0), tc_expert(tab, e, 1),
+                  j0, n, tot);
+  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
+    act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_down_tcw_bf16(const float* act, int k, int n, const u64* tab,
+                                                                    const int* tiles, const int* ntiles,
+                                                                    const int* list, float* y) {
+  PDL_ENTRY();
+  __shared__ TcSmem sm;
+  int t = blockIdx.x;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;
+  const u16* w = tc_expert(tab, e, 2);
+  float tot[2][4][4];
+  tc_wide_sums<1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);
+  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });
+}
