@@ -16,9 +16,9 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
 }
 
 /// Shapes `(n, k)`, all bf16 with k % 32 == 0 (what the tensor-core form serves). Quick: chunk counts 1 (three
-/// empty segments), 2, 5 (segments of unequal length) and 64, and n past a whole 8- and 128-column block.
+/// empty segments), 2, 5 (segments of unequal length), 64 and 65, and n past a whole 8-, 16- and 128-column block.
 fn shapes(scale: Scale) -> Vec<(usize, usize)> {
-    let mut v = vec![(40, 32), (96, 64), (130, 160), (72, 2048)];
+    let mut v = vec![(40, 32), (96, 64), (130, 160), (72, 2048), (24, 2080)];
     if scale == Scale::Served {
         v.extend([(6144, 2048), (2048, 2048), (512, 2048), (1536, 2048), (2048, 1536), (128_000, 2048)]);
     }
@@ -27,7 +27,7 @@ fn shapes(scale: Scale) -> Vec<(usize, usize)> {
 
 /// SwiGLU shapes `(hidden, inter, kind)` the tensor-core gate-up and down serve (both k % 32 == 0).
 fn swiglu_shapes(scale: Scale) -> Vec<(usize, usize, &'static str)> {
-    let mut v = vec![(64, 96, "bf16"), (256, 64, "bf16")];
+    let mut v = vec![(64, 96, "bf16"), (256, 64, "bf16"), (1056, 32, "bf16")];
     if scale == Scale::Served {
         v.push((2048, 1536, "bf16"));
     }

@@ -18,22 +18,35 @@
 // a fresh partial: an f32 add rounds each chunk in (the fold measured in tools/cuda/tc, 2.1e-7..2.5e-7 relative).
 #define TC_SEGS 4
 
-// Round-to-nearest-even bf16 bits of v (NaN stays a quiet NaN).
-__device__ __forceinline__ u32 tc_bf16(float v) {
-  u32 u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+// The round-to-nearest-even bf16 bits of (lo, hi) packed in one word, lo in the low half: one cvt.rn.bf16x2.f32
+// on the device (sm_80 and later; a NaN becomes the canonical 0x7fff, as below), its definition on the CPU.
+__device__ __forceinline__ u32 tc_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  auto one = [](float v) -> u32 {
+    u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  };
+  return one(lo) | (one(hi) << 16);
+#endif
 }
 
-// The three pieces of the pair (v0, v1) as packed words (v0 in the low half): p[0] hi, p[1] lo, p[2] lo2.
+// The f32 values of a packed bf16 pair: its low half and its high half.
+__device__ __forceinline__ float tc_lo(u32 p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float tc_hi(u32 p) { return __uint_as_float(p & 0xffff0000u); }
+
+// The three pieces of the pair (v0, v1) as packed words (v0 in the low half): p[0] hi, p[1] lo, p[2] lo2, each the
+// round-to-nearest-even bf16 of the residual before it (the residuals are exact in f32). Three conversions and four
+// subtractions a pair: the split is most of a narrow block's instructions.
 __device__ __forceinline__ void tc_split2(float v0, float v1, u32 p[3]) {
-  u32 h0 = tc_bf16(v0), h1 = tc_bf16(v1);
-  float r0 = v0 - __uint_as_float(h0 << 16), r1 = v1 - __uint_as_float(h1 << 16);
-  u32 m0 = tc_bf16(r0), m1 = tc_bf16(r1);
-  float s0 = r0 - __uint_as_float(m0 << 16), s1 = r1 - __uint_as_float(m1 << 16);
-  p[0] = h0 | (h1 << 16);
-  p[1] = m0 | (m1 << 16);
-  p[2] = tc_bf16(s0) | (tc_bf16(s1) << 16);
+  p[0] = tc_bf16x2(v0, v1);
+  float r0 = v0 - tc_lo(p[0]), r1 = v1 - tc_hi(p[0]);
+  p[1] = tc_bf16x2(r0, r1);
+  p[2] = tc_bf16x2(r0 - tc_lo(p[1]), r1 - tc_hi(p[1]));
 #ifdef FAULT_TC_DROP_LO
   p[1] = 0u;  // planted: the activations rounded to one bf16 piece
   p[2] = 0u;
