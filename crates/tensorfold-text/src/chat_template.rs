@@ -2,14 +2,15 @@
 //! transformers' `apply_chat_template` does (plus the UTC `strftime_now` templates may call, and transformers'
 //! `{% generation %}` block and Python's `str` as the `string` filter: `template_compat`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
+use minijinja::context;
 use minijinja::value::{Serde, Value};
-use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TextError;
-use crate::template_limits::{self, Capped, TEMPLATE_FUEL};
+use crate::template_limits;
+use crate::template_render;
 use crate::tokenizer::Text;
 
 /// One part of a list-shaped message content (OpenAI `{"type": "text", "text": ...}`).
@@ -97,14 +98,16 @@ impl Text {
     /// `pad_token` (undefined when the config has none) and `tools` (none: [`Text::render_chat_with_tools`]
     /// passes a list).
     ///
-    /// Bounded: [`TEMPLATE_FUEL`] steps, [`template_limits::TEMPLATE_MAX_BYTES`] of output, format widths up to
-    /// [`template_limits::MAX_FORMAT_WIDTH`].
+    /// Bounded: [`template_limits::TEMPLATE_FUEL`] steps, [`template_limits::TEMPLATE_MAX_BYTES`] of output,
+    /// format widths up to [`template_limits::MAX_FORMAT_WIDTH`], [`crate::render_budget::TEMPLATE_DEADLINE`] of
+    /// wall-clock time and [`crate::render_budget::TEMPLATE_MAX_ITEMS`] range items (`template_render::render`
+    /// says how, and what it leaves unbounded). The template is compiled once, at the first render.
     ///
     /// # Errors
     /// [`TextError::NoChatTemplate`] without a template; [`TextError::Template`] for a
     /// compile/render error or a `raise_exception` call (carrying its message);
-    /// [`TextError::TemplateBudget`] / [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the
-    /// bounds.
+    /// [`TextError::TemplateBudget`] / [`TextError::TemplateItems`] / [`TextError::TemplateTime`] /
+    /// [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the bounds.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
         self.render_chat_with_tools(messages, add_generation_prompt, None)
     }
@@ -122,46 +125,7 @@ impl Text {
         add_generation_prompt: bool,
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TextError> {
-        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
-        if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
-            return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
-        }
-        // On a thread of its own with a deep stack: minijinja recurses as deep as a template nests its values.
-        template_limits::on_render_stack(|| self.render_source(source, messages, add_generation_prompt, tools))
-    }
-
-    /// One render of `source` (the body of [`Text::render_chat_with_tools`]).
-    fn render_source(
-        &self,
-        source: &str,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        tools: Option<&[serde_json::Value]>,
-    ) -> Result<String, TextError> {
-        let raised: Arc<OnceLock<String>> = Arc::default();
-        let mut env = Environment::new();
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(|e| TextError::Template(e.to_string()))?;
-        env.set_syntax(syntax);
-        env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_unknown_method_callback(template_limits::method_callback);
-        env.add_filter("format", template_limits::format_filter);
-        env.add_filter("tojson", crate::tojson::tojson_filter);
-        env.add_filter("string", crate::template_compat::string_filter);
-        env.add_filter("pprint", template_limits::pprint_filter);
-        let sink = Arc::clone(&raised);
-        env.add_function("raise_exception", move |msg: String| -> Result<Value, minijinja::Error> {
-            let _ = sink.set(msg.clone());
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_function("strftime_now", |fmt: String| {
-            let secs =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-            strftime_utc(&fmt, secs)
-        });
+        let compiled = self.compiled_template()?;
         let opt = |t: &Option<String>| t.as_deref().map_or(Value::UNDEFINED, Value::from);
         let ctx = context! {
             messages => Value::from(Serde(messages)),
@@ -171,17 +135,37 @@ impl Text {
             pad_token => opt(&self.pad_token),
             tools => tools.map_or(Value::from(()), |t| Value::from(Serde(t))),
         };
-        // Written through a capped writer, so a render past the size limit stops as it passes it.
-        let mut out = Capped { buf: Vec::new(), over: false };
-        let rendered = env.template_from_str(source).and_then(|t| t.render_captured_to(ctx, &mut out).map(drop));
-        if let Err(e) = rendered {
-            return Err(match (template_limits::budget_error(&e, out.over), raised.get()) {
-                (Some(limit), _) => limit,
-                (None, Some(msg)) => TextError::Template(format!("raise_exception: {msg}")),
-                (None, None) => TextError::Template(e.to_string()),
-            });
+        template_render::render(&compiled, ctx)
+    }
+
+    /// The chat template compiled once (on the render stack: parsing recurses as deep as the source nests).
+    ///
+    /// # Errors
+    /// [`TextError::NoChatTemplate`], [`TextError::TemplateSource`] past the source cap, [`TextError::Template`]
+    /// for a syntax error.
+    fn compiled_template(&self) -> Result<Arc<template_render::Compiled>, TextError> {
+        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
+        if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
+            return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
         }
-        String::from_utf8(out.buf).map_err(|_| TextError::Template("the rendered prompt is not UTF-8".into()))
+        if let Some(done) = self.compiled.get() {
+            return done.clone().map_err(TextError::Template);
+        }
+        // A thread that cannot start is this call's error; a syntax error is the template's, kept.
+        let fresh = template_limits::on_render_stack(|| {
+            Ok(template_render::compile(source).map(Arc::new).map_err(|e| match e {
+                TextError::Template(m) => m,
+                other => other.to_string(),
+            }))
+        })?;
+        self.compiled.get_or_init(|| fresh).clone().map_err(TextError::Template)
+    }
+
+    /// Sets the chat template source, dropping the compiled one (tests swap templates on a built text).
+    #[cfg(test)]
+    pub(crate) fn set_chat_template(&mut self, source: &str) {
+        self.chat_template = Some(source.to_string());
+        self.compiled = std::sync::OnceLock::new();
     }
 
     /// Renders probe messages once (at open): a template that runs out of its budget or size limit on them
@@ -189,7 +173,8 @@ impl Text {
     /// roles) are left to requests.
     ///
     /// # Errors
-    /// [`TextError::TemplateBudget`], [`TextError::TemplateTooLarge`] or [`TextError::TemplateSource`].
+    /// [`TextError::TemplateBudget`], [`TextError::TemplateItems`], [`TextError::TemplateTime`],
+    /// [`TextError::TemplateTooLarge`] or [`TextError::TemplateSource`].
     pub fn probe_chat_template(&self) -> Result<(), TextError> {
         if self.chat_template.is_none() {
             return Ok(());
@@ -203,6 +188,8 @@ impl Text {
         match self.render_chat(&probe, true) {
             Err(
                 e @ (TextError::TemplateBudget { .. }
+                | TextError::TemplateItems { .. }
+                | TextError::TemplateTime { .. }
                 | TextError::TemplateTooLarge { .. }
                 | TextError::TemplateSource { .. }),
             ) => Err(e),

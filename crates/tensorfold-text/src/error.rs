@@ -37,6 +37,20 @@ pub enum TextError {
         /// The budget it ran out of.
         fuel: u64,
     },
+    /// The chat template ran past its wall-clock budget (`render_budget::TEMPLATE_DEADLINE`): steps each doing
+    /// much work (hashing, comparing or printing large values), which fuel counts as one each.
+    #[error("chat template: over its time budget ({limit_ms} ms); the template does too much work")]
+    TemplateTime {
+        /// The budget in milliseconds.
+        limit_ms: u64,
+    },
+    /// The chat template's `range`s yielded more items than its budget (`render_budget::TEMPLATE_MAX_ITEMS`):
+    /// ranges iterated, hashed or compared in a loop.
+    #[error("chat template: its ranges yielded over {limit} items; the template loops too long")]
+    TemplateItems {
+        /// The budget in items.
+        limit: u64,
+    },
     /// The rendered chat template is over its size limit, or a format spec asked for a width past the limit.
     #[error("chat template: the rendered prompt is over its limit of {limit} bytes (or asks for a huge format width)")]
     TemplateTooLarge {

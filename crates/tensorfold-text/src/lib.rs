@@ -7,8 +7,10 @@ mod content_tokens;
 pub mod detokenizer;
 pub mod error;
 pub mod grammar_env;
+pub mod render_budget;
 pub mod template_compat;
 pub mod template_limits;
+mod template_render;
 mod tojson;
 pub mod tokenizer;
 
@@ -22,6 +24,8 @@ pub use tokenizer::Text;
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+#[cfg(test)]
+mod tests_budget;
 #[cfg(test)]
 mod tests_fuzz;
 #[cfg(test)]

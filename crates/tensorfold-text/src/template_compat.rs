@@ -46,6 +46,17 @@ fn rewrite_tag(tag: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{{%{open} {with} {close}%}}"))
 }
 
+/// The `string` filter as templates call it: [`string_filter`] of a value within the walk limits
+/// (`template_limits::walk_within`: a list shared into itself would otherwise print for hours).
+///
+/// # Errors
+/// A value past the walk limits, or a render past its budget.
+pub(crate) fn bounded_string_filter(state: &minijinja::State, v: &Value) -> Result<String, minijinja::Error> {
+    crate::render_budget::check(state)?;
+    crate::template_limits::walk_within(v, "string")?;
+    Ok(string_filter(v))
+}
+
 /// The `string` filter: Python's `str()` of the value (strings as they are).
 pub fn string_filter(v: &Value) -> String {
     match v.kind() {

@@ -1,6 +1,7 @@
 //! Bounds on rendering a chat template (templates come with checkpoints from a hub: they are input): minijinja's
 //! fuel as a step budget, a cap on the rendered size, format widths refused before they allocate, a cap on the
-//! template's source, and a render thread whose stack holds the deepest value the fuel lets a template build.
+//! template's source, a render thread whose stack holds the deepest value the fuel lets a template build, and our
+//! filters' walks over a value capped in depth and in items (a list shared into itself doubles a pass).
 
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
@@ -28,13 +29,19 @@ pub const TEMPLATE_MAX_SOURCE: usize = 256 << 10;
 /// 2 MiB of a worker thread overflow at 10,000 and abort the process.
 pub const RENDER_STACK_BYTES: usize = 512 << 20;
 
-/// Deepest value our own filters (`tojson`, `pprint`) walk: 128 levels, as serde_json parses.
+/// Deepest value our own filters (`tojson`, `pprint`, `string`) walk: 128 levels, as serde_json parses.
 pub const MAX_VALUE_DEPTH: usize = 128;
 
-/// Runs one render on its own thread with [`RENDER_STACK_BYTES`] of stack (scoped: it may borrow).
+/// Most items our own filters walk in one value: 1M (a shared list `[x, x]` doubled 40 times in a loop is 2^40
+/// items deep for a few hundred fuel; walking it whole would take hours).
+pub const MAX_VALUE_ITEMS: u64 = 1 << 20;
+
+/// Runs `f` (compiling a template: parsing recurses as the source nests) on its own thread with
+/// [`RENDER_STACK_BYTES`] of stack (scoped: it may borrow). Renders run on such a thread too (`template_render`),
+/// one the caller can give up on.
 ///
 /// # Errors
-/// [`TextError::Template`] when the thread cannot be started or the render panicked.
+/// [`TextError::Template`] when the thread cannot be started or `f` panicked.
 pub(crate) fn on_render_stack<T: Send>(f: impl FnOnce() -> Result<T, TextError> + Send) -> Result<T, TextError> {
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
@@ -46,34 +53,68 @@ pub(crate) fn on_render_stack<T: Send>(f: impl FnOnce() -> Result<T, TextError> 
     })
 }
 
-/// Whether `v` nests at most `max` levels of lists and maps (a walk that stops past `max`, so its own depth is
-/// bounded).
-pub(crate) fn depth_within(v: &Value, max: usize) -> bool {
-    let Some(items) = v.as_object().filter(|_| matches!(v.kind(), ValueKind::Seq | ValueKind::Map)) else {
-        return true;
+/// `Ok` when `v` nests at most [`MAX_VALUE_DEPTH`] levels of lists and maps, holds at most [`MAX_VALUE_ITEMS`]
+/// items and [`TEMPLATE_MAX_BYTES`] of strings, counted as a walk visits them (a shared list once each time it is
+/// reached): what `tojson`, `pprint` and `string` would print. The walk stops at the first limit it passes, so its
+/// own depth and time are bounded.
+///
+/// # Errors
+/// The refusal naming `filter` and the limit.
+pub(crate) fn walk_within(v: &Value, filter: &str) -> Result<(), Error> {
+    let mut left = WalkLeft { items: MAX_VALUE_ITEMS, bytes: TEMPLATE_MAX_BYTES };
+    let limit = match walk(v, MAX_VALUE_DEPTH, &mut left) {
+        Ok(()) => return Ok(()),
+        Err(Walk::Deep) => format!("nests past {MAX_VALUE_DEPTH} levels"),
+        Err(Walk::Wide) => format!("holds over {MAX_VALUE_ITEMS} items or {TEMPLATE_MAX_BYTES} bytes of text"),
     };
-    if max == 0 {
-        return false;
-    }
-    let Some(iter) = items.try_iter() else { return true };
-    let is_map = v.kind() == ValueKind::Map;
-    iter.into_iter().all(|k| {
-        let child = if is_map { v.get_item(&k).unwrap_or_default() } else { k };
-        depth_within(&child, max - 1)
-    })
+    Err(Error::new(ErrorKind::InvalidOperation, format!("{filter}: the value {limit}")))
 }
 
-/// The refusal of a value nested past [`MAX_VALUE_DEPTH`].
-pub(crate) fn too_deep(filter: &str) -> Error {
-    Error::new(ErrorKind::InvalidOperation, format!("{filter}: the value nests past {MAX_VALUE_DEPTH} levels"))
+/// Why [`walk`] stopped.
+enum Walk {
+    Deep,
+    Wide,
+}
+
+/// What a [`walk`] may still visit.
+struct WalkLeft {
+    items: u64,
+    bytes: usize,
+}
+
+fn walk(v: &Value, depth: usize, left: &mut WalkLeft) -> Result<(), Walk> {
+    if let Some(s) = v.as_str() {
+        left.bytes = left.bytes.checked_sub(s.len()).ok_or(Walk::Wide)?;
+        return Ok(());
+    }
+    // Iterables too: `[0] * 100000000` is a lazy one of 100M items that `tojson` would collect whole.
+    let walked = matches!(v.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable);
+    let Some(obj) = v.as_object().filter(|_| walked) else {
+        return Ok(());
+    };
+    if depth == 0 {
+        return Err(Walk::Deep);
+    }
+    let Some(iter) = obj.try_iter() else { return Ok(()) };
+    let is_map = v.kind() == ValueKind::Map;
+    for k in iter {
+        left.items = left.items.checked_sub(1).ok_or(Walk::Wide)?;
+        if is_map {
+            walk(&k, depth - 1, left)?;
+            walk(&v.get_item(&k).unwrap_or_default(), depth - 1, left)?;
+        } else {
+            walk(&k, depth - 1, left)?;
+        }
+    }
+    Ok(())
 }
 
 /// `pprint`: minijinja's pretty form (`{:#?}`), refused past [`MAX_VALUE_DEPTH`] levels (its indentation makes
-/// the text grow with the square of the depth) and stopped at [`TEMPLATE_MAX_BYTES`] as it is written.
-pub(crate) fn pprint_filter(value: &Value) -> Result<String, Error> {
-    if !depth_within(value, MAX_VALUE_DEPTH) {
-        return Err(too_deep("pprint"));
-    }
+/// the text grow with the square of the depth) or [`MAX_VALUE_ITEMS`] items, and stopped at [`TEMPLATE_MAX_BYTES`]
+/// as it is written.
+pub(crate) fn pprint_filter(state: &State, value: &Value) -> Result<String, Error> {
+    crate::render_budget::check(state)?;
+    walk_within(value, "pprint")?;
     let mut out = CappedText(String::new());
     std::fmt::Write::write_fmt(&mut out, format_args!("{value:#?}")).map_err(|_| over_size())?;
     Ok(out.0)
@@ -107,6 +148,8 @@ pub(crate) struct Capped {
 
 impl std::io::Write for Capped {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        // Each write of the render's output is also a check of its deadline.
+        crate::render_budget::check_stateless().map_err(std::io::Error::other)?;
         if self.buf.len() + b.len() > TEMPLATE_MAX_BYTES {
             self.over = true;
             return Err(std::io::Error::other("the rendered chat template is over its size limit"));
@@ -138,16 +181,23 @@ fn width_error() -> Error {
     Error::new(ErrorKind::InvalidOperation, format!("{WIDTH_REFUSED} ({MAX_FORMAT_WIDTH})"))
 }
 
-/// pycompat's method callback, with `str.format` refused when a spec asks for a huge width.
+/// pycompat's method callback, with each argument walked within [`walk_within`]'s limits and `str.format`
+/// refused when a spec asks for a huge width.
 pub(crate) fn method_callback(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+    crate::render_budget::check(state)?;
+    // Python's string methods print their arguments (`', '.join(x)`, `'{}'.format(x)`): walked first, bounded.
+    args.iter().try_for_each(|a| walk_within(a, method))?;
     if method == "format" && value.as_str().is_some_and(|f| !widths_ok(f, args)) {
         return Err(width_error());
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
-/// The builtin `format` filter (printf style), with huge widths refused first.
-pub(crate) fn format_filter(fmt: String, args: minijinja::value::Rest<Value>) -> Result<String, Error> {
+/// The builtin `format` filter (printf style), with its arguments walked within [`walk_within`]'s limits and huge
+/// widths refused first.
+pub(crate) fn format_filter(state: &State, fmt: String, args: minijinja::value::Rest<Value>) -> Result<String, Error> {
+    crate::render_budget::check(state)?;
+    args.iter().try_for_each(|a| walk_within(a, "format"))?;
     if !widths_ok(&fmt, &args) {
         return Err(width_error());
     }

@@ -2,10 +2,10 @@
 //! `": "` after keys, non-ASCII kept (`ensure_ascii=False`), no HTML escaping; `indent=n` as Python's pretty form.
 
 use minijinja::value::{Kwargs, Value};
-use minijinja::{Error, ErrorKind};
+use minijinja::{Error, ErrorKind, State};
 use serde_json::Value as Json;
 
-use crate::template_limits::{MAX_VALUE_DEPTH, TEMPLATE_MAX_BYTES, depth_within, over_size, too_deep};
+use crate::template_limits::{TEMPLATE_MAX_BYTES, over_size, walk_within};
 
 /// Largest `indent` a template may ask for (a huge one would allocate that much a line).
 const MAX_INDENT: usize = 64;
@@ -16,9 +16,16 @@ const MAX_INDENT: usize = 64;
 ///
 /// # Errors
 /// A value with no JSON form (an undefined inside a strict template), an `indent` past [`MAX_INDENT`], a value
-/// nested past [`MAX_VALUE_DEPTH`] (checked before serde walks it recursively), or a text past
-/// [`TEMPLATE_MAX_BYTES`] (stopped as it is written).
-pub(crate) fn tojson_filter(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+/// nested past [`crate::template_limits::MAX_VALUE_DEPTH`] or holding over
+/// [`crate::template_limits::MAX_VALUE_ITEMS`] (checked before serde walks it recursively), a text past
+/// [`TEMPLATE_MAX_BYTES`] (stopped as it is written), or a render past its budget.
+pub(crate) fn tojson_filter(
+    state: &State,
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    crate::render_budget::check(state)?;
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
         None => None,
         Some(v) if v.is_none() => None,
@@ -31,9 +38,7 @@ pub(crate) fn tojson_filter(value: &Value, indent: Option<Value>, kwargs: Kwargs
     let _ = kwargs.get::<Option<Value>>("ensure_ascii")?;
     let _ = kwargs.get::<Option<Value>>("separators")?;
     kwargs.assert_all_used()?;
-    if !depth_within(value, MAX_VALUE_DEPTH) {
-        return Err(too_deep("tojson"));
-    }
+    walk_within(value, "tojson")?;
     let mut json = serde_json::to_value(value).map_err(|e| bad(&format!("no JSON form: {e}")))?;
     if sort_keys {
         sort(&mut json);

@@ -15,6 +15,8 @@ use crate::error::TextError;
 pub struct Text {
     tokenizer: Tokenizer,
     pub(crate) chat_template: Option<String>,
+    /// The chat template compiled, on first use (`template_render`); a syntax error is kept as its message.
+    pub(crate) compiled: std::sync::OnceLock<Result<std::sync::Arc<crate::template_render::Compiled>, String>>,
     pub(crate) bos_token: Option<String>,
     pub(crate) eos_token: Option<String>,
     pub(crate) pad_token: Option<String>,
@@ -144,6 +146,7 @@ impl Text {
             pad_token: None,
             guard,
             grammar: std::sync::OnceLock::new(),
+            compiled: std::sync::OnceLock::new(),
         };
         if let Some((bytes, path)) = config {
             let cfg: serde_json::Value =
