@@ -30,8 +30,9 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     type State = StreamState<B>;
     type Held = HeldBlocks<B>;
 
+    /// Always the model's watch: every forward of every model, one device or several, is under the deadline.
     fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
-        self.model.device_watch()
+        Some(self.model.watch.clone())
     }
 
     fn caps(&self) -> Caps {
@@ -122,7 +123,7 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
     }
 
     fn read_held(&self, held: &HeldBlocks<B>) -> Vec<Result<Vec<u32>, ForwardError>> {
-        held.read(&self.model.backend)
+        self.model.read_held(held)
     }
 }
 

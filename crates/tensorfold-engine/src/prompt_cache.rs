@@ -50,9 +50,9 @@ impl<S: Clone> PromptCache<S> {
         self.entries.is_empty()
     }
 
-    /// The longest kept prefix of `prompt` that leaves at least one row to compute: a copy of its state
-    /// and its length. Counts a query (and a hit).
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<(S, usize)> {
+    /// The longest kept prefix of `prompt` that leaves at least one row to compute: its state (for the caller to
+    /// copy, `Target::snapshot`: a device copy under the target's watch) and its length. Counts a query (and a hit).
+    pub fn lookup(&mut self, prompt: &[u32]) -> Option<(&S, usize)> {
         self.counters.queries += 1;
         self.tick += 1;
         let best = self
@@ -63,7 +63,7 @@ impl<S: Clone> PromptCache<S> {
         best.last_used = self.tick;
         self.counters.hits += 1;
         self.counters.reused_tokens += best.tokens.len() as u64;
-        Some((best.state.clone(), best.tokens.len()))
+        Some((&best.state, best.tokens.len()))
     }
 
     /// True when a state after exactly `tokens` is kept.
@@ -99,8 +99,8 @@ mod tests {
         c.insert(&[1, 2], "ab", 10);
         c.insert(&[1, 2, 3, 4], "abcd", 10);
         c.insert(&[1, 2, 3, 4, 5], "abcde", 10);
-        assert_eq!(c.lookup(&[1, 2, 3, 4, 5]), Some(("abcd", 4)));
-        assert_eq!(c.lookup(&[1, 2, 9]), Some(("ab", 2)));
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 5]), Some((&"abcd", 4)));
+        assert_eq!(c.lookup(&[1, 2, 9]), Some((&"ab", 2)));
         assert_eq!(c.lookup(&[7]), None);
         assert_eq!(c.counters, CacheCounters { queries: 3, hits: 2, reused_tokens: 6 });
     }

@@ -104,7 +104,8 @@ pub trait Target: Send + 'static {
     /// What the target states about itself.
     fn caps(&self) -> Caps;
     /// The watch of its device waits, when they have a deadline: the engine's watchdog stops the engine with a
-    /// `DeviceFailure` once a wait runs past it (`Engine::start`). `None` (the default): no deadline.
+    /// `DeviceFailure` once a wait runs past it (`Engine::start`). `None` (the default, a target without a device):
+    /// no deadline. The model target always has one.
     fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
         None
     }

@@ -15,6 +15,8 @@ pub mod deadline;
 pub mod sample;
 pub mod shape;
 pub mod simd;
+#[cfg(feature = "planted-faults")]
+pub mod stalling;
 
 pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
 

@@ -124,14 +124,6 @@ impl<B: Backend> ExpertParallel<B> {
     }
 }
 
-impl<B: Backend> Model<B> {
-    /// The deadline watch of the model's collective, when it has one (`tensorfold_kernels::Watched`); a watchdog
-    /// reads it (the engine's, `tensorfold_engine::Engine::start`).
-    pub fn device_watch(&self) -> Option<std::sync::Arc<tensorfold_kernels::DeviceWatch>> {
-        self.ep.as_ref().and_then(|e| e.comm.watch())
-    }
-}
-
 /// Opens a MoE checkpoint with its experts split over `backends` (rank 0 first; [`expert_ranges`]): rank 0 binds
 /// every other tensor and its experts, each other rank only its experts. `comm` spans the same devices in the same
 /// order. A dense model on one rank opens plainly. Errors: [`OpenError::ExpertParallel`] for a dense model on several
@@ -170,6 +162,10 @@ pub fn open_expert_parallel<B: Backend>(
         .collect::<Result<Vec<_>, OpenError>>()?;
     let rank0 = backends.pop().expect("one backend at least: expert_ranges refused 0");
     let mut loaded = crate::load::open_table(src, cfg, &table, rank0, ranges[0].clone())?;
+    // One watch for the collective's calls and the forwards around them: the deadline is on the whole wait.
+    if let Some(w) = comm.watch() {
+        loaded.model.watch = w;
+    }
     loaded.model.ep = Some(ExpertParallel { ranges, ranks, comm });
     Ok(loaded)
 }

@@ -9,7 +9,8 @@ use crate::hooks::Hooks;
 use crate::layers::{Acts, Cx};
 use crate::state::advance;
 use crate::weights::Weights;
-use tensorfold_kernels::{Backend, KernelError};
+use std::sync::Arc;
+use tensorfold_kernels::{Backend, DeviceWatch, KernelError};
 
 pub use crate::batch::{Batch, ForwardOut, HeldIds, LogitRows, RowWant};
 pub use crate::state::{LayerState, StreamState};
@@ -54,19 +55,23 @@ pub struct Model<B: Backend> {
     pub drafter: Option<Drafter<B>>,
     /// The experts' other devices, with expert parallelism (`crate::expert_parallel`); `None` on one device.
     pub ep: Option<ExpertParallel<B>>,
+    /// The deadline on the model's device waits (`crate::watch`): every forward, block pass, held-draft read and
+    /// stream-state call enters it, and a watchdog (the engine's) finds one past it. With expert parallelism, the collective's watch
+    /// (`tensorfold_kernels::Watched`), so its calls and the forward around them are one wait.
+    pub watch: Arc<DeviceWatch>,
 }
 
 impl<B: Backend> Model<B> {
     /// Runs every layer once over all rows of the batch. On success each stream's position advances by its rows
     /// and the rows `batch.want` names get their logits, picks or draws. Errors ([`ForwardError`]): a refused batch
     /// (rows, segments, positions, token ids, context, held runs) leaves all states unchanged; a kernel's or a
-    /// collective's failure after that is returned as it happened.
+    /// collective's failure after that is returned as it happened; a device given up by the watchdog (a wait past
+    /// the deadline, this one or an earlier) is `KernelError::DeviceLost` ([`Model::answered`]).
     pub fn forward(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         self.check(&batch)?;
-        // Under a device deadline (expert parallelism's collectives), the whole forward is one watched wait: its
-        // collectives and the sync that reads its results (`tensorfold_kernels::deadline`).
-        let watch = self.device_watch();
-        let _waiting = watch.as_ref().map(|w| w.enter("forward"));
+        // The whole forward is one watched wait (`crate::watch`): its launches, any collectives, and the sync that
+        // reads its results, where a device that stops answering holds the host.
+        let _waiting = self.waiting("forward")?;
         let rows = batch.tokens.len();
         let from = batch.held.as_ref().map(|h| h.picks(rows)).transpose()?;
         let (b, w, h) = (&self.backend, &self.weights, self.cfg.hidden);
@@ -90,6 +95,8 @@ impl<B: Backend> Model<B> {
         let out = w.head_rows(&cx, &acts.x, batch.want);
         // The logits are read: a hook's failure on the way fails the call (its results may be garbage).
         hooks.after_head(b, &acts.x, h, !out.rows.is_empty())?;
+        // A read that came back after the watchdog gave the device up is not trusted: the engine has stopped.
+        self.answered()?;
         Ok(out)
     }
 

@@ -14,6 +14,7 @@ pub mod load;
 pub mod quant;
 pub mod state;
 pub mod synthetic;
+mod watch;
 pub mod weights;
 
 pub use batch::{Batch, HeldIds};

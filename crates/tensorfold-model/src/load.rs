@@ -5,7 +5,7 @@ use crate::config::{ConfigError, Mixer, ModelConfig};
 use crate::forward::Model;
 use crate::weights::{WeightError, bind_owning};
 use std::collections::{BTreeMap, BTreeSet};
-use tensorfold_kernels::Backend;
+use tensorfold_kernels::{Backend, DEFAULT_DEVICE_DEADLINE, DeviceWatch};
 use tensorfold_text::{Text, TextError};
 
 /// Why a checkpoint could not be opened. Everything loaded so far is dropped (mapped files unmapped).
@@ -175,8 +175,10 @@ pub(crate) fn open_table<B: Backend>(
             eos_ids.push(*id);
         }
     }
+    // The default deadline until the caller sets its own (`--device-deadline`; expert parallelism: the collective's).
+    let watch = DeviceWatch::new(DEFAULT_DEVICE_DEADLINE);
     Ok(Loaded {
-        model: Model { cfg, weights, backend, drafter: None, ep: None },
+        model: Model { cfg, weights, backend, drafter: None, ep: None, watch },
         text,
         eos_ids,
         source: src.describe(),

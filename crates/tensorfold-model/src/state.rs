@@ -72,9 +72,14 @@ pub(crate) fn advance<B: Backend>(states: &mut [&mut StreamState<B>], segs: &[Se
     }
 }
 
+/// The name a stream-state call's wait goes by on the model's watch (`crate::watch`).
+const STATE: &str = "stream state";
+
 impl<B: Backend> Model<B> {
     /// A fresh stream state at position 0.
     pub fn new_state(&self) -> StreamState<B> {
+        // Stream-state calls allocate on the device, which drains its queue when the pool is out of memory.
+        let _waiting = self.watch.enter(STATE);
         let c = &self.cfg;
         let layers = c
             .layers
@@ -90,7 +95,9 @@ impl<B: Backend> Model<B> {
 
     /// Rolls a stream back to `pos` positions, anywhere from its last call's first row to its current
     /// position (a verify window whose later rows were rejected): KV rows are truncated and conv states
-    /// restored to the row at `pos`, never left at the window's end.
+    /// restored to the row at `pos`, never left at the window's end. Errors: a `pos` outside the last call
+    /// ([`ForwardError::Batch`]), a conv kernel's refusal, or `DeviceLost` once the device is given up
+    /// ([`Model::answered`]).
     pub fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
         if pos < s.last_start || pos > s.pos {
             return Err(ForwardError::Batch(format!(
@@ -101,6 +108,7 @@ impl<B: Backend> Model<B> {
         if pos == s.pos {
             return Ok(());
         }
+        let _waiting = self.waiting(STATE)?;
         for l in &mut s.layers {
             match l {
                 LayerState::Kv(k) => self.backend.kv_truncate(k, pos),
@@ -129,6 +137,7 @@ impl<B: Backend> Model<B> {
 
     /// Reserves KV room for `tokens` positions, so the stream never reallocates (memory admission).
     pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
+        let _waiting = self.watch.enter(STATE);
         for l in &mut s.layers {
             if let LayerState::Kv(k) = l {
                 self.backend.kv_reserve(k, tokens);
@@ -141,6 +150,7 @@ impl<B: Backend> Model<B> {
 
     /// A copy to keep (prompt cache): the same position, without the last call's rollback window.
     pub fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+        let _waiting = self.watch.enter(STATE);
         let mut c = s.clone();
         for l in &mut c.layers {
             if let LayerState::Conv(conv) = l {

@@ -21,8 +21,9 @@ pub struct DeviceArgs {
     /// model's experts a layer; a dense model takes only 1. Default: one device, no collectives.
     #[arg(long, env = "TENSORFOLD_GPUS")]
     pub gpus: Option<usize>,
-    /// Seconds a collective or a forward of `--gpus` ranks may wait on a device before it counts as lost: past it the
-    /// engine stops with `DeviceFailure` and `serve` exits non-zero (docs/multi-gpu.md).
+    /// Seconds a forward (its device sync), a drafter pass, a held-draft read or a collective may wait on a device
+    /// before it counts as lost, on one device or `--gpus` ranks: past it the engine stops with `DeviceFailure` and
+    /// `serve` exits non-zero (docs/multi-gpu.md).
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEVICE_DEADLINE.as_secs_f64(), env = "TENSORFOLD_DEVICE_DEADLINE")]
     pub device_deadline: f64,
 }
@@ -62,19 +63,23 @@ pub struct Devices<B> {
     pub backend: B,
     /// Every rank, rank 0 first, with `--gpus` (a world of 1 still takes the expert-parallel path).
     pub ranks: Option<Vec<B>>,
-    /// The deadline on the ranks' collectives and forwards (`--device-deadline`).
+    /// The deadline on the model's device waits and the ranks' collectives (`--device-deadline`).
     pub deadline: std::time::Duration,
 }
 
 impl<B: Ranks> Devices<B> {
     /// Opens `src` on these devices: plainly, or with its experts split over the ranks (a new collective each time,
-    /// so two models never share a communicator).
+    /// so two models never share a communicator). Either way its device waits have the deadline (a plain model's
+    /// own watch; the ranks' collective's, which the model adopts).
     pub fn open(&self, src: &Source) -> anyhow::Result<Loaded<B>> {
-        let loaded = match &self.ranks {
+        let mut loaded = match &self.ranks {
             None => tensorfold_model::open(src, self.backend.clone()),
             Some(r) => tensorfold_model::open_expert_parallel(src, r.clone(), B::collective(r, self.deadline)?),
         }
         .with_context(|| format!("opening {}", src.describe()))?;
+        if self.ranks.is_none() {
+            loaded.model.watch = DeviceWatch::new(self.deadline);
+        }
         tracing::info!("opened {} on {} x{}", src.describe(), self.backend.name(), loaded.model.world());
         Ok(loaded)
     }

@@ -77,7 +77,11 @@ impl<T: Target> Core<T> {
     fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) {
         let now = self.clock.now();
         // A follower's state is its leader's at the prompt's end (`fanout.rs`); until then a placeholder.
-        let looked = if leader.is_none() { self.cache.lookup(&w.req.prompt) } else { None };
+        // A resumed state is the cache's copied on the device, as the target copies (and watches) its snapshots.
+        let looked = match leader {
+            None => self.cache.lookup(&w.req.prompt).map(|(s, n)| (self.target.snapshot(s), n)),
+            Some(_) => None,
+        };
         let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
         if leader.is_none() {
             self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens);

@@ -53,11 +53,14 @@ impl<B: Backend> Model<B> {
         let at: Vec<(u32, usize)> = d.anchors.iter().zip(d.states).map(|(&t, s)| (t, s.pos)).collect();
         let w = &self.weights;
         let pass = BlockPass { embed: &w.embed, head: w.head_mat(), anchors: &at, states: &ds, pickers: d.pickers };
+        // One watched wait, as a forward (`crate::watch`): a read pass ends with the host reading its blocks.
+        let _waiting = self.waiting("drafter pass")?;
         let out = drafter.pass(&self.backend, &pass, d.out)?;
         if d.out == DraftOut::Held {
             // A failure recorded on the way (out of memory) is the pass's error now, not the verify's later.
             self.backend.check()?;
         }
+        self.answered()?;
         Ok(out)
     }
 }
