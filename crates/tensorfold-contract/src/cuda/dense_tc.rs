@@ -57,7 +57,7 @@ faults! {
         DroppedPieces = ("dropped-pieces", "the activations enter as one bf16 piece (lo and lo2 dropped)"),
         WidthSplit = ("width-split", "the wide form splits k into 2 segments, the narrow into 4 (a split chosen by width)"),
         RowMix = ("row-mix", "a row of a wide tile (linear, gate-up, experts) reads the next row's activations"),
-        GroupOrder = ("group-order", "narrow blocks of several column groups add the K segments in reverse"),
+        GroupOrder = ("group-order", "narrow and few-row blocks of several column groups add the K segments in reverse"),
         FewOrder = ("few-order", "the few-row form (at most 8 rows, MoE tiles) adds a chunk's pieces in reverse order"),
     }
 }
@@ -89,12 +89,14 @@ impl Drop for TensorCoresOn<'_> {
 struct LinearTc(CudaBackend);
 
 impl LinearTc {
-    /// Gate `multi`: q/k/v-style linears of one input in one call give each output a `linear`'s bits.
+    /// Gate `multi`: q/k/v-style linears of one input in one call (one few-row launch at 1 and 3 rows, at 1, 2 and
+    /// 4 column groups) give each output a `linear`'s bits.
     fn multi(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         let ws: Vec<_> =
             [40, 8, 72].iter().map(|&n| be.upload_mat(&bf16_mat(rng, n, 64, 0.5)).expect("upload")).collect();
         let mut diffs = 0;
-        for rows in [1, 3, 70] {
+        for (rows, groups) in [(1, 1), (3, 2), (3, 4), (70, 1)] {
+            let _g = GroupsAt::new(be, groups);
             let x = up(be, &uniform(rng, rows * 64));
             let mut outs: Vec<_> = ws.iter().map(|w| poisoned(be, rows * w.rows)).collect();
             be.linears(&x, rows, &ws.iter().collect::<Vec<_>>(), &mut outs.iter_mut().collect::<Vec<_>>());
@@ -125,8 +127,8 @@ impl Drop for GroupsAt<'_> {
 }
 
 impl LinearTc {
-    /// Gate `groups`: the narrow forms at 1, 2 and 4 column groups a block (the linear; the gate-up reads two
-    /// matrices, so 1 and 2) give every output the same bits, at 1, 9 and 16 rows (one and two row groups).
+    /// Gate `groups`: the few-row (1 row) and narrow (9 and 16 rows) forms at 1, 2 and 4 column groups a block (the
+    /// linear; the gate-up reads two matrices, so 1 and 2) give every output the same bits.
     fn groups(be: &CudaBackend, rng: &mut StdRng) -> Gate {
         // k = 1056: 33 chunks, segments of 8, 8, 8 and 9, so every group count walks full and partial batches.
         let k = 1056;
@@ -215,6 +217,7 @@ impl Kernel for LinearTc {
                 let small = forms.iter().flat_map(move |f| groups.clone().map(move |g| format!("{k}_{f}{g}_bf16")));
                 small.chain([format!("{k}_tcw_bf16")])
             })
+            .chain([1, 2, 4].map(|g| format!("linear3_tcf{g}_bf16")))
             .collect::<Vec<_>>();
         limits(&self.0, Src::Dense, &names.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     }

@@ -11,20 +11,26 @@
 // - A chunk's value is one tensor-core partial from +0: mma.sync m16n8k16 (bf16 in, f32 accumulate) over pieces
 //   hi, lo, lo2 in that order, each over the chunk's two k16 halves in order. Slot (2t + 8j + e) of half h of an mma
 //   holds element 8t + 4h + 2j + e of the chunk (t = lane % 4, j, e in {0, 1}): each lane loads 16 contiguous
-//   bytes of its weight column (tc_frag_split and the wide tile's staging use the same map).
+//   bytes of its weight column (tc_frag_split, the few-row form's operands and the wide tile's staging use the same
+//   map).
 // - A segment adds its chunks' values in increasing order from +0 with f32 adds; the segments add in order:
 //   ((seg0 + seg1) + seg2) + seg3.
 // The tensor cores' internal sum of a partial is not IEEE round-to-nearest, which is why each 32-element chunk gets
 // a fresh partial: an f32 add rounds each chunk in (the fold measured in tools/cuda/tc, 2.1e-7..2.5e-7 relative).
 #define TC_SEGS 4
+// Shared floats of a narrow or few-row block's segment sums (G * NW at most 4).
+#define TC_SEG_FLOATS (TC_SEGS * 4 * 128)
 
 // The round-to-nearest-even bf16 bits of (lo, hi) packed in one word, lo in the low half: one cvt.rn.bf16x2.f32
 // on the device (sm_80 and later; a NaN becomes the canonical 0x7fff, as below), its definition on the CPU.
 __device__ __forceinline__ u32 tc_bf16x2(float lo, float hi) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   u32 d;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
+#elif defined(__CUDA_ARCH__)
+  __trap();  // before sm_80 the host never runs the tensor-core forms (the mode is refused); the module still builds
+  return 0u;
 #else
   auto one = [](float v) -> u32 {
     u32 u = __float_as_uint(v);
@@ -55,10 +61,12 @@ __device__ __forceinline__ void tc_split2(float v0, float v1, u32 p[3]) {
 
 // d += A B on the tensor cores for one m16n8k16 tile (a: this lane's A fragment, b0 b1: its B fragment).
 __device__ __forceinline__ void tc_mma(float d[4], const u32 a[4], u32 b0, u32 b1) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // sm_80 and later only, as tc_bf16x2
 #else
   tfemu_mma_16816(d, a, b0, b1);  // the CPU emulation's definition of the instruction (tools/cuda/emu/emu.h)
 #endif
@@ -105,11 +113,12 @@ __device__ __forceinline__ void tc_frag_split(const float4 v[4], bool two, u32 a
     }
 }
 
-// A narrow block's end: warp s's segment sums acc (lane element i of group gi, matrix m) meet in seg
+// The end of a narrow or few-row block: warp s's segment sums acc (lane element i of group gi, matrix m) meet in seg
 // (seg[((s * G + gi) * NW + m) * 128 + 4 lane + i]); warp gi < G adds group gi's segments in order and hands lane
 // element i to put_at(gi, i, y0, y1) (y1 from matrix 1 when NW == 2). Every thread must call it (a barrier).
 template <int NW, int G, class PutAt>
 __device__ __forceinline__ void tc_fold(float* seg, const float (&acc)[G][NW][4], PutAt put_at) {
+  static_assert(TC_SEGS * G * NW * 128 <= TC_SEG_FLOATS, "a block's segment sums fit seg");
   int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
 #pragma unroll
   for (int gi = 0; gi < G; gi++)
@@ -331,14 +340,11 @@ __device__ __forceinline__ void tc_few(float* seg, const float* x, int k, int n,
   });
 }
 
-// Shared floats of a narrow block's segment sums (G * NW at most 4).
-#define TC_SEG_FLOATS (TC_SEGS * 4 * 128)
 
 // A narrow form of G groups of 8 columns a block (the column blocks along grid x).
 template <int NW, int G, class In, class Put>
 __device__ __forceinline__ void tc_narrow_g(float* seg, const float* x, int k, int n, const u16* w0, const u16* w1,
                                             int nt, In in_row, Put put) {
-  static_assert(TC_SEGS * G * NW * 128 <= TC_SEG_FLOATS, "a narrow block's segment sums fit seg");
   tc_narrow<NW, G>(seg, x, k, n, w0, w1, 8 * G * (int)blockIdx.x, nt, in_row, put);
 }
 
@@ -346,7 +352,6 @@ __device__ __forceinline__ void tc_narrow_g(float* seg, const float* x, int k, i
 template <int NW, int G, class In, class Put>
 __device__ __forceinline__ void tc_few_g(float* seg, const float* x, int k, int n, const u16* w0, const u16* w1, int nt,
                                          In in_row, Put put) {
-  static_assert(TC_SEGS * G * NW * 128 <= TC_SEG_FLOATS, "a few-row block's segment sums fit seg");
   tc_few<NW, G>(seg, x, k, n, w0, w1, 16 * G * (int)blockIdx.x, nt, in_row, put);
 }
 
@@ -375,6 +380,26 @@ TC_LINEAR_ENTRY(linear_tc4_bf16, tc_narrow_g, 16, 4)
 TC_LINEAR_ENTRY(linear_tcf1_bf16, tc_few_g, 8, 1)
 TC_LINEAR_ENTRY(linear_tcf2_bf16, tc_few_g, 8, 2)
 TC_LINEAR_ENTRY(linear_tcf4_bf16, tc_few_g, 8, 4)
+
+// q/k/v-style linears of one input in one few-row launch (a call of at most 8 rows): the table is dense.cu's
+// linear3 one (6 words a matrix: values, -, -, outputs, out, first block), blocks counted in 16 G columns; each
+// matrix's outputs are its own linear_tcfG launch's, bit for bit (gate `multi`).
+#define TC_LINEAR3_FEW_ENTRY(NAME, G)                                                                             \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, int rows, int k, const u64* mats) {      \
+    PDL_ENTRY();                                                                                                  \
+    __shared__ float seg[TC_SEG_FLOATS];                                                                          \
+    int i;                                                                                                        \
+    int bx = multi_block(mats, &i);                                                                               \
+    const u64* d = mats + 6 * i;                                                                                  \
+    int n = (int)d[3], nt = rows < 8 ? rows : 8;                                                                  \
+    const u16* w = reinterpret_cast<const u16*>(d[0]);                                                            \
+    float* out = reinterpret_cast<float*>(d[4]);                                                                  \
+    auto put = [&](int r, int j, float v, float) { out[(u64)r * (u64)n + j] = v; };                               \
+    tc_few<1, G>(seg, x, k, n, w, w, 16 * G * bx, nt, [&](int r) { return r; }, put);                             \
+  }
+TC_LINEAR3_FEW_ENTRY(linear3_tcf1_bf16, 1)
+TC_LINEAR3_FEW_ENTRY(linear3_tcf2_bf16, 2)
+TC_LINEAR3_FEW_ENTRY(linear3_tcf4_bf16, 4)
 
 #define TC_GATEUP_ENTRY(NAME, FORM, TR, G)                                                                        \
   extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, int rows, int k, int n, const u16* g,    \

@@ -340,6 +340,10 @@ pub(crate) fn linears(
         return Ok(());
     }
     let tc = be.dev.tensor_cores() && mats.iter().all(|m| m.tc());
+    let out_ptrs = outs.iter().map(|o| o.ptr()).collect::<Result<Vec<_>, _>>()?;
+    if tc && !be.dev.wide(rows) && super::tc::few_linears(be, (x.ptr()?, rows), mats, &out_ptrs)? {
+        return Ok(());
+    }
     if tc || mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {
         // Wide and tensor-core calls: a linear each (the same bits, gate `multi`).
         for (m, o) in mats.iter().zip(outs) {

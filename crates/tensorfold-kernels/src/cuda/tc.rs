@@ -1,4 +1,4 @@
-//! Host launches of the tensor-core forms (dense_tc.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, the dense gate-up and the MoE expert tiles, narrow (activations split into pieces in registers, once for a block's columns) or wide.
+//! Host launches of the tensor-core forms (dense_tc.cu, dense_tcw.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, q/k/v in one launch, the dense gate-up and the MoE expert tiles, few-row, narrow or wide.
 
 use super::device::{Arg, BLOCK, GRID_YZ, Src, TC_SEGS, TCM, TCN};
 use super::ops::int;
@@ -98,6 +98,50 @@ pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: 
     dense(be, "linear", (xp, rows), (w.cols, w.rows), &[Arg::P(wp), Arg::P(bias), Arg::P(op)])
 }
 
+/// Up to three linears of one input `xp` (`[rows, k]`, rows at most [`FEW_ROWS`]) in one few-row launch, into
+/// `outs` (device addresses, `[rows, m.rows]` each): each output's bits are its own [`linear`]'s (gate `multi`).
+/// `Ok(false)` when the call is not one (more rows, or a matrix the tensor cores do not serve): launch each.
+pub(crate) fn few_linears(
+    be: &CudaBackend,
+    (xp, rows): (u64, usize),
+    mats: &[&CudaMat],
+    outs: &[u64],
+) -> Result<bool, CudaError> {
+    if rows > FEW_ROWS || mats.is_empty() || mats.len() > 3 || !mats.iter().all(|m| m.tc()) {
+        return Ok(false);
+    }
+    let total: usize = mats.iter().map(|m| m.rows).sum();
+    let grp = narrow_group(be, Form::Few, total, 1, false);
+    let cols = Form::Few.group_cols() * grp;
+    // 6 words a matrix (dense.cu's linear3 table): values, -, -, outputs, out, first block; unused slots start
+    // past the grid.
+    let mut table = [0u64; 18];
+    let mut first = 0u64;
+    for (i, (m, &o)) in mats.iter().zip(outs).enumerate() {
+        let (w, _, _) = m.ptrs()?;
+        table[6 * i..6 * i + 6].copy_from_slice(&[w, 0, 0, m.rows as u64, o, first]);
+        first += m.rows.div_ceil(cols) as u64;
+    }
+    for slot in mats.len()..3 {
+        table[6 * slot + 5] = u64::MAX;
+    }
+    let gx = u32::try_from(first).map_err(|_| CudaError::Shape(format!("few-row linears: {first} blocks")))?;
+    if gx == 0 {
+        return Ok(true);
+    }
+    let name = match grp {
+        1 => "linear3_tcf1_bf16",
+        2 => "linear3_tcf2_bf16",
+        _ => "linear3_tcf4_bf16",
+    };
+    let f = be.func(Src::Dense, name)?;
+    let tm = be.dev.stage(&table)?;
+    let tp = tm.as_ref().map_or(0, |m| m.ptr);
+    let args = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(mats[0].cols, "cols")?), Arg::P(tp)];
+    be.dev.launch(&f, (gx, 1, 1), NARROW_BLOCK, 0, &args)?;
+    Ok(true)
+}
+
 /// The dense SwiGLU's `act = silu(g x) * (u x)` (`x` `[rows, g.cols]`, `act` `[rows, g.rows]`, device addresses):
 /// wide or narrow as [`linear`].
 pub(crate) fn gateup(
@@ -113,7 +157,7 @@ pub(crate) fn gateup(
 
 /// One dense call of `kind` (`linear` or `gateup`) over `rows` rows of `xp` (`[rows, k]`) into `n` outputs, the
 /// kernel's matrix and output arguments in `tail`: the wide form for calls that take the wide tiles, else the
-/// narrow one at [`narrow_group`]'s column groups.
+/// few-row form for at most [`FEW_ROWS`] rows, else the narrow one, at [`narrow_group`]'s column groups.
 fn dense(
     be: &CudaBackend,
     kind: &str,
@@ -145,7 +189,7 @@ pub(crate) fn experts_ok(experts: &[Ffn<CudaMat>]) -> bool {
 
 /// A MoE call's plan as the tensor-core expert tiles read it: the expert table, the plan's tiles, their count and
 /// slot list (device addresses), the most tiles, top-k, and whether the tiles were planned for the wide form
-/// ([`TCM`] slots; else at most 16).
+/// ([`TCM`] slots; else at most [`super::device::RT`], the few-row form's tiles).
 pub(crate) struct TcPlan {
     pub tab: u64,
     pub tiles: u64,
