@@ -47,7 +47,8 @@ pub(crate) struct Outcome {
     pub(crate) raised: Option<String>,
 }
 
-/// Runs `f` (one render) under a fresh budget on this thread, and returns what it left with `f`'s result.
+/// Runs `f` (one render) under a fresh budget on this thread, and returns what it left with `f`'s result. Only on
+/// a render's own thread: a panic in `f` leaves the budget set, and the thread ends with it.
 pub(crate) fn within<T>(f: impl FnOnce() -> T) -> (T, Outcome) {
     let fresh = Budget {
         deadline: Instant::now() + TEMPLATE_DEADLINE,
@@ -81,11 +82,13 @@ fn charge(items: u64) -> Result<(), Over> {
         if let Some(over) = b.over {
             return Err(over);
         }
-        b.items_left = b.items_left.saturating_sub(items);
-        if b.items_left == 0 {
+        if items > b.items_left {
             b.over = Some(Over::Items);
         } else if Instant::now() >= b.deadline {
             b.over = Some(Over::Time);
+        }
+        if b.over.is_none() {
+            b.items_left -= items;
         }
         b.over.map_or(Ok(()), Err)
     })

@@ -3,7 +3,7 @@
 //! (`render_budget`), on a thread of its own with a deep stack, and a backstop for work none of those can see.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -25,9 +25,10 @@ const NAME: &str = "chat_template";
 /// A compiled chat template: `Send + Sync`, shared by every render of one checkpoint.
 pub(crate) struct Compiled {
     env: Environment<'static>,
-    /// Set when a render of it outran the backstop: its thread may still be running, so the template is refused
-    /// from then on instead of starting another.
-    stuck: AtomicBool,
+    /// Renders of it that outran the backstop and are still running: while any is, the template is refused
+    /// instead of starting another (a render stalled from outside, by swap or a stopped process, clears it when
+    /// its thread ends).
+    stuck: AtomicUsize,
 }
 
 /// Compiles `source` into an environment set up as transformers renders (`trim_blocks`, `lstrip_blocks`, Python
@@ -58,7 +59,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, TextError> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_template_owned(NAME, source.to_owned()).map_err(|e| TextError::Template(e.to_string()))?;
-    Ok(Compiled { env, stuck: AtomicBool::new(false) })
+    Ok(Compiled { env, stuck: AtomicUsize::new(0) })
 }
 
 /// `raise_exception(msg)`: fails the render with `msg` (recorded, so the error carries it by name).
@@ -78,30 +79,40 @@ fn strftime_now(state: &State, fmt: String) -> Result<String, Error> {
 /// Renders `compiled` with `ctx` on a thread of its own ([`RENDER_STACK_BYTES`] of stack), waiting at most
 /// [`TEMPLATE_DEADLINE`] + [`BACKSTOP_GRACE`].
 ///
-/// Bounded (measured on 2 shared cores, `tests_bounds`): a render stops by itself at its deadline whenever it
+/// Bounded (measured on 2 shared cores, `tests_budget`): a render stops by itself at its deadline whenever it
 /// reaches a function, filter, method, `{{ }}` output or `range` item of ours, within microseconds of it. Only a
 /// render inside one of minijinja's own steps on a huge value (comparing or hashing strings of up to 100 MB, or
 /// lists shared into themselves) can outrun it; then the caller gets [`TextError::TemplateTime`] at the
-/// backstop, the template is marked stuck and refused from then on, so one template keeps at most one core busy,
-/// until its fuel runs out.
+/// backstop and the template is refused while that thread still runs. The renders already started when the first
+/// backstop fired (at most the caller's concurrent renders: the server's tokenization pool, one a core) may run
+/// on too, for as long as minijinja's step takes (without end for some: `docs/fuzzing.md`).
 ///
 /// # Errors
-/// [`TextError::TemplateTime`] past the deadline (or when marked stuck), [`TextError::TemplateBudget`] out of fuel
-/// or past the item budget, [`TextError::TemplateTooLarge`] past the output cap or a format width,
-/// [`TextError::Template`] for any other render error, a `raise_exception` (with its message), a panic, or a
-/// thread that cannot be started.
+/// [`TextError::TemplateTime`] past the deadline (or while a given-up render runs), [`TextError::TemplateBudget`]
+/// out of fuel, [`TextError::TemplateItems`] past the item budget, [`TextError::TemplateTooLarge`] past the output
+/// cap or a format width, [`TextError::Template`] for any other render error, a `raise_exception` (with its
+/// message), a panic, or a thread that cannot be started.
 pub(crate) fn render(compiled: &Arc<Compiled>, ctx: Value) -> Result<String, TextError> {
+    const RUNNING: u8 = 0;
+    const GIVEN_UP: u8 = 1;
+    const ENDED: u8 = 2;
     let time_out = TextError::TemplateTime { limit_ms: TEMPLATE_DEADLINE.as_millis() as u64 };
-    if compiled.stuck.load(Ordering::Relaxed) {
+    if compiled.stuck.load(Ordering::Acquire) > 0 {
         return Err(time_out);
     }
     let (tx, rx) = mpsc::sync_channel(1);
     let owned = Arc::clone(compiled);
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    let ends = Arc::clone(&state);
     let thread = std::thread::Builder::new()
         .name("chat-template".into())
         .stack_size(RENDER_STACK_BYTES)
         .spawn(move || {
             let _ = tx.send(render_here(&owned, ctx));
+            // The caller counted this render as stuck: it ended, so uncount it.
+            if ends.swap(ENDED, Ordering::AcqRel) == GIVEN_UP {
+                owned.stuck.fetch_sub(1, Ordering::AcqRel);
+            }
         })
         .map_err(|e| TextError::Template(format!("cannot start the render thread: {e}")))?;
     match rx.recv_timeout(TEMPLATE_DEADLINE + BACKSTOP_GRACE) {
@@ -111,7 +122,11 @@ pub(crate) fn render(compiled: &Arc<Compiled>, ctx: Value) -> Result<String, Tex
             result
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            compiled.stuck.store(true, Ordering::Relaxed);
+            // Counted before it is marked, so the thread's uncount never comes first.
+            compiled.stuck.fetch_add(1, Ordering::AcqRel);
+            if state.compare_exchange(RUNNING, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                compiled.stuck.fetch_sub(1, Ordering::AcqRel); // it ended just now
+            }
             Err(time_out)
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(TextError::Template("the render panicked".into())),

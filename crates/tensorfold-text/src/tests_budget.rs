@@ -104,7 +104,7 @@ fn our_filters_refuse_a_list_shared_into_itself_before_walking_it() {
 
 /// The backstop: one of minijinja's own steps (hashing a lazy list of 100M items, several seconds) cannot be
 /// stopped from our calls. The caller still gets the named error at the deadline plus the grace, and the template
-/// is refused from then on, so no second request starts another such render.
+/// is refused while that render still runs, so no second request starts another such render.
 #[test]
 fn a_render_stuck_inside_one_step_is_given_up_at_the_backstop_and_the_template_refused() {
     let mut t = text();

@@ -2,9 +2,7 @@
 //! and the collectives between them (NCCL on GPUs, the host stand-in on CPU ranks).
 
 use anyhow::Context;
-use tensorfold_kernels::{
-    Backend, Collective, CpuBackend, DEFAULT_DEVICE_DEADLINE, DeviceWatch, HostCollective, Watched,
-};
+use tensorfold_kernels::{Backend, Collective, CpuBackend, DeviceWatch, HostCollective, Watched};
 use tensorfold_model::{Loaded, Source};
 
 /// The device flags every running command takes (each has a `TENSORFOLD_*` environment mirror).
@@ -23,17 +21,22 @@ pub struct DeviceArgs {
     pub gpus: Option<usize>,
     /// Seconds a forward (its device sync), a drafter pass, a held-draft read or a collective may wait on a device
     /// before it counts as lost, on one device or `--gpus` ranks: past it the engine stops with `DeviceFailure` and
-    /// `serve` exits non-zero (docs/multi-gpu.md).
-    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEVICE_DEADLINE.as_secs_f64(), env = "TENSORFOLD_DEVICE_DEADLINE")]
-    pub device_deadline: f64,
+    /// `serve` exits non-zero (docs/multi-gpu.md). Default: 300 on GPUs; none on the CPU, where a forward is the
+    /// computation itself (a long prefill chunk of a large model on few cores is slow, not lost), unless given.
+    #[arg(long, value_name = "SECONDS", env = "TENSORFOLD_DEVICE_DEADLINE")]
+    pub device_deadline: Option<f64>,
 }
 
+/// The CPU's deadline when none is given: far past any forward (a watch always has one).
+const CPU_NO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
 impl DeviceArgs {
-    /// `--device-deadline` as a duration. Errors: not a positive number of seconds (at most a day), by name.
-    pub fn deadline(&self) -> anyhow::Result<std::time::Duration> {
-        let s = self.device_deadline;
+    /// `--device-deadline` as a duration, `None` when not given. Errors: not a positive number of seconds (at most
+    /// a day), by name.
+    pub fn deadline(&self) -> anyhow::Result<Option<std::time::Duration>> {
+        let Some(s) = self.device_deadline else { return Ok(None) };
         anyhow::ensure!(s.is_finite() && s > 0.0 && s <= 86_400.0, "--device-deadline {s}: give seconds in (0, 86400]");
-        Ok(std::time::Duration::from_secs_f64(s))
+        Ok(Some(std::time::Duration::from_secs_f64(s)))
     }
 }
 
@@ -118,13 +121,14 @@ pub fn ranks<B>(
 
 /// The CPU, or `--gpus n` host ranks (the stand-in for the collectives CI runs).
 pub fn cpu(d: &DeviceArgs) -> anyhow::Result<Devices<CpuBackend>> {
-    Ok(Devices { backend: CpuBackend, ranks: ranks(0, d.gpus, |_| Ok(CpuBackend))?, deadline: d.deadline()? })
+    let deadline = d.deadline()?.unwrap_or(CPU_NO_DEADLINE);
+    Ok(Devices { backend: CpuBackend, ranks: ranks(0, d.gpus, |_| Ok(CpuBackend))?, deadline })
 }
 
 /// GPU `gpu`, or with `--gpus n` GPUs `gpu .. gpu + n` (refused by name without a driver or such a GPU).
 #[cfg(feature = "cuda")]
 pub fn cuda(d: &DeviceArgs) -> anyhow::Result<Devices<tensorfold_kernels::CudaBackend>> {
-    let (gpu, gpus, deadline) = (d.gpu, d.gpus, d.deadline()?);
+    let (gpu, gpus, deadline) = (d.gpu, d.gpus, d.deadline()?.unwrap_or(tensorfold_kernels::DEFAULT_DEVICE_DEADLINE));
     let open = |g: usize| {
         let be = tensorfold_kernels::CudaBackend::new(g).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
         tracing::info!("CUDA device {g}: {} ({})", be.device_name(), be.arch());
