@@ -377,7 +377,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 37, "every entry point was checked");
+        assert_eq!(entries, 38, "every entry point was checked");
     }
 
     #[test]
