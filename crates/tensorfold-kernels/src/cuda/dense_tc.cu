@@ -113,6 +113,28 @@ __device__ __forceinline__ void tc_frag_split(const float4 v[4], bool two, u32 a
     }
 }
 
+// A block's per-lane sums (G groups, NW matrices, 4 fragment elements) set to +0.
+template <int NW, int G>
+__device__ __forceinline__ void tc_zero(float (&a)[G][NW][4]) {
+#pragma unroll
+  for (int gi = 0; gi < G; gi++)
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) a[gi][m][i] = 0.0f;
+}
+
+// One chunk's partials into the segment's sums: one f32 add an element, the chunk order the caller's.
+template <int NW, int G>
+__device__ __forceinline__ void tc_add(float (&acc)[G][NW][4], const float (&part)[G][NW][4]) {
+#pragma unroll
+  for (int gi = 0; gi < G; gi++)
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[gi][m][i] = acc[gi][m][i] + part[gi][m][i];
+}
+
 // The end of a narrow or few-row block: warp s's segment sums acc (lane element i of group gi, matrix m) meet in seg
 // (seg[((s * G + gi) * NW + m) * 128 + 4 lane + i]); warp gi < G adds group gi's segments in order and hands lane
 // element i to put_at(gi, i, y0, y1) (y1 from matrix 1 when NW == 2). Every thread must call it (a barrier).
@@ -173,12 +195,7 @@ __device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int
   const float4* xb = reinterpret_cast<const float4*>(x + (u64)in_row(okb ? g + 8 : 0) * (u64)k + 8 * t);
   const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float acc[G][NW][4];
-#pragma unroll
-  for (int gi = 0; gi < G; gi++)
-#pragma unroll
-    for (int m = 0; m < NW; m++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[gi][m][i] = 0.0f;
+  tc_zero<NW, G>(acc);
   // U chunks at a time: every load issued first, then each chunk's pieces split and its partials (independent
   // chains from +0, each in piece then half order), then folded in chunk order: the bits of one chunk at a time.
   for (int c = c0; c < c1; c += U) {
@@ -202,12 +219,7 @@ __device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int
       if (c + u >= c1) continue;
       u32 a[3][2][4];
       tc_frag_split(v[u], two, a);
-#pragma unroll
-      for (int gi = 0; gi < G; gi++)
-#pragma unroll
-        for (int m = 0; m < NW; m++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) part[u][gi][m][i] = 0.0f;
+      tc_zero<NW, G>(part[u]);
 #pragma unroll
       for (int pc = 0; pc < 3; pc++)
 #pragma unroll
@@ -222,13 +234,7 @@ __device__ __forceinline__ void tc_narrow(float* seg, const float* x, int k, int
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int gi = 0; gi < G; gi++)
-#pragma unroll
-        for (int m = 0; m < NW; m++)
-#pragma unroll
-          for (int i = 0; i < 4; i++)
-            if (c + u < c1) acc[gi][m][i] = acc[gi][m][i] + part[u][gi][m][i];
+      if (c + u < c1) tc_add<NW, G>(acc, part[u]);
   }
   tc_fold<NW, G>(seg, acc, [&](int gi, int i, float y0, float y1) {
     int r = g + (i >= 2 ? 8 : 0), j = j0 + 8 * gi + 2 * t + (i & 1);
@@ -262,12 +268,7 @@ __device__ __forceinline__ void tc_few(float* seg, const float* x, int k, int n,
   const float4* xr = reinterpret_cast<const float4*>(x + (u64)in_row(ok ? g : 0) * (u64)k + 8 * t);  // + 8c
   const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float acc[G][NW][4];
-#pragma unroll
-  for (int gi = 0; gi < G; gi++)
-#pragma unroll
-    for (int m = 0; m < NW; m++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[gi][m][i] = 0.0f;
+  tc_zero<NW, G>(acc);
   for (int c = c0; c < c1; c += U) {
     uint4 q[U][G][NW][2];
     float4 v[U][2];
@@ -299,12 +300,7 @@ __device__ __forceinline__ void tc_few(float* seg, const float* x, int k, int n,
           b[pc][h][1] = p1[pc];
         }
       }
-#pragma unroll
-      for (int gi = 0; gi < G; gi++)
-#pragma unroll
-        for (int m = 0; m < NW; m++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) part[u][gi][m][i] = 0.0f;
+      tc_zero<NW, G>(part[u]);
 #pragma unroll
       for (int pi = 0; pi < 3; pi++)
 #pragma unroll
@@ -325,13 +321,7 @@ __device__ __forceinline__ void tc_few(float* seg, const float* x, int k, int n,
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int gi = 0; gi < G; gi++)
-#pragma unroll
-        for (int m = 0; m < NW; m++)
-#pragma unroll
-          for (int i = 0; i < 4; i++)
-            if (c + u < c1) acc[gi][m][i] = acc[gi][m][i] + part[u][gi][m][i];
+      if (c + u < c1) tc_add<NW, G>(acc, part[u]);
   }
   // Lane element i: column g (+ 8 for i >= 2) of the group, tile row 2t + (i & 1).
   tc_fold<NW, G>(seg, acc, [&](int gi, int i, float y0, float y1) {

@@ -340,8 +340,7 @@ pub(crate) fn linears(
         return Ok(());
     }
     let tc = be.dev.tensor_cores() && mats.iter().all(|m| m.tc());
-    let out_ptrs = outs.iter().map(|o| o.ptr()).collect::<Result<Vec<_>, _>>()?;
-    if tc && !be.dev.wide(rows) && super::tc::few_linears(be, (x.ptr()?, rows), mats, &out_ptrs)? {
+    if tc && !be.dev.wide(rows) && super::tc::few_linears(be, (x.ptr()?, rows), mats, outs)? {
         return Ok(());
     }
     if tc || mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {
@@ -353,18 +352,7 @@ pub(crate) fn linears(
     }
     let (name, cols) = m0.kernel_for("linear", be.dev.one_row(rows));
     let f = be.func(Src::Dense, &name.replacen("linear", "linear3", 1))?;
-    // 6 words a matrix: values, scales, biases, outputs, out, first block; unused slots start past the grid.
-    let mut table = [0u64; 18];
-    let mut first = 0u64;
-    for (i, (m, o)) in mats.iter().zip(outs).enumerate() {
-        let (w, sc, bi) = m.ptrs()?;
-        table[6 * i..6 * i + 6].copy_from_slice(&[w, sc, bi, m.rows as u64, o.ptr()?, first]);
-        first += m.rows.div_ceil(cols) as u64;
-    }
-    for slot in mats.len()..3 {
-        table[6 * slot + 5] = u64::MAX;
-    }
-    let gx = u32::try_from(first).map_err(|_| CudaError::Shape(format!("linears: {first} blocks")))?;
+    let (table, gx) = multi_table(mats, outs, cols)?;
     if gx == 0 {
         return Ok(());
     }
@@ -377,6 +365,28 @@ pub(crate) fn linears(
         be.dev.launch(&f, (gx, tiles, 1), BLOCK, 0, &args)?;
     }
     Ok(())
+}
+
+/// The table of a launch over up to three matrices of one input (dense.cu's `multi_block`: 6 words a matrix:
+/// values, scales, biases, outputs, out, first block; unused slots start past the grid) for blocks of `cols`
+/// outputs, and the grid's block count. Errors: more blocks than a grid holds.
+pub(crate) fn multi_table(
+    mats: &[&CudaMat],
+    outs: &[&mut CudaBuf],
+    cols: usize,
+) -> Result<([u64; 18], u32), CudaError> {
+    let mut table = [0u64; 18];
+    let mut first = 0u64;
+    for (i, (m, o)) in mats.iter().zip(outs).enumerate() {
+        let (w, sc, bi) = m.ptrs()?;
+        table[6 * i..6 * i + 6].copy_from_slice(&[w, sc, bi, m.rows as u64, o.ptr()?, first]);
+        first += m.rows.div_ceil(cols) as u64;
+    }
+    for slot in mats.len()..3 {
+        table[6 * slot + 5] = u64::MAX;
+    }
+    let gx = u32::try_from(first).map_err(|_| CudaError::Shape(format!("linears: {first} blocks")))?;
+    Ok((table, gx))
 }
 
 /// Dense SwiGLU: the fused gate-up kernel writes `silu(w1 x) * (w3 x)`, then the down projection.

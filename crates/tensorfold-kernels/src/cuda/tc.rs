@@ -2,7 +2,7 @@
 
 use super::device::{Arg, BLOCK, GRID_YZ, Src, TC_SEGS, TCM, TCN};
 use super::ops::int;
-use super::types::CudaMat;
+use super::types::{CudaBuf, CudaMat};
 use super::{CudaBackend, CudaError};
 use crate::backend::Ffn;
 
@@ -98,34 +98,21 @@ pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: 
     dense(be, "linear", (xp, rows), (w.cols, w.rows), &[Arg::P(wp), Arg::P(bias), Arg::P(op)])
 }
 
-/// Up to three linears of one input `xp` (`[rows, k]`, rows at most [`FEW_ROWS`]) in one few-row launch, into
-/// `outs` (device addresses, `[rows, m.rows]` each): each output's bits are its own [`linear`]'s (gate `multi`).
-/// `Ok(false)` when the call is not one (more rows, or a matrix the tensor cores do not serve): launch each.
+/// Up to three linears of one input `xp` (`[rows, k]`, every matrix a tensor-core one: the caller checked) in one
+/// few-row launch, into `outs` (`[rows, m.rows]` each): each output's bits are its own [`linear`]'s (gate `multi`).
+/// `Ok(false)` for more than [`FEW_ROWS`] rows: the caller launches each.
 pub(crate) fn few_linears(
     be: &CudaBackend,
     (xp, rows): (u64, usize),
     mats: &[&CudaMat],
-    outs: &[u64],
+    outs: &[&mut CudaBuf],
 ) -> Result<bool, CudaError> {
-    if rows > FEW_ROWS || mats.is_empty() || mats.len() > 3 || !mats.iter().all(|m| m.tc()) {
+    if rows > FEW_ROWS {
         return Ok(false);
     }
     let total: usize = mats.iter().map(|m| m.rows).sum();
     let grp = narrow_group(be, Form::Few, total, 1, false);
-    let cols = Form::Few.group_cols() * grp;
-    // 6 words a matrix (dense.cu's linear3 table): values, -, -, outputs, out, first block; unused slots start
-    // past the grid.
-    let mut table = [0u64; 18];
-    let mut first = 0u64;
-    for (i, (m, &o)) in mats.iter().zip(outs).enumerate() {
-        let (w, _, _) = m.ptrs()?;
-        table[6 * i..6 * i + 6].copy_from_slice(&[w, 0, 0, m.rows as u64, o, first]);
-        first += m.rows.div_ceil(cols) as u64;
-    }
-    for slot in mats.len()..3 {
-        table[6 * slot + 5] = u64::MAX;
-    }
-    let gx = u32::try_from(first).map_err(|_| CudaError::Shape(format!("few-row linears: {first} blocks")))?;
+    let (table, gx) = super::ops::multi_table(mats, outs, Form::Few.group_cols() * grp)?;
     if gx == 0 {
         return Ok(true);
     }
