@@ -13,7 +13,8 @@
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 struct Mod { void* h; std::string tag; };
-struct Fn { void (*launch)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void**); std::string name; int arity; };
+// smem_max: the dynamic shared memory the host opted the kernel in to (cuFuncSetAttribute), 48 KiB without.
+struct Fn { void (*launch)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void**); std::string name; int arity; unsigned smem_max = 48 * 1024; };
 // A recorded operation: a launch (its 8-byte parameter slots copied) or a copy / memset.
 struct Node { int kind; Fn* fn; unsigned g[3], b[3], smem; std::vector<unsigned long long> slots; CUdeviceptr dst; const void* src; size_t n; unsigned char v; };
 static std::vector<Node>* g_capture = nullptr;
@@ -38,7 +39,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(int) { return 0; }
 API CUresult cuCtxSetCurrent(void* c) { g_cur = c; return 0; }
 API CUresult cuCtxGetCurrent(void** c) { *c = g_cur; return 0; }
 API CUresult cuCtxSynchronize() { return 0; }
-API CUresult cuDeviceGetAttribute(int* v, int a, int) { *v = a == 75 ? 9 : a == 76 ? 0 : a == 115 ? 1 : a == 16 ? 4 : 0; return 0; }
+API CUresult cuDeviceGetAttribute(int* v, int a, int) { *v = a == 75 ? 9 : a == 76 ? 0 : a == 115 ? 1 : a == 16 ? 4 : a == 97 ? 232448 : 0; return 0; }
 API CUresult cuDeviceGetName(char* s, int len, int) { snprintf(s, len, "TensorFold CPU emulator"); return 0; }
 API CUresult cuDeviceTotalMem_v2(size_t* b, int) { *b = 1ull << 34; return 0; }
 API CUresult cuStreamCreate(void** s, unsigned) { *s = (void*)0x5678; return 0; }
@@ -95,7 +96,7 @@ API CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
   return 0;
 }
 static CUresult run(Fn* fn, const unsigned* g, const unsigned* b, unsigned smem, void** params) {
-  if (b[0] * b[1] * b[2] > 1024 || g[1] > 65535 || g[2] > 65535 || smem > 48 * 1024) { fprintf(stderr, "tfemu: bad launch of %s\n", fn->name.c_str()); return 1; }
+  if (b[0] * b[1] * b[2] > 1024 || g[1] > 65535 || g[2] > 65535 || smem > fn->smem_max) { fprintf(stderr, "tfemu: bad launch of %s\n", fn->name.c_str()); return 1; }
   if (dbg()) fprintf(stderr, "tfemu: %s grid (%u,%u,%u) block %u smem %u\n", fn->name.c_str(), g[0], g[1], g[2], b[0], smem);
   fn->launch(g[0], g[1], g[2], b[0], b[1], b[2], smem, params);
   return 0;
@@ -140,6 +141,13 @@ API CUresult cuGraphLaunch(void* exec, void*) {
 }
 API CUresult cuGraphExecDestroy(void* exec) { delete (std::vector<Node>*)exec; return 0; }
 API CUresult cuGraphDestroy(void* graph) { delete (std::vector<Node>*)graph; return 0; }
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8), up to the device's opt-in limit (attribute 97 above).
+API CUresult cuFuncSetAttribute(void* f, int a, int v) {
+  if (a != 8) return 0;
+  if (v < 0 || v > 232448) return 1;
+  if (!null_mode()) ((Fn*)f)->smem_max = (unsigned)v;
+  return 0;
+}
 API CUresult cuFuncGetAttribute(int* v, int a, void*) { *v = a == 0 ? 1024 : a == 4 ? 32 : 0; return 0; }
 API CUresult cuGetErrorString(int, const char** s) { *s = "emulated error"; return 0; }
 API CUresult cuGetErrorName(int, const char** s) { *s = "EMU_ERROR"; return 0; }

@@ -14,8 +14,7 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(Attention(be.clone())), Box::new(BlockAttention(be.clone()))]
 }
 
-const CLAIM: &str =
-    "(2*keys+16)*2^-24*max|v| of float64 (fixed 256-key chunks: fixed-tree sums inside, an ordered combine)";
+const CLAIM: &str = "(2*keys+16)*2^-24*max|v| of float64 (fixed 256-key chunks: fixed-tree sums inside, an ordered combine); the tiled form (segments of many rows) bit-equal to one-row calls";
 
 /// Host K and V rows `[n, width]` of one stream.
 #[derive(Clone)]
@@ -56,7 +55,30 @@ pub(super) const ATTN_PLANTS: &[Planted<AttentionFault>] = &[
     (AttentionFault::SkipsNewestKey, Src::Attention, "FAULT_ATTN_SKIP_NEWEST"),
     (AttentionFault::BatchDependentChunkOrder, Src::Attention, "FAULT_ATTN_BATCH_ORDER"),
     (AttentionFault::AppendSkipped, Src::Attention, "FAULT_ATTN_NO_APPEND"),
+    (AttentionFault::TileOrder, Src::Attention, "FAULT_ATTN_TILE_ORDER"),
 ];
+
+/// Segments of at least this many rows take the tiled form in the gates (the default, 16, would leave it to the
+/// widest calls only): every batched call of two or more rows a stream is then checked against one-row calls, which
+/// take `attn_partial`.
+const TILE_AT: usize = 2;
+
+/// Sets the device's tiled-attention threshold to [`TILE_AT`] for an entry's gates, and puts the one before back
+/// when dropped.
+struct TilesAt<'a>(&'a CudaBackend, Option<usize>);
+
+impl<'a> TilesAt<'a> {
+    fn new(be: &'a CudaBackend) -> Self {
+        let was = be.set_attn_tile_rows(Some(TILE_AT));
+        TilesAt(be, was)
+    }
+}
+
+impl Drop for TilesAt<'_> {
+    fn drop(&mut self) {
+        self.0.set_attn_tile_rows(self.1);
+    }
+}
 
 /// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
 /// span three chunks.
@@ -132,6 +154,10 @@ faults! {
             "append-skipped",
             "the combine that also appends the call's K/V rows (causal attention) leaves the cache unwritten",
         ),
+        TileOrder = (
+            "tile-order",
+            "the tiled form (segments of many rows) sums a chunk's probabilities in another tree order",
+        ),
     }
 }
 
@@ -155,6 +181,7 @@ impl Kernel for Attention {
     type Fault = AttentionFault;
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, ATTN_PLANTS, fault);
+        let _tiles = TilesAt::new(&be);
         let (heads, kvh, hd, held, long) = attn_shape(scale);
         let kw = kvh * hd;
         let base: Vec<HostKv> = held.iter().map(|&n| HostKv::random(rng, n, kw)).collect();
@@ -196,7 +223,7 @@ impl Kernel for Attention {
         gates
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_combine"])
+        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_tiled", "attn_combine"])
     }
 }
 
@@ -295,6 +322,7 @@ impl Kernel for BlockAttention {
     type Fault = BlockAttentionFault;
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, BLOCK_PLANTS, fault);
+        let _tiles = TilesAt::new(&be);
         let (heads, kvh, hd, bs, held) = block_shape(scale);
         let kw = kvh * hd;
         // Contexts built through kv_append in two calls each (the drafter's absorb), checked against their rows.
@@ -377,6 +405,6 @@ impl Kernel for BlockAttention {
         gates
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_combine"])
+        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_tiled", "attn_combine"])
     }
 }

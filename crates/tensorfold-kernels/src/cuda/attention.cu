@@ -214,3 +214,192 @@ extern "C" __global__ void attn_combine(const u64* desc, const float* part, int 
     dv[i] = sv[i];
   }
 }
+
+// ---- The tiled form of attn_partial, for calls whose segments hold many rows (prefill chunks, verify and drafter
+// blocks). One block of KEY_CHUNK threads a (chunk, KV head, tile of consecutive rows of one segment): the rows of a
+// tile share every key, so the chunk's K and V rows are read into shared memory once for all of them and all the
+// KV head's query heads. Each (row, head) then gets attn_partial's arithmetic exactly: dot_head's order, the same
+// max and sum trees over the chunk's 256 slots, the same P.V chains and group fold, so its partial is bit-equal to
+// attn_partial's (the contract's `invariance` gate compares the two). A warp takes one (row, block of ATTN_HB
+// heads) at a time; lane l owns keys l + 32 i (i < 8), so the trees' levels 128, 64 and 32 pair two keys of one lane
+// and levels 16 to 1 are shuffles pairing lane t with lane t + s, as the block trees pair red[t] with red[t + s].
+// Needs hd <= ATTN_TILE_HD and hd % 4 == 0 (the host checks). tiles: a word a tile, low 32 bits its first call
+// row, high 32 bits its rows. Dynamic shared memory: KEY_CHUNK (hd + 4) floats of K (rows padded by 4 so 8 lanes
+// on 8 consecutive keys hit distinct banks), KEY_CHUNK hd of V, and WPB ATTN_HB (hd + KEY_CHUNK) of each warp's
+// query heads and probabilities.
+#define ATTN_HB 4
+#define ATTN_TILE_HD 64
+
+// ATTN_HB dot_heads of one key at once (its loads shared): out[h] = dot_head(qh + h * hd, k, hd), same order.
+__device__ __forceinline__ void dot_heads(const float* qh, const float* k, int hd, float* out) {
+  float a[ATTN_HB][8];
+#pragma unroll
+  for (int h = 0; h < ATTN_HB; h++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) a[h][e] = 0.0f;
+  int d = 0;
+  for (; d + 8 <= hd; d += 8) {
+    float kv[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) kv[e] = k[d + e];
+#pragma unroll
+    for (int h = 0; h < ATTN_HB; h++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) a[h][e] = fmaf(qh[h * hd + d + e], kv[e], a[h][e]);
+  }
+  for (; d < hd; d++)
+#pragma unroll
+    for (int h = 0; h < ATTN_HB; h++) a[h][0] = fmaf(qh[h * hd + d], k[d], a[h][0]);
+#pragma unroll
+  for (int h = 0; h < ATTN_HB; h++) {
+    float b0 = a[h][0] + a[h][4];
+    float b1 = a[h][1] + a[h][5];
+    float b2 = a[h][2] + a[h][6];
+    float b3 = a[h][3] + a[h][7];
+    out[h] = (b0 + b2) + (b1 + b3);
+  }
+}
+
+// The block trees of attn_partial over 256 slots held 8 a lane (slot l + 32 i in v[i]): max (sum with `add`).
+// Every lane gets the result.
+__device__ __forceinline__ float lane_tree(const float* v, bool add, int lane) {
+#ifdef FAULT_ATTN_TILE_ORDER
+  // Planted: the tiled form pairs the slots in another order (a sum's bits move; the max's do not).
+  float a0 = add ? v[0] + v[1] : fmaxf(v[0], v[1]);
+  float a1 = add ? v[2] + v[3] : fmaxf(v[2], v[3]);
+  float a2 = add ? v[4] + v[5] : fmaxf(v[4], v[5]);
+  float a3 = add ? v[6] + v[7] : fmaxf(v[6], v[7]);
+#else
+  float a0 = add ? v[0] + v[4] : fmaxf(v[0], v[4]);  // level 128: slot t with t + 128
+  float a1 = add ? v[1] + v[5] : fmaxf(v[1], v[5]);
+  float a2 = add ? v[2] + v[6] : fmaxf(v[2], v[6]);
+  float a3 = add ? v[3] + v[7] : fmaxf(v[3], v[7]);
+#endif
+  float b0 = add ? a0 + a2 : fmaxf(a0, a2);  // level 64
+  float b1 = add ? a1 + a3 : fmaxf(a1, a3);
+  float c = add ? b0 + b1 : fmaxf(b0, b1);  // level 32
+  for (int s = 16; s > 0; s >>= 1) {
+    // Lane t < s takes lane t + s's value, as red[t] takes red[t + s]; lanes past s compute what nothing reads.
+    float o = __shfl_sync(0xffffffffu, c, (lane + s) & 31);
+    c = add ? c + o : fmaxf(c, o);
+  }
+  return __shfl_sync(0xffffffffu, c, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(256) attn_tiled(const float* q, const float* kin, const float* vin,
+                                                             const u64* desc, const u64* tiles, int heads, int group,
+                                                             int hd, int width, float scale, int max_chunks,
+                                                             float* part, int row0) {
+  PDL_ENTRY();
+  extern __shared__ float sm[];
+  int chunk = blockIdx.x;
+  int kvh = blockIdx.y;
+  u64 tw = tiles[blockIdx.z];
+  u64 first = tw & 0xffffffffull;
+  int n = (int)(tw >> 32);
+  int start = chunk * KEY_CHUNK;
+  // The tile's rows share every key; the row that sees the most names where each one is read from.
+  u64 far = first;
+  int most = 0;
+  for (int i = 0; i < n; i++) {
+    RowKv r = row_kv(desc, first + (u64)i);
+    if (r.ckeys + r.own > most) {
+      most = r.ckeys + r.own;
+      far = first + (u64)i;
+    }
+  }
+  if (start >= most) return;  // the whole block leaves together
+  RowKv rf = row_kv(desc, far);
+  int nk_most = most - start < KEY_CHUNK ? most - start : KEY_CHUNK;
+  int ks = hd + 4;
+  int off = kvh * hd;
+  float* kt = sm;
+  float* vt = kt + KEY_CHUNK * ks;
+  for (int e = threadIdx.x; e < nk_most * hd; e += blockDim.x) {
+    int j = e / hd;
+    int d = e - j * hd;
+    kt[j * ks + d] = kv_row(rf, rf.k, kin, start + j, width, off)[d];
+    vt[j * hd + d] = kv_row(rf, rf.v, vin, start + j, width, off)[d];
+  }
+  __syncthreads();
+  int warp = threadIdx.x >> 5;
+  int lane = threadIdx.x & 31;
+  float* qw = vt + KEY_CHUNK * hd + warp * ATTN_HB * (hd + KEY_CHUNK);
+  float* pw = qw + ATTN_HB * hd;
+  int hblocks = (group + ATTN_HB - 1) / ATTN_HB;
+  int groups = KEY_CHUNK / hd;
+  for (int item = warp; item < n * hblocks; item += WPB) {
+    int ri = item / hblocks;
+    int hb = item - ri * hblocks;
+    u64 row = first + (u64)ri;
+    RowKv r = row_kv(desc, row);
+    int keys = r.ckeys + r.own;
+    if (start >= keys) continue;  // the whole warp: attn_partial writes no partial for this chunk either
+    int nk = keys - start < KEY_CHUNK ? keys - start : KEY_CHUNK;
+    int h0 = kvh * group + hb * ATTN_HB;
+    int nh = group - hb * ATTN_HB < ATTN_HB ? group - hb * ATTN_HB : ATTN_HB;
+    const float* qrow = q + (row * (u64)heads + (u64)h0) * (u64)hd;
+    for (int e = lane; e < ATTN_HB * hd; e += 32) qw[e] = e < nh * hd ? qrow[e] : 0.0f;
+    __syncwarp();
+    float s[ATTN_HB][8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      int j = lane + 32 * i;
+      float dots[ATTN_HB] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (j < nk) dot_heads(qw, kt + j * ks, hd, dots);
+#pragma unroll
+      for (int h = 0; h < ATTN_HB; h++) s[h][i] = j < nk ? dots[h] * scale : -inf_f();
+    }
+    float m[ATTN_HB];
+    float l[ATTN_HB];
+#pragma unroll
+    for (int h = 0; h < ATTN_HB; h++) {
+      m[h] = lane_tree(s[h], false, lane);
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        int j = lane + 32 * i;
+        s[h][i] = j < nk ? exp_f(s[h][i] - m[h]) : 0.0f;
+        pw[h * KEY_CHUNK + j] = s[h][i];
+      }
+      l[h] = lane_tree(s[h], true, lane);
+    }
+    __syncwarp();
+    // P.V: slot t = g hd + d of the 256 (g < groups) chains keys g, g + groups, ... in key order, as thread t does.
+    float o[8][ATTN_HB];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      int slot = lane + 32 * u;
+      int g = slot / hd;
+      int d = slot - g * hd;
+#pragma unroll
+      for (int h = 0; h < ATTN_HB; h++) o[u][h] = 0.0f;
+      if (g < groups) {
+        for (int i = g; i < nk; i += groups) {
+          float vv = vt[i * hd + d];
+#pragma unroll
+          for (int h = 0; h < ATTN_HB; h++) o[u][h] = fmaf(pw[h * KEY_CHUNK + i], vv, o[u][h]);
+        }
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+#pragma unroll
+      for (int h = 0; h < ATTN_HB; h++) pw[h * KEY_CHUNK + lane + 32 * u] = o[u][h];
+    __syncwarp();
+    for (int h = 0; h < nh; h++) {
+      float* out = part + (((u64)(row - (u64)row0) * (u64)heads + (u64)(h0 + h)) * (u64)max_chunks + (u64)chunk) *
+                              (u64)(hd + 2);
+      for (int d = lane; d < hd; d += 32) {
+        float acc = 0.0f;
+        for (int gi = 0; gi < groups; gi++) acc = acc + pw[h * KEY_CHUNK + gi * hd + d];
+        out[2 + d] = acc;
+      }
+      if (lane == 0) {
+        out[0] = m[h];
+        out[1] = l[h];
+      }
+    }
+    __syncwarp();
+  }
+}

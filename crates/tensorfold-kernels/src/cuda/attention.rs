@@ -2,7 +2,7 @@
 //! stream's keys, and the drafter's non-causal block attention; one kernel pair a layer for all the call's streams.
 //! The checks (shapes, segment table, key counts) are the CPU's and run before any cache changes.
 
-use super::device::{Arg, BLOCK, GRID_YZ, KEY_CHUNK, Src};
+use super::device::{ATTN_TILE, Arg, BLOCK, GRID_YZ, KEY_CHUNK, Src, WPB};
 use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaKv, f32_bytes};
 use super::{CudaBackend, CudaError};
@@ -15,6 +15,50 @@ const SCRATCH_FLOATS: usize = 1 << 26;
 
 /// Largest head_dim: the partial kernel keeps the query head and two chunk-sized arrays in shared memory.
 const MAX_HEAD_DIM: usize = 4096;
+
+/// Largest head_dim of the tiled form (attention.cu's `ATTN_TILE_HD`; a key chunk's K and V in shared memory).
+pub(crate) const TILE_HD: usize = 64;
+
+/// Query heads a warp of the tiled form takes at once (attention.cu's `ATTN_HB`).
+pub(crate) const TILE_HEADS: usize = 4;
+
+/// The rows of a call as the attention kernels read them: `desc` (4 words a row, attention.cu's RowKv), each row's
+/// key count, and `tiles`, each segment's rows in runs of at most [`ATTN_TILE`] (first row, rows): rows that share
+/// every key, which the tiled form reads once for all of them.
+struct Rows<'a> {
+    desc: &'a [u64],
+    keys: &'a [usize],
+    tiles: Vec<(usize, usize)>,
+    /// Rows of the call's largest segment (the tiled form runs from [`ATTN_TILE`] of them).
+    widest: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn new(desc: &'a [u64], keys: &'a [usize], segs: &[Segment]) -> Self {
+        let tiles = segs
+            .iter()
+            .flat_map(|s| (0..s.rows).step_by(ATTN_TILE).map(|i| (s.first_row + i, ATTN_TILE.min(s.rows - i))))
+            .collect();
+        Rows { desc, keys, tiles, widest: segs.iter().map(|s| s.rows).max().unwrap_or(0) }
+    }
+
+    /// The tiles' words (low 32 bits the first row, high 32 the rows) cut to the launch's rows `[a, b)`.
+    fn tile_words(&self, a: usize, b: usize) -> Vec<u64> {
+        self.tiles
+            .iter()
+            .filter_map(|&(f, n)| {
+                let (lo, hi) = (f.max(a), (f + n).min(b));
+                (lo < hi).then(|| lo as u64 | (((hi - lo) as u64) << 32))
+            })
+            .collect()
+    }
+}
+
+/// Shared memory of a tiled block in bytes: the chunk's K rows (padded by 4) and V rows, and each warp's query
+/// heads and probabilities (attention.cu's `attn_tiled`).
+fn tile_smem(hd: usize) -> usize {
+    4 * (KEY_CHUNK * (hd + 4) + KEY_CHUNK * hd + WPB * TILE_HEADS * (hd + KEY_CHUNK))
+}
 
 /// `(head_dim, query heads per KV head)` of a call, refusing shapes GQA cannot map.
 fn geometry(kernel: &'static str, heads: usize, kv_heads: usize, width: usize) -> Result<(usize, usize), KernelError> {
@@ -74,12 +118,14 @@ pub(crate) fn attention(
         // The measuring aid's form: append first (its own launch), then every key from the cache.
         append(be, k, v, segs, caches).map_err(|e| e.kernel("attention"))?;
         let desc = causal_desc(segs, caches, n_rows, false);
-        return run(be, (q, k, v), dims, &desc, &keys, None, out).map_err(|e| e.kernel("attention"));
+        let rows = Rows::new(&desc, &keys, segs);
+        return run(be, (q, k, v), dims, &rows, None, out).map_err(|e| e.kernel("attention"));
     }
     // A row reads its segment's earlier rows and itself from k/v, and attn_combine appends it to the cache.
     reserve(segs, caches).map_err(|e| e.kernel("attention"))?;
     let desc = causal_desc(segs, caches, n_rows, true);
-    let r = run(be, (q, k, v), dims, &desc, &keys, Some(width), out).map_err(|e| e.kernel("attention"));
+    let rows = Rows::new(&desc, &keys, segs);
+    let r = run(be, (q, k, v), dims, &rows, Some(width), out).map_err(|e| e.kernel("attention"));
     for s in segs {
         caches[s.cache].len += s.rows;
     }
@@ -205,57 +251,87 @@ pub(crate) fn block_attention(
             keys[r] = s.start_pos + s.rows;
         }
     }
-    run(be, (q, k, v), (heads, group, hd, width), &desc, &keys, None, out).map_err(|e| e.kernel("block_attention"))
+    let rows = Rows::new(&desc, &keys, segs);
+    run(be, (q, k, v), (heads, group, hd, width), &rows, None, out).map_err(|e| e.kernel("block_attention"))
 }
 
-/// The partial and combine launches over all rows (`desc`: 4 words a row, attention.cu's RowKv), in launches of at
-/// most [`GRID_YZ`] rows that fit the scratch budget. `append` (the cache row width): the combine also copies each
-/// row's k, v to its cache row.
+/// The partial and combine launches over all rows, in launches of at most [`GRID_YZ`] rows that fit the scratch
+/// budget; the partials come from the tiled form where [`Dev::attn_tiled`](super::device::Dev::attn_tiled) says so
+/// (the same bits). `append` (the cache row width): the combine also copies each row's k, v to its cache row.
 fn run(
     be: &CudaBackend,
     (q, k, v): (&CudaBuf, &CudaBuf, &CudaBuf),
     (heads, group, hd, width): (usize, usize, usize, usize),
-    desc: &[u64],
-    keys: &[usize],
+    rows: &Rows,
     append: Option<usize>,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
-    let n_rows = keys.len();
+    let n_rows = rows.keys.len();
     if n_rows == 0 {
         return Ok(());
     }
-    let max_chunks = keys.iter().copied().max().unwrap_or(0).div_ceil(KEY_CHUNK).max(1);
+    let max_chunks = rows.keys.iter().copied().max().unwrap_or(0).div_ceil(KEY_CHUNK).max(1);
     let per_row = mul(mul(heads, max_chunks)?, hd + 2)?;
     let launch_rows = (SCRATCH_FLOATS / per_row).clamp(1, GRID_YZ).min(n_rows);
     let part = be.dev.alloc(f32_bytes(mul(launch_rows, per_row)?)?)?;
     let pp = part.as_ref().map_or(0, |m| m.ptr);
-    let dm = be.dev.stage(desc)?;
+    let dm = be.dev.stage(rows.desc)?;
     let dp = dm.as_ref().map_or(0, |m| m.ptr);
-    let (fp, fc) = (be.func(Src::Attention, "attn_partial")?, be.func(Src::Attention, "attn_combine")?);
+    let tiled = hd <= TILE_HD && hd.is_multiple_of(4) && be.dev.attn_tiled(rows.widest, tile_smem(hd));
+    let (fp, fc) = if tiled {
+        let f = be.func(Src::Attention, "attn_tiled")?;
+        be.dev.allow_smem(&f, tile_smem(hd))?;
+        (f, be.func(Src::Attention, "attn_combine")?)
+    } else {
+        (be.func(Src::Attention, "attn_partial")?, be.func(Src::Attention, "attn_combine")?)
+    };
     let scale = 1.0 / (hd as f32).sqrt();
-    let smem = ((hd + 2 * KEY_CHUNK) * 4) as u32;
     let combine_block = (hd.min(256).div_ceil(32) * 32) as u32;
     let (qp, kp, vp, op) = (q.ptr()?, k.ptr()?, v.ptr()?, out.ptr()?);
     let (hi, gi, hdi, wi, ci) =
         (heads as i32, group as i32, hd as i32, int(width, "width")?, int(max_chunks, "chunks")?);
     for row0 in (0..n_rows).step_by(launch_rows) {
-        let nl = launch_rows.min(n_rows - row0) as u32;
+        let nl = launch_rows.min(n_rows - row0);
         let r0 = int(row0, "row")?;
-        let pargs = [
-            Arg::P(qp),
-            Arg::P(kp),
-            Arg::P(vp),
-            Arg::P(dp),
-            Arg::I(hi),
-            Arg::I(gi),
-            Arg::I(hdi),
-            Arg::I(wi),
-            Arg::F(scale),
-            Arg::I(ci),
-            Arg::P(pp),
-            Arg::I(r0),
-        ];
-        be.dev.launch(&fp, (ci as u32, hi as u32, nl), BLOCK, smem, &pargs)?;
+        if tiled {
+            let words = rows.tile_words(row0, row0 + nl);
+            let tm = be.dev.stage(&words)?;
+            let tp = tm.as_ref().map_or(0, |m| m.ptr);
+            let kvh = (heads / group) as u32;
+            let pargs = [
+                Arg::P(qp),
+                Arg::P(kp),
+                Arg::P(vp),
+                Arg::P(dp),
+                Arg::P(tp),
+                Arg::I(hi),
+                Arg::I(gi),
+                Arg::I(hdi),
+                Arg::I(wi),
+                Arg::F(scale),
+                Arg::I(ci),
+                Arg::P(pp),
+                Arg::I(r0),
+            ];
+            be.dev.launch(&fp, (ci as u32, kvh, words.len() as u32), BLOCK, tile_smem(hd) as u32, &pargs)?;
+        } else {
+            let pargs = [
+                Arg::P(qp),
+                Arg::P(kp),
+                Arg::P(vp),
+                Arg::P(dp),
+                Arg::I(hi),
+                Arg::I(gi),
+                Arg::I(hdi),
+                Arg::I(wi),
+                Arg::F(scale),
+                Arg::I(ci),
+                Arg::P(pp),
+                Arg::I(r0),
+            ];
+            let smem = ((hd + 2 * KEY_CHUNK) * 4) as u32;
+            be.dev.launch(&fp, (ci as u32, hi as u32, nl as u32), BLOCK, smem, &pargs)?;
+        }
         let cargs = [
             Arg::P(dp),
             Arg::P(pp),
@@ -269,7 +345,7 @@ fn run(
             Arg::I(wi),
             Arg::I(append.is_some() as i32),
         ];
-        be.dev.launch(&fc, (hi as u32, nl, 1), combine_block, 0, &cargs)?;
+        be.dev.launch(&fc, (hi as u32, nl as u32, 1), combine_block, 0, &cargs)?;
     }
     Ok(())
 }

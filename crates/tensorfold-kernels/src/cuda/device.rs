@@ -42,6 +42,9 @@ pub const WIDE_SLOTS: usize = 32;
 pub const CT: usize = 4;
 /// Keys an attention block covers (common.cuh's `KEY_CHUNK`).
 pub const KEY_CHUNK: usize = 256;
+/// Rows of a segment an attention tile shares each key chunk's loads over (attention.cu's `attn_tiled`), and the
+/// default fewest rows a call's largest segment holds for the tiled form to run (`TENSORFOLD_CUDA_ATTN_TILE_ROWS`).
+pub const ATTN_TILE: usize = 16;
 /// Rows and columns a block of the wide tensor-core linear covers (dense_tc.cu's `TCM`, `TCN`).
 pub const TCM: usize = 64;
 pub const TCN: usize = 128;
@@ -150,6 +153,12 @@ pub struct Dev {
     tc_group: AtomicUsize,
     /// Streaming multiprocessors (the narrow tensor-core forms size their blocks by it).
     sms: usize,
+    /// Dynamic shared memory a block may opt in to, in bytes (the tiled attention needs about 172 KiB).
+    smem_optin: usize,
+    /// `TENSORFOLD_CUDA_ATTN_TILE_ROWS=N` (a measuring aid, the bits are the same either way), or the contract's
+    /// [`Dev::set_attn_tile_rows`]: attention calls whose largest segment holds at least N rows run the tiled form
+    /// (0: never). [`UNSET`]: [`ATTN_TILE`].
+    attn_tile_rows: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -213,6 +222,11 @@ impl Dev {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| driver("cuDeviceGetAttribute", e))?
             .max(1) as usize;
+        let smem_optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| driver("cuDeviceGetAttribute", e))?
+            .max(0) as usize;
+        let attn_tile_rows = AtomicUsize::new(rows_setting("TENSORFOLD_CUDA_ATTN_TILE_ROWS")?.unwrap_or(UNSET));
         keep_pool_memory(&ctx);
         // The staging arena is allocated in this context.
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
@@ -240,6 +254,8 @@ impl Dev {
             tensor_cores: AtomicBool::new(tensor_cores),
             tc_group: AtomicUsize::new(UNSET),
             sms,
+            smem_optin,
+            attn_tile_rows,
         }))
     }
 
@@ -345,6 +361,30 @@ impl Dev {
     pub fn set_wide_rows(&self, rows: Option<usize>) -> Option<usize> {
         let was = self.wide_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
         (was != UNSET).then_some(was)
+    }
+
+    /// Whether an attention call whose largest segment holds `rows` rows runs the tiled form, given it needs `smem`
+    /// bytes of shared memory a block: at least [`ATTN_TILE`] rows or the override's (0: never), and the device
+    /// lets a block have that much.
+    pub fn attn_tiled(&self, rows: usize, smem: usize) -> bool {
+        let v = self.attn_tile_rows.load(Ordering::Relaxed);
+        let min = if v == UNSET { ATTN_TILE } else { v };
+        min > 0 && rows >= min && smem <= self.smem_optin
+    }
+
+    /// Sets the tiled attention's row threshold (`None`: [`ATTN_TILE`]) and returns the one before: the contract
+    /// checks the tiled form at widths under the default.
+    #[cfg(feature = "planted-faults")]
+    pub fn set_attn_tile_rows(&self, rows: Option<usize>) -> Option<usize> {
+        let was = self.attn_tile_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
+        (was != UNSET).then_some(was)
+    }
+
+    /// Lets `f` launch with `bytes` of dynamic shared memory (past the 48 KiB every kernel may take).
+    pub fn allow_smem(&self, f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {
+        self.bind()?;
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        f.set_attribute(attr, bytes as i32).map_err(|e| driver("cuFuncSetAttribute", e))
     }
 
     /// Whether bf16 matrices with k % 32 == 0 run the tensor-core linears (the mode is the process's: see `TENSORFOLD_CUDA_TENSOR_CORES`).

@@ -377,7 +377,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 38, "every entry point was checked");
+        assert_eq!(entries, 39, "every entry point was checked");
     }
 
     #[test]
@@ -393,6 +393,11 @@ mod tests {
             }
             assert_eq!(device::BLOCK as usize, 32 * device::WPB);
             assert!(!s.contains('\0'));
+        }
+        // The tiled attention's launcher mirrors these (its shared memory and its head check).
+        let s = Src::Attention.source();
+        for (name, v) in [("ATTN_HB", attention::TILE_HEADS), ("ATTN_TILE_HD", attention::TILE_HD)] {
+            assert!(s.contains(&format!("#define {name} {v}\n")), "{name}");
         }
     }
 }

@@ -58,6 +58,12 @@ impl CudaBackend {
         self.dev.set_wide_rows(rows)
     }
 
+    /// Sets the tiled attention's row threshold (`None`: the default, `TENSORFOLD_CUDA_ATTN_TILE_ROWS`) and returns
+    /// the one before: the contract checks the tiled form at widths under the default.
+    pub fn set_attn_tile_rows(&self, rows: Option<usize>) -> Option<usize> {
+        self.dev.set_attn_tile_rows(rows)
+    }
+
     /// Sets the tensor-core mode (`TENSORFOLD_CUDA_TENSOR_CORES`) and returns the one before: the contract checks
     /// the tensor-core linears whatever the environment said.
     pub fn set_tensor_cores(&self, on: bool) -> bool {
