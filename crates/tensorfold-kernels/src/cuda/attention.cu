@@ -224,9 +224,9 @@ extern "C" __global__ void attn_combine(const u64* desc, const float* part, int 
 // heads) at a time; lane l owns keys l + 32 i (i < 8), so the trees' levels 128, 64 and 32 pair two keys of one lane
 // and levels 16 to 1 are shuffles pairing lane t with lane t + s, as the block trees pair red[t] with red[t + s].
 // Needs hd <= ATTN_TILE_HD and hd % 4 == 0 (the host checks). tiles: a word a tile, low 32 bits its first call
-// row, high 32 bits its rows. Dynamic shared memory: KEY_CHUNK (hd + 4) floats of K (rows padded by 4 so 8 lanes
-// on 8 consecutive keys hit distinct banks), KEY_CHUNK hd of V, and WPB ATTN_HB (hd + KEY_CHUNK) of each warp's
-// query heads and probabilities.
+// row, high 32 bits its rows. Dynamic shared memory: KEY_CHUNK (hd + 1) floats of K (an odd row stride, so the 32
+// lanes reading one column of 32 consecutive keys hit 32 distinct banks), KEY_CHUNK hd of V, and WPB ATTN_HB
+// (hd + KEY_CHUNK) of each warp's query heads and probabilities.
 #define ATTN_HB 4
 #define ATTN_TILE_HD 64
 
@@ -311,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_tiled(const float* q, con
   if (start >= most) return;  // the whole block leaves together
   RowKv rf = row_kv(desc, far);
   int nk_most = most - start < KEY_CHUNK ? most - start : KEY_CHUNK;
-  int ks = hd + 4;
+  int ks = hd + 1;
   int off = kvh * hd;
   float* kt = sm;
   float* vt = kt + KEY_CHUNK * ks;

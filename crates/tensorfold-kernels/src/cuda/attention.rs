@@ -54,10 +54,10 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Shared memory of a tiled block in bytes: the chunk's K rows (padded by 4) and V rows, and each warp's query
+/// Shared memory of a tiled block in bytes: the chunk's K rows (padded by 1) and V rows, and each warp's query
 /// heads and probabilities (attention.cu's `attn_tiled`).
 fn tile_smem(hd: usize) -> usize {
-    4 * (KEY_CHUNK * (hd + 4) + KEY_CHUNK * hd + WPB * TILE_HEADS * (hd + KEY_CHUNK))
+    4 * (KEY_CHUNK * (hd + 1) + KEY_CHUNK * hd + WPB * TILE_HEADS * (hd + KEY_CHUNK))
 }
 
 /// `(head_dim, query heads per KV head)` of a call, refusing shapes GQA cannot map.

@@ -153,7 +153,7 @@ pub struct Dev {
     tc_group: AtomicUsize,
     /// Streaming multiprocessors (the narrow tensor-core forms size their blocks by it).
     sms: usize,
-    /// Dynamic shared memory a block may opt in to, in bytes (the tiled attention needs about 172 KiB).
+    /// Dynamic shared memory a block may opt in to, in bytes (the tiled attention needs about 170 KiB).
     smem_optin: usize,
     /// `TENSORFOLD_CUDA_ATTN_TILE_ROWS=N` (a measuring aid, the bits are the same either way), or the contract's
     /// [`Dev::set_attn_tile_rows`]: attention calls whose largest segment holds at least N rows run the tiled form
