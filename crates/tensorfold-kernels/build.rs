@@ -17,13 +17,17 @@ fn main() {
         let path = format!("src/cuda/{m}.cu");
         println!("cargo:rerun-if-changed={path}");
         let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // The tensor-core linears (narrow and few-row, then wide) share dense.cu's module (and its helpers).
-        if m == "dense" {
-            for tc in ["src/cuda/dense_tc.cu", "src/cuda/dense_tcw.cu"] {
-                println!("cargo:rerun-if-changed={tc}");
-                text.push('\n');
-                text.push_str(&std::fs::read_to_string(tc).unwrap_or_else(|e| panic!("{tc}: {e}")));
-            }
+        // The tensor-core linears (narrow and few-row, then wide) share dense.cu's module (and its helpers), the
+        // tiled attention attention.cu's.
+        let parts: &[&str] = match m {
+            "dense" => &["src/cuda/dense_tc.cu", "src/cuda/dense_tcw.cu"],
+            "attention" => &["src/cuda/attention_tiled.cu"],
+            _ => &[],
+        };
+        for part in parts {
+            println!("cargo:rerun-if-changed={part}");
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(part).unwrap_or_else(|e| panic!("{part}: {e}")));
         }
         std::fs::write(out.join(format!("{m}.cu")), strip::strip_faults(&text)).expect("write the shipped source");
     }

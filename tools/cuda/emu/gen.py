@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "../../../crates/tensorfold-kernels/src/cuda/")
 MODULES = ["rows", "dense", "rope", "attention", "conv", "moe", "sample"]
-# Files a module's text holds after common.cuh (cuda/device.rs's `Src::body`): the tensor-core linears share dense's.
-PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"]}
+# Files a module's text holds after common.cuh (cuda/device.rs's `Src::body`): the tensor-core linears share dense's,
+# the tiled attention attention's.
+PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"], "attention": ["attention", "attention_tiled"]}
 
 
 def module_text(mod):

@@ -81,10 +81,11 @@ impl Drop for TilesAt<'_> {
 }
 
 /// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
-/// span three chunks.
+/// span three chunks. The tiled form has a path for head_dim 64 (served), 32 (quick, as the default pair) and any
+/// other (block attention's quick shape, 16).
 fn attn_shape(scale: Scale) -> (usize, usize, usize, Vec<usize>, usize) {
     match scale {
-        Scale::Quick => (4, 2, 16, vec![5, 0, 700, 3], 1200),
+        Scale::Quick => (4, 2, 32, vec![5, 0, 700, 3], 1200),
         Scale::Served => (32, 8, 64, vec![4095, 0, 700, 31], 32_767),
     }
 }

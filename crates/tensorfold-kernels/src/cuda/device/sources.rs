@@ -38,7 +38,8 @@ impl Src {
         }
     }
 
-    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` and `dense_tcw.cu` after it) with its planted-fault blocks stripped at build time (build.rs,
+    /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` and `dense_tcw.cu` after it; Attention:
+    /// with `attention_tiled.cu`) with its planted-fault blocks stripped at build time (build.rs,
     /// `strip.rs`), so what production compiles carries no fault.
     fn body(self) -> &'static str {
         match self {
@@ -70,7 +71,7 @@ impl Src {
                 include_str!("../dense_tcw.cu")
             ),
             Src::Rope => include_str!("../rope.cu"),
-            Src::Attention => include_str!("../attention.cu"),
+            Src::Attention => concat!(include_str!("../attention.cu"), "\n", include_str!("../attention_tiled.cu")),
             Src::Conv => include_str!("../conv.cu"),
             Src::Moe => include_str!("../moe.cu"),
             Src::Sample => include_str!("../sample.cu"),
