@@ -62,6 +62,28 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, TextError> {
     Ok(Compiled { env, stuck: AtomicUsize::new(0) })
 }
 
+/// [`compile`] on a thread with the render stack (parsing recurses as deep as the source nests).
+///
+/// # Errors
+/// The outer error when the thread cannot start (the call's); the inner one is the template's syntax error, kept
+/// as its message.
+pub(crate) fn compile_on_stack(source: &str) -> Result<Result<Arc<Compiled>, String>, TextError> {
+    template_limits::on_render_stack(|| {
+        Ok(compile(source).map(Arc::new).map_err(|e| match e {
+            TextError::Template(m) => m,
+            other => other.to_string(),
+        }))
+    })
+}
+
+impl Compiled {
+    /// Whether a render of it was given up at the backstop and its thread may still run (a render worker holding
+    /// it is then retired: `render_worker`).
+    pub(crate) fn given_up(&self) -> bool {
+        self.stuck.load(Ordering::Acquire) > 0
+    }
+}
+
 /// `raise_exception(msg)`: fails the render with `msg` (recorded, so the error carries it by name).
 fn raise_exception(state: &State, msg: String) -> Result<Value, Error> {
     render_budget::check(state)?;
