@@ -129,10 +129,11 @@ impl RenderPool {
             None => slot.insert(Worker::start(&self.config)?),
         };
         let outcome = worker.exchange(job);
-        if !outcome.keep {
-            if let Some(w) = slot.take() {
-                return outcome.result.map_err(|e| w.end(e));
-            }
+        // A worker not kept is killed and reaped here: by `end` on an error, by its drop on a prompt.
+        if !outcome.keep
+            && let Some(w) = slot.take()
+        {
+            return outcome.result.map_err(|e| w.end(e));
         }
         outcome.result
     }
@@ -258,7 +259,8 @@ impl Worker {
                 Err(e) => return Outcome { result: Err(e), keep: true },
             };
             if let Err(e) = self.send(&frame) {
-                return Outcome::kill(TextError::TemplateWorker(format!("cannot write to the render process: {e}")));
+                // A pipe broken by a process that ended by itself: named with its status by `Worker::end`.
+                return Outcome::kill(TextError::TemplateWorker(format!("{ENDED} (writing to it: {e})")));
             }
             self.known.insert(job.key);
             match self.replies.recv_timeout(WORKER_DEADLINE) {

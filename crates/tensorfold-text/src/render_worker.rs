@@ -97,10 +97,10 @@ fn parse(tag: u8, payload: &[u8]) -> Result<RenderRequest<'static>, TextError> {
 
 /// Renders `req` with the template it names, compiling a source it carries first.
 fn render(held: &mut HashMap<u64, Result<Arc<Compiled>, String>>, req: &RenderRequest<'_>) -> Rendered {
-    if let Some(source) = &req.source {
-        if let Err(e) = hold(held, req.key, source) {
-            return Rendered::Done(Err(e), false);
-        }
+    if let Some(source) = &req.source
+        && let Err(e) = hold(held, req.key, source)
+    {
+        return Rendered::Done(Err(e), false);
     }
     let compiled = match held.get(&req.key) {
         None => return Rendered::Unknown,

@@ -127,6 +127,35 @@ fn a_stuck_worker_is_killed_and_reaped_and_one_out_of_memory_ends_by_name() {
     assert_eq!(small.render_chat(&text, &hi, true, None).expect("a fresh worker renders"), fine);
 }
 
+#[test]
+fn a_silent_or_malformed_worker_is_killed_by_name() {
+    let text = text_with(&default_template());
+    let hi = [ChatMessage::new("user", "hi")];
+    let fake = |script: &str| {
+        let args = vec!["-c".into(), script.into()];
+        RenderPool::new(PoolConfig { program: "sh".into(), args, workers: 1 })
+    };
+    // Silent: the deadline (the worker's own backstop never answers here).
+    let start = Instant::now();
+    let silent = fake("exec sleep 60").render_chat(&text, &hi, true, None);
+    assert!(matches!(silent, Err(TextError::TemplateTime { .. })), "{silent:?}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    // A frame past the reply bound ("y\ny\n" read as a length), an empty frame, an unknown tag, a bad error.
+    for (script, says) in [
+        ("exec yes", "malformed"),
+        ("printf '\\000\\000\\000\\000'; exec sleep 60", "malformed"),
+        ("printf '\\001\\000\\000\\000\\011'; exec sleep 60", "tagged 9"),
+        ("printf '\\003\\000\\000\\000\\002{}'; exec sleep 60", "not one of the named"),
+        ("printf '\\002\\000\\000\\000\\001\\377'; exec sleep 60", "not UTF-8"),
+        ("exit 3", "ended"),
+    ] {
+        let pool = fake(script);
+        let r = pool.render_chat(&text, &hi, true, None);
+        assert!(matches!(&r, Err(TextError::TemplateWorker(m)) if m.contains(says)), "{script}: {r:?}");
+        assert!(pool.idle_worker_pids().is_empty(), "{script}");
+    }
+}
+
 /// The server process, killed if the test fails before it is stopped.
 struct Server {
     child: Child,
