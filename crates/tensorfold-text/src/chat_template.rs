@@ -200,12 +200,13 @@ impl Text {
     }
 
     /// Renders probe messages once (at open): a template that runs out of its budget or size limit on them
-    /// would on every request, so it is refused by name; other render errors (a template that raises for these
-    /// roles) are left to requests.
+    /// would on every request, so it is refused by name, as is one whose render worker ends on them (past its
+    /// memory limit) or cannot start (every chat would fail); other render errors (a template that raises for
+    /// these roles) are left to requests.
     ///
     /// # Errors
     /// [`TextError::TemplateBudget`], [`TextError::TemplateItems`], [`TextError::TemplateTime`],
-    /// [`TextError::TemplateTooLarge`] or [`TextError::TemplateSource`].
+    /// [`TextError::TemplateTooLarge`], [`TextError::TemplateSource`] or [`TextError::TemplateWorker`].
     pub fn probe_chat_template(&self) -> Result<(), TextError> {
         if self.chat_template.is_none() {
             return Ok(());
@@ -222,7 +223,8 @@ impl Text {
                 | TextError::TemplateItems { .. }
                 | TextError::TemplateTime { .. }
                 | TextError::TemplateTooLarge { .. }
-                | TextError::TemplateSource { .. }),
+                | TextError::TemplateSource { .. }
+                | TextError::TemplateWorker(_)),
             ) => Err(e),
             _ => Ok(()),
         }

@@ -214,16 +214,33 @@ async fn wait_healthy(c: &reqwest::Client, s: &mut Server) {
 
 /// After a render: the state of process `gone` (expected `None`), the server's zombie children, and the CPU
 /// ticks the server and its children spend over the next second.
-async fn settled(server: u32, gone: Option<u32>) -> (Option<(char, u64, u32)>, Vec<u32>, u64) {
+async fn settled(server: u32, gone: Option<u32>) -> Settled {
     tokio::task::spawn_blocking(move || {
         let kids = children(server);
         let zombies: Vec<u32> = kids.iter().copied().filter(|&k| stat(k).is_some_and(|(st, _, _)| st == 'Z')).collect();
+        // Each live worker holds two pipes of the server (its stdin and stdout); any other pipe is the server's own.
+        let other_pipes = pipes(server).saturating_sub(2 * kids.len());
         let mut all = kids;
         all.push(server);
-        (gone.and_then(stat), zombies, busy(&all, Duration::from_secs(1)))
+        Settled { gone: gone.and_then(stat), zombies, ticks: busy(&all, Duration::from_secs(1)), other_pipes }
     })
     .await
     .expect("the check")
+}
+
+/// What [`settled`] found.
+struct Settled {
+    gone: Option<(char, u64, u32)>,
+    zombies: Vec<u32>,
+    ticks: u64,
+    other_pipes: usize,
+}
+
+/// Pipes among `pid`'s open descriptors.
+fn pipes(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    let links = fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok());
+    links.filter(|l| l.to_string_lossy().starts_with("pipe:")).count()
 }
 
 /// A process's resident set in bytes (`VmRSS` of `/proc/PID/status`; 0 once it is gone).
@@ -254,6 +271,7 @@ async fn a_hostile_template_costs_its_worker_never_the_server() {
     let r = c.post(format!("{}/tokenize", s.base)).json(&json!({"messages": msgs})).send().await.expect("answered");
     let got: Value = r.json().await.expect("JSON");
     assert_eq!(got["tokens"], json!(want), "{got}");
+    let before = settled(server, None).await;
     // (a) and (d): the stuck render beside a stream of normal chats, all answered while its worker is killed.
     let t = Instant::now();
     let stuck = tokio::spawn({
@@ -277,21 +295,31 @@ async fn a_hostile_template_costs_its_worker_never_the_server() {
     assert!(beside.iter().all(|(st, _)| *st == StatusCode::OK), "{beside:?}");
     let burning = burning.await.expect("the watch").expect("a worker child burning a core during the render");
     // Gone, not a zombie, and nothing of the server's still burning.
-    let (left, zombies, ticks) = settled(server, Some(burning)).await;
-    assert_eq!(left, None, "worker {burning} still there");
-    assert!(zombies.is_empty(), "zombies {zombies:?}");
-    assert!(ticks <= 20, "{ticks} ticks of CPU in a second after the render");
+    let after = settled(server, Some(burning)).await;
+    assert_eq!(after.gone, None, "worker {burning} still there");
+    assert!(after.zombies.is_empty(), "zombies {:?}", after.zombies);
+    assert!(after.ticks <= 20, "{} ticks of CPU in a second after the render", after.ticks);
+    assert_eq!(after.other_pipes, before.other_pipes, "pipes left open");
     // (b): a render that allocates without bound is a named 400; the server lives and serves.
     let (status, body) = chat(&c, &s.base, "grow").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("render process ended") || body.contains("time budget"), "{body}");
     assert!(s.child.try_wait().expect("status").is_none(), "the server died");
-    let (_, zombies, ticks) = settled(server, None).await;
-    assert!(zombies.is_empty(), "zombies {zombies:?}");
-    assert!(ticks <= 20, "{ticks} ticks of CPU in a second after the render");
+    let after = settled(server, None).await;
+    assert!(after.zombies.is_empty(), "zombies {:?}", after.zombies);
+    assert!(after.ticks <= 20, "{} ticks of CPU in a second after the render", after.ticks);
+    assert_eq!(after.other_pipes, before.other_pipes, "pipes left open");
     assert!(rss(server) < 1 << 30, "the server holds {} bytes", rss(server));
     let health = c.get(format!("{}/health", s.base)).send().await.expect("answered");
     assert_eq!(health.status(), StatusCode::OK);
     let (status, body) = chat(&c, &s.base, "import os").await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // A server killed outright leaves no worker behind: each sees its parent gone within 200 ms.
+    let kids = children(server);
+    assert!(!kids.is_empty(), "the server's workers");
+    s.child.kill().expect("SIGKILL");
+    s.child.wait().expect("reaped");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let left: Vec<_> = kids.iter().filter(|&&k| stat(k).is_some_and(|(st, _, _)| st != 'Z')).collect();
+    assert!(left.is_empty(), "workers {left:?} outlived the server");
 }
