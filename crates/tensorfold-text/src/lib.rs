@@ -33,3 +33,5 @@ mod tests_budget;
 mod tests_fuzz;
 #[cfg(test)]
 mod tests_tools;
+#[cfg(test)]
+mod tests_worker;

@@ -5,6 +5,7 @@
 //! minijinja's own steps, which no check of ours can reach, costs a worker, never this process's cores or memory.
 //! Installed once a process (`install`, as `tensorfold serve` does); without it `Text` renders in-process.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -157,7 +158,7 @@ impl RenderPool {
 
 /// `call` borrowed again (the request is written from it without copying the messages).
 fn borrowed<'a>(call: &'a RenderCall<'_>) -> RenderCall<'a> {
-    use std::borrow::Cow::Borrowed;
+    use Cow::Borrowed;
     RenderCall {
         messages: Borrowed(&call.messages),
         add_generation_prompt: call.add_generation_prompt,
@@ -179,11 +180,8 @@ struct Job<'a> {
 impl Job<'_> {
     /// The request's frame with the template's source (for a worker that does not hold it).
     fn with_source(&self) -> Result<Vec<u8>, TextError> {
-        let req = RenderRequest {
-            key: self.key,
-            source: Some(std::borrow::Cow::Borrowed(self.source)),
-            call: borrowed(&self.req.call),
-        };
+        let req =
+            RenderRequest { key: self.key, source: Some(Cow::Borrowed(self.source)), call: borrowed(&self.req.call) };
         render_wire::request_frame(&req)
     }
 }
@@ -253,7 +251,7 @@ impl Worker {
         // Twice at most: a worker that dropped the template (it keeps a few) answers "unknown" once.
         for _ in 0..2 {
             let with_source = !self.known.contains(&job.key);
-            let frame = if with_source { job.with_source() } else { Ok(job.bare.to_vec()) };
+            let frame = if with_source { job.with_source().map(Cow::Owned) } else { Ok(Cow::Borrowed(job.bare)) };
             let frame = match frame {
                 Ok(f) => f,
                 Err(e) => return Outcome { result: Err(e), keep: true },
@@ -288,17 +286,20 @@ impl Worker {
     /// Kills and reaps the worker and joins its reader (the pipe closes with the process), then gives `error`
     /// back, naming how the process ended where it ended by itself.
     fn end(mut self, error: TextError) -> TextError {
-        self.stop()
-            .map(|status| match error {
-                TextError::TemplateWorker(m) if m.starts_with(ENDED) => {
-                    TextError::TemplateWorker(format!("{m} ({status}){MEMORY_HINT}"))
-                }
-                other => other,
-            })
-            .unwrap_or_else(|other| other)
+        let status = self.stop();
+        match (error, status) {
+            (TextError::TemplateWorker(m), Ok(status)) if m.starts_with(ENDED) => {
+                TextError::TemplateWorker(format!("{m} ({status}){MEMORY_HINT}"))
+            }
+            (error, _) => error,
+        }
     }
 
-    /// SIGKILL (harmless when it ended already), the process reaped, its pipes closed, its reader joined.
+    /// SIGKILL (harmless when it ended already), the process reaped, its pipes closed, its reader joined (the
+    /// worker starts no process of its own, so its stdout closes when it dies).
+    ///
+    /// # Errors
+    /// [`TextError::TemplateWorker`] when `wait` fails (the reader is still joined).
     fn stop(&mut self) -> Result<std::process::ExitStatus, TextError> {
         drop(self.stdin.take());
         let _ = self.child.kill();
