@@ -97,11 +97,16 @@ pub struct TextPool {
     max_bytes: usize,
 }
 
+/// Tasks the default [`TextPool`] runs at once: as many as cores, at least 2 (`tensorfold serve` starts as many
+/// chat-template render workers).
+pub fn text_tasks() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
+}
+
 impl Default for TextPool {
-    /// As many tasks as cores (at least 2), [`TEXT_BYTES_IN_FLIGHT`] bytes.
+    /// [`text_tasks`] tasks, [`TEXT_BYTES_IN_FLIGHT`] bytes.
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
-        Self::new(cores, TEXT_BYTES_IN_FLIGHT)
+        Self::new(text_tasks(), TEXT_BYTES_IN_FLIGHT)
     }
 }
 

@@ -1,9 +1,12 @@
 //! Micro-benchmark (not a test) of one chat render on the default model's template: `cargo run --release -p
 //! tensorfold-text --example render_bench [renders]` prints the mean time a render of a short chat takes, in
-//! microseconds, and the time of one render of a 4 MiB chat (the request body's limit), in milliseconds.
+//! microseconds, and the time of one render of a 4 MiB chat (the request body's limit), in milliseconds. With a
+//! second argument, the path of a `tensorfold` binary (`target/release/tensorfold`), it also renders the short chat
+//! through one render worker of that binary (`render_pool`, as `tensorfold serve` does) and prints its mean.
 
 use std::path::PathBuf;
 use std::time::Instant;
+use tensorfold_text::render_pool::{PoolConfig, RenderPool};
 use tensorfold_text::{ChatMessage, Text};
 
 fn main() {
@@ -26,6 +29,22 @@ fn main() {
     }
     let mean = start.elapsed().as_secs_f64() * 1e6 / f64::from(renders);
     println!("{renders} renders, {} bytes each: {mean:.1} us a render", bytes / renders as usize);
+    if let Some(program) = std::env::args().nth(2) {
+        let config = PoolConfig { program: program.into(), args: vec!["render-worker".into()], workers: 1 };
+        let pool = RenderPool::new(config);
+        // The first render starts the worker and sends it the template: not counted.
+        let first = pool.render_chat(&text, &chat, true, None);
+        if first.as_deref().ok() != text.render_chat(&chat, true).as_deref().ok() {
+            eprintln!("the worker's render differs or failed: {first:?}");
+            std::process::exit(1);
+        }
+        let start = Instant::now();
+        for _ in 0..renders {
+            let _ = pool.render_chat(&text, &chat, true, None);
+        }
+        let mean = start.elapsed().as_secs_f64() * 1e6 / f64::from(renders);
+        println!("{renders} renders through a render worker: {mean:.1} us a render");
+    }
     let long: Vec<ChatMessage> =
         (0..1024).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "x".repeat(4096))).collect();
     let start = Instant::now();

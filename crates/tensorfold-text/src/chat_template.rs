@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use minijinja::context;
-use minijinja::value::{Serde, Value};
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::TextError;
+use crate::render_wire::RenderCall;
 use crate::template_limits;
 use crate::template_render;
 use crate::tokenizer::Text;
@@ -101,13 +102,16 @@ impl Text {
     /// Bounded: [`template_limits::TEMPLATE_FUEL`] steps, [`template_limits::TEMPLATE_MAX_BYTES`] of output,
     /// format widths up to [`template_limits::MAX_FORMAT_WIDTH`], [`crate::render_budget::TEMPLATE_DEADLINE`] of
     /// wall-clock time and [`crate::render_budget::TEMPLATE_MAX_ITEMS`] range items (`template_render::render`
-    /// says how, and what it leaves unbounded). The template is compiled once, at the first render.
+    /// says how). With a render pool installed (`render_pool::install`, as `tensorfold serve` does) the render runs
+    /// in a worker process that is killed past the deadline or its memory limit, which bounds the work inside
+    /// minijinja's own steps too; without one it runs in this process, compiled once, at the first render.
     ///
     /// # Errors
     /// [`TextError::NoChatTemplate`] without a template; [`TextError::Template`] for a
     /// compile/render error or a `raise_exception` call (carrying its message);
     /// [`TextError::TemplateBudget`] / [`TextError::TemplateItems`] / [`TextError::TemplateTime`] /
-    /// [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the bounds.
+    /// [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the bounds;
+    /// [`TextError::TemplateWorker`] when a render process ended (past its memory limit) or could not be started.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
         self.render_chat_with_tools(messages, add_generation_prompt, None)
     }
@@ -125,17 +129,51 @@ impl Text {
         add_generation_prompt: bool,
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TextError> {
+        let source = self.template_source()?;
+        let call = self.render_call(messages, add_generation_prompt, tools);
+        match crate::render_pool::installed() {
+            Some(pool) => pool.render(self.template_key, source, &call),
+            None => self.render_in_process(&call),
+        }
+    }
+
+    /// The variables the template sees, borrowed.
+    pub(crate) fn render_call<'a>(
+        &'a self,
+        messages: &'a [ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&'a [serde_json::Value]>,
+    ) -> RenderCall<'a> {
+        RenderCall {
+            messages: Cow::Borrowed(messages),
+            add_generation_prompt,
+            bos_token: self.bos_token.as_deref().map(Cow::Borrowed),
+            eos_token: self.eos_token.as_deref().map(Cow::Borrowed),
+            pad_token: self.pad_token.as_deref().map(Cow::Borrowed),
+            tools: tools.map(Cow::Borrowed),
+        }
+    }
+
+    /// [`Text::render_chat_with_tools`] in this process whatever is installed (`template_render::render`: a thread
+    /// of its own with its backstop).
+    ///
+    /// # Errors
+    /// As [`Text::render_chat`].
+    pub(crate) fn render_in_process(&self, call: &RenderCall<'_>) -> Result<String, TextError> {
         let compiled = self.compiled_template()?;
-        let opt = |t: &Option<String>| t.as_deref().map_or(Value::UNDEFINED, Value::from);
-        let ctx = context! {
-            messages => Value::from(Serde(messages)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => opt(&self.bos_token),
-            eos_token => opt(&self.eos_token),
-            pad_token => opt(&self.pad_token),
-            tools => tools.map_or(Value::from(()), |t| Value::from(Serde(t))),
-        };
-        template_render::render(&compiled, ctx)
+        template_render::render(&compiled, call.context())
+    }
+
+    /// The chat template's source, within [`template_limits::TEMPLATE_MAX_SOURCE`].
+    ///
+    /// # Errors
+    /// [`TextError::NoChatTemplate`], [`TextError::TemplateSource`] past the source cap.
+    pub(crate) fn template_source(&self) -> Result<&str, TextError> {
+        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
+        if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
+            return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
+        }
+        Ok(source)
     }
 
     /// The chat template compiled once (on the render stack: parsing recurses as deep as the source nests).
@@ -144,20 +182,12 @@ impl Text {
     /// [`TextError::NoChatTemplate`], [`TextError::TemplateSource`] past the source cap, [`TextError::Template`]
     /// for a syntax error.
     fn compiled_template(&self) -> Result<Arc<template_render::Compiled>, TextError> {
-        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
-        if source.len() > template_limits::TEMPLATE_MAX_SOURCE {
-            return Err(TextError::TemplateSource { bytes: source.len(), limit: template_limits::TEMPLATE_MAX_SOURCE });
-        }
+        let source = self.template_source()?;
         if let Some(done) = self.compiled.get() {
             return done.clone().map_err(TextError::Template);
         }
         // A thread that cannot start is this call's error; a syntax error is the template's, kept.
-        let fresh = template_limits::on_render_stack(|| {
-            Ok(template_render::compile(source).map(Arc::new).map_err(|e| match e {
-                TextError::Template(m) => m,
-                other => other.to_string(),
-            }))
-        })?;
+        let fresh = template_render::compile_on_stack(source)?;
         self.compiled.get_or_init(|| fresh).clone().map_err(TextError::Template)
     }
 
@@ -166,15 +196,17 @@ impl Text {
     pub(crate) fn set_chat_template(&mut self, source: &str) {
         self.chat_template = Some(source.to_string());
         self.compiled = std::sync::OnceLock::new();
+        self.template_key = crate::render_pool::next_template_key();
     }
 
     /// Renders probe messages once (at open): a template that runs out of its budget or size limit on them
-    /// would on every request, so it is refused by name; other render errors (a template that raises for these
-    /// roles) are left to requests.
+    /// would on every request, so it is refused by name, as is one whose render worker ends on them (past its
+    /// memory limit) or cannot start (every chat would fail); other render errors (a template that raises for
+    /// these roles) are left to requests.
     ///
     /// # Errors
     /// [`TextError::TemplateBudget`], [`TextError::TemplateItems`], [`TextError::TemplateTime`],
-    /// [`TextError::TemplateTooLarge`] or [`TextError::TemplateSource`].
+    /// [`TextError::TemplateTooLarge`], [`TextError::TemplateSource`] or [`TextError::TemplateWorker`].
     pub fn probe_chat_template(&self) -> Result<(), TextError> {
         if self.chat_template.is_none() {
             return Ok(());
@@ -191,7 +223,8 @@ impl Text {
                 | TextError::TemplateItems { .. }
                 | TextError::TemplateTime { .. }
                 | TextError::TemplateTooLarge { .. }
-                | TextError::TemplateSource { .. }),
+                | TextError::TemplateSource { .. }
+                | TextError::TemplateWorker(_)),
             ) => Err(e),
             _ => Ok(()),
         }

@@ -65,6 +65,11 @@ pub enum TextError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The chat template's render process (`render_pool`) ended or misbehaved: killed for memory (past its
+    /// address-space limit, `render_worker::WORKER_ADDRESS_SPACE`), crashed, or wrote a malformed reply; or it could
+    /// not be started. The message says which.
+    #[error("chat template: {0}")]
+    TemplateWorker(String),
     /// The prompt text contributes no tokens.
     #[error("the prompt tokenizes to zero tokens")]
     EmptyPrompt,

@@ -8,6 +8,9 @@ pub mod detokenizer;
 pub mod error;
 pub mod grammar_env;
 pub mod render_budget;
+pub mod render_pool;
+mod render_wire;
+pub mod render_worker;
 pub mod template_compat;
 pub mod template_limits;
 mod template_render;
@@ -30,3 +33,5 @@ mod tests_budget;
 mod tests_fuzz;
 #[cfg(test)]
 mod tests_tools;
+#[cfg(test)]
+mod tests_worker;

@@ -1,6 +1,7 @@
 //! A checkpoint's chat template compiled once (a minijinja `Environment` holding it, shared by every request) and
 //! each render run bounded: fuel and the output cap (`template_limits`), the deadline and item budget
-//! (`render_budget`), on a thread of its own with a deep stack, and a backstop for work none of those can see.
+//! (`render_budget`), on a thread of its own with a deep stack, and a backstop for work none of those can see
+//! (stopped for good only in a render worker: `render_pool`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -62,6 +63,28 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, TextError> {
     Ok(Compiled { env, stuck: AtomicUsize::new(0) })
 }
 
+/// [`compile`] on a thread with the render stack (parsing recurses as deep as the source nests).
+///
+/// # Errors
+/// The outer error when the thread cannot start (the call's); the inner one is the template's syntax error, kept
+/// as its message.
+pub(crate) fn compile_on_stack(source: &str) -> Result<Result<Arc<Compiled>, String>, TextError> {
+    template_limits::on_render_stack(|| {
+        Ok(compile(source).map(Arc::new).map_err(|e| match e {
+            TextError::Template(m) => m,
+            other => other.to_string(),
+        }))
+    })
+}
+
+impl Compiled {
+    /// Whether a render of it was given up at the backstop and its thread may still run (a render worker holding
+    /// it is then retired: `render_worker`).
+    pub(crate) fn given_up(&self) -> bool {
+        self.stuck.load(Ordering::Acquire) > 0
+    }
+}
+
 /// `raise_exception(msg)`: fails the render with `msg` (recorded, so the error carries it by name).
 fn raise_exception(state: &State, msg: String) -> Result<Value, Error> {
     render_budget::check(state)?;
@@ -82,10 +105,13 @@ fn strftime_now(state: &State, fmt: String) -> Result<String, Error> {
 /// Bounded (measured on 2 shared cores, `tests_budget`): a render stops by itself at its deadline whenever it
 /// reaches a function, filter, method, `{{ }}` output or `range` item of ours, within microseconds of it. Only a
 /// render inside one of minijinja's own steps on a huge value (comparing or hashing strings of up to 100 MB, or
-/// lists shared into themselves) can outrun it; then the caller gets [`TextError::TemplateTime`] at the
-/// backstop and the template is refused while that thread still runs. The renders already started when the first
-/// backstop fired (at most the caller's concurrent renders: the server's tokenization pool, one a core) may run
-/// on too, for as long as minijinja's step takes (without end for some: `docs/fuzzing.md`).
+/// hashing or printing lists shared into themselves) can outrun it; then the caller gets
+/// [`TextError::TemplateTime`] at the backstop and the template is refused while that thread still runs. In this
+/// process that thread cannot be stopped: it runs for as long as minijinja's step takes (without end for some) and
+/// may allocate without bound. So `tensorfold serve` calls this only inside render workers (`render_pool`,
+/// `render_worker`): a worker whose render was given up here says so in its answer and is killed, one that
+/// allocates past its address-space limit ends, and either way the work ends with the process. Library users and
+/// `--template-in-process` render here, with the limits above.
 ///
 /// # Errors
 /// [`TextError::TemplateTime`] past the deadline (or while a given-up render runs), [`TextError::TemplateBudget`]

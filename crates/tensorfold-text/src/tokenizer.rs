@@ -17,6 +17,9 @@ pub struct Text {
     pub(crate) chat_template: Option<String>,
     /// The chat template compiled, on first use (`template_render`); a syntax error is kept as its message.
     pub(crate) compiled: std::sync::OnceLock<Result<std::sync::Arc<crate::template_render::Compiled>, String>>,
+    /// Names this text's chat template to render workers, which compile a source once and keep it by key
+    /// (`render_pool`); unique in the process.
+    pub(crate) template_key: u64,
     pub(crate) bos_token: Option<String>,
     pub(crate) eos_token: Option<String>,
     pub(crate) pad_token: Option<String>,
@@ -147,6 +150,7 @@ impl Text {
             guard,
             grammar: std::sync::OnceLock::new(),
             compiled: std::sync::OnceLock::new(),
+            template_key: crate::render_pool::next_template_key(),
         };
         if let Some((bytes, path)) = config {
             let cfg: serde_json::Value =

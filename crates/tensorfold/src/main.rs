@@ -12,6 +12,7 @@ mod hub;
 mod inspect;
 mod serve;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +59,13 @@ enum Command {
         #[command(subcommand)]
         what: bench::What,
     },
+    /// A chat-template render worker (started by `serve`, which talks to it over stdin and stdout; docs/fuzzing.md).
+    #[command(hide = true)]
+    RenderWorker {
+        /// Address space the worker may map, in MiB (default 2048; a template past it ends the worker).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(256..))]
+        address_space_mib: Option<u64>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -88,6 +96,7 @@ fn main() -> ExitCode {
         Command::Contract(a) => contract_cmd::run(a),
         Command::Synth { shape, out } => synth(&shape, &out),
         Command::Bench { what } => bench::run(what),
+        Command::RenderWorker { address_space_mib } => render_worker(address_space_mib),
     };
     match result {
         Ok(code) => code,
@@ -96,6 +105,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tensorfold render-worker`: renders chat templates for its parent until its stdin ends
+/// (`tensorfold_text::render_worker`).
+fn render_worker(address_space_mib: Option<u64>) -> anyhow::Result<ExitCode> {
+    let bytes = address_space_mib.map_or(tensorfold_text::render_worker::WORKER_ADDRESS_SPACE, |m| m << 20);
+    tensorfold_text::render_worker::run_stdio(bytes).context("render worker")?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `tensorfold synth`: generates the tensors and writes them.

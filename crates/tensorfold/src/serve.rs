@@ -114,6 +114,11 @@ pub struct Args {
     /// Quote each request's body (prompt text included) on its access-log line.
     #[arg(long, env = "TENSORFOLD_ENABLE_LOG_REQUESTS", conflicts_with = "disable_access_log")]
     enable_log_requests: bool,
+    /// Render chat templates on threads of this process instead of in killable worker processes (`tensorfold
+    /// render-worker`, Linux only; elsewhere renders are in-process anyway). In-process, work inside one of the
+    /// template engine's own steps is not bounded (docs/fuzzing.md).
+    #[arg(long, env = "TENSORFOLD_TEMPLATE_IN_PROCESS")]
+    template_in_process: bool,
     #[command(flatten)]
     dev: crate::devices::DeviceArgs,
 }
@@ -203,6 +208,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         cfg,
         dev: a.dev,
     };
+    render_workers(a.template_in_process)?;
     let load = move || plan.load();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let served = rt.block_on(tensorfold_server::serve(opts, load));
@@ -210,6 +216,31 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     rt.shutdown_background();
     served.map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Installs the process's chat-template render workers (one a text-pool task) before anything opens a template,
+/// so the probe render at open runs in one too; unless `in_process`, or off Linux (logged).
+fn render_workers(in_process: bool) -> anyhow::Result<()> {
+    if in_process {
+        tracing::info!("chat templates render in this process (--template-in-process)");
+        return Ok(());
+    }
+    if !cfg!(target_os = "linux") {
+        tracing::info!("chat templates render in this process: render workers are Linux-only");
+        return Ok(());
+    }
+    let program = std::env::current_exe().context("the path of this binary, for its render workers")?;
+    let workers = tensorfold_server::limits::text_tasks();
+    let pool = tensorfold_text::render_pool::RenderPool::new(tensorfold_text::render_pool::PoolConfig {
+        program,
+        args: vec!["render-worker".into()],
+        workers,
+    });
+    if tensorfold_text::render_pool::install(pool).is_err() {
+        bail!("chat-template render workers were installed twice");
+    }
+    tracing::info!("chat templates render in {workers} worker processes, started as needed");
+    Ok(())
 }
 
 /// The model directory to open and the name a hub model serves under: a directory as given (a snapshot in a hub
