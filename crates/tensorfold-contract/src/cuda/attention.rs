@@ -381,8 +381,10 @@ impl Kernel for BlockAttention {
             }
         }
         let mut gates = vec![reference_gate(&format!("{n} blocks of {bs}, |err| / bound"), err, 1.0)];
-        // Row invariance: each stream's block alone equals its rows in the batched call, bit for bit.
+        // Row invariance: each stream's block alone (on attn_partial, the tiled form off) equals its rows in the
+        // batched call (tiled), bit for bit.
         let qw = heads * hd;
+        be.set_attn_tile_rows(Some(0));
         let inv: usize = segs
             .iter()
             .map(|s| {
@@ -392,7 +394,8 @@ impl Kernel for BlockAttention {
                 bit_diffs(batched, &one)
             })
             .sum();
-        gates.push(invariance_gate("each block alone vs 4 streams batched", inv));
+        be.set_attn_tile_rows(Some(TILE_AT));
+        gates.push(invariance_gate("each block alone (attn_partial) vs 4 streams batched (tiled)", inv));
         let bad = [Segment { first_row: 0, rows: bs, start_pos: held[1] + 1, cache: 1 }];
         let refused = matches!(call(0, bs, &bad, &[&caches[0], &caches[1]]), Err(KernelError::KeyCount { .. }));
         let unchanged =

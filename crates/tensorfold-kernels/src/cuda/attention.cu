@@ -107,12 +107,15 @@ extern "C" __global__ void kv_append(const float* k, const float* v, const u64* 
 // One block of KEY_CHUNK threads a (chunk, head, row): thread t scores key chunk * KEY_CHUNK + t; the block takes the
 // chunk's max m, p = exp(s - m), their sum l, and o[d] = sum of p * v[d] in key order; part gets (m, l, o[0..hd)).
 // part is [launch rows, heads, max_chunks, hd + 2]. Dynamic shared memory: (hd + 2 * KEY_CHUNK) floats.
+// `rows` (null: the launch's rows row0 + z in order): the call rows of the launch, one a z (a call whose other rows
+// take the tiled form runs its one-row segments here).
 extern "C" __global__ void __launch_bounds__(256) attn_partial(const float* q, const float* kin, const float* vin,
                                                                const u64* desc, int heads, int group, int hd, int width,
-                                                               float scale, int max_chunks, float* part, int row0) {
+                                                               float scale, int max_chunks, float* part, int row0,
+                                                               const u64* rows) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  u64 row = (u64)row0 + blockIdx.z;
+  u64 row = rows ? rows[blockIdx.z] : (u64)row0 + blockIdx.z;
   int h = blockIdx.y;
   int chunk = blockIdx.x;
   int t = threadIdx.x;

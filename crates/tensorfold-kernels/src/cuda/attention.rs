@@ -42,15 +42,19 @@ impl<'a> Rows<'a> {
         Rows { desc, keys, tiles, widest: segs.iter().map(|s| s.rows).max().unwrap_or(0) }
     }
 
-    /// The tiles' words (low 32 bits the first row, high 32 the rows) cut to the launch's rows `[a, b)`.
-    fn tile_words(&self, a: usize, b: usize) -> Vec<u64> {
-        self.tiles
-            .iter()
-            .filter_map(|&(f, n)| {
-                let (lo, hi) = (f.max(a), (f + n).min(b));
-                (lo < hi).then(|| lo as u64 | (((hi - lo) as u64) << 32))
-            })
-            .collect()
+    /// The tiles cut to the launch's rows `[a, b)`: the words of those of two rows or more (low 32 bits the first
+    /// row, high 32 the rows), for attn_tiled, and the rows of the one-row ones, for attn_partial.
+    fn tile_words(&self, a: usize, b: usize) -> (Vec<u64>, Vec<u64>) {
+        let (mut tiles, mut singles) = (Vec::new(), Vec::new());
+        for &(f, n) in &self.tiles {
+            let (lo, hi) = (f.max(a), (f + n).min(b));
+            match hi.saturating_sub(lo) {
+                0 => {}
+                1 => singles.push(lo as u64),
+                n => tiles.push(lo as u64 | ((n as u64) << 32)),
+            }
+        }
+        (tiles, singles)
     }
 }
 
@@ -255,9 +259,93 @@ pub(crate) fn block_attention(
     run(be, (q, k, v), (heads, group, hd, width), &rows, None, out).map_err(|e| e.kernel("block_attention"))
 }
 
+/// What every launch of one call's partials shares: the kernels' pointers and shape arguments.
+struct Launch {
+    /// q, k, v, the staged row descriptors, the partials scratch, out.
+    ptrs: [u64; 6],
+    heads: i32,
+    group: i32,
+    hd: i32,
+    width: i32,
+    chunks: i32,
+    scale: f32,
+}
+
+impl Launch {
+    /// attn_partial over `nl` rows from `row0`, or over the staged row list `rows` (`nl` of them).
+    fn partial(&self, be: &CudaBackend, row0: i32, nl: usize, rows: u64) -> Result<(), CudaError> {
+        let [qp, kp, vp, dp, pp, _] = self.ptrs;
+        let args = [
+            Arg::P(qp),
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::P(dp),
+            Arg::I(self.heads),
+            Arg::I(self.group),
+            Arg::I(self.hd),
+            Arg::I(self.width),
+            Arg::F(self.scale),
+            Arg::I(self.chunks),
+            Arg::P(pp),
+            Arg::I(row0),
+            Arg::P(rows),
+        ];
+        let f = be.func(Src::Attention, "attn_partial")?;
+        let smem = ((self.hd as usize + 2 * KEY_CHUNK) * 4) as u32;
+        be.dev.launch(&f, (self.chunks as u32, self.heads as u32, nl as u32), BLOCK, smem, &args)
+    }
+
+    /// attn_tiled over the staged tile words `tiles` (`n` of them).
+    fn tiled(&self, be: &CudaBackend, row0: i32, n: usize, tiles: u64) -> Result<(), CudaError> {
+        let [qp, kp, vp, dp, pp, _] = self.ptrs;
+        let args = [
+            Arg::P(qp),
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::P(dp),
+            Arg::P(tiles),
+            Arg::I(self.heads),
+            Arg::I(self.group),
+            Arg::I(self.hd),
+            Arg::I(self.width),
+            Arg::F(self.scale),
+            Arg::I(self.chunks),
+            Arg::P(pp),
+            Arg::I(row0),
+        ];
+        let f = be.func(Src::Attention, "attn_tiled")?;
+        let smem = tile_smem(self.hd as usize);
+        be.dev.allow_smem(&f, smem)?;
+        let kvh = (self.heads / self.group) as u32;
+        be.dev.launch(&f, (self.chunks as u32, kvh, n as u32), BLOCK, smem as u32, &args)
+    }
+
+    /// attn_combine over `nl` rows from `row0`; with `append`, each row's k, v also go to its cache row.
+    fn combine(&self, be: &CudaBackend, row0: i32, nl: usize, append: bool) -> Result<(), CudaError> {
+        let [_, kp, vp, dp, pp, op] = self.ptrs;
+        let args = [
+            Arg::P(dp),
+            Arg::P(pp),
+            Arg::I(self.heads),
+            Arg::I(self.hd),
+            Arg::I(self.chunks),
+            Arg::P(op),
+            Arg::I(row0),
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::I(self.width),
+            Arg::I(append as i32),
+        ];
+        let f = be.func(Src::Attention, "attn_combine")?;
+        let block = ((self.hd as usize).min(256).div_ceil(32) * 32) as u32;
+        be.dev.launch(&f, (self.heads as u32, nl as u32, 1), block, 0, &args)
+    }
+}
+
 /// The partial and combine launches over all rows, in launches of at most [`GRID_YZ`] rows that fit the scratch
-/// budget; the partials come from the tiled form where [`Dev::attn_tiled`](super::device::Dev::attn_tiled) says so
-/// (the same bits). `append` (the cache row width): the combine also copies each row's k, v to its cache row.
+/// budget. Where [`Dev::attn_tiled`](super::device::Dev::attn_tiled) says so, a launch's tiles of two rows or more
+/// take the tiled form and its one-row segments attn_partial (the same bits either way). `append` (the cache row
+/// width): the combine also copies each row's k, v to its cache row.
 fn run(
     be: &CudaBackend,
     (q, k, v): (&CudaBuf, &CudaBuf, &CudaBuf),
@@ -274,78 +362,70 @@ fn run(
     let per_row = mul(mul(heads, max_chunks)?, hd + 2)?;
     let launch_rows = (SCRATCH_FLOATS / per_row).clamp(1, GRID_YZ).min(n_rows);
     let part = be.dev.alloc(f32_bytes(mul(launch_rows, per_row)?)?)?;
-    let pp = part.as_ref().map_or(0, |m| m.ptr);
     let dm = be.dev.stage(rows.desc)?;
-    let dp = dm.as_ref().map_or(0, |m| m.ptr);
     let tiled = hd <= TILE_HD && hd.is_multiple_of(4) && be.dev.attn_tiled(rows.widest, tile_smem(hd));
-    let (fp, fc) = if tiled {
-        let f = be.func(Src::Attention, "attn_tiled")?;
-        be.dev.allow_smem(&f, tile_smem(hd))?;
-        (f, be.func(Src::Attention, "attn_combine")?)
-    } else {
-        (be.func(Src::Attention, "attn_partial")?, be.func(Src::Attention, "attn_combine")?)
+    let ptrs = [
+        q.ptr()?,
+        k.ptr()?,
+        v.ptr()?,
+        dm.as_ref().map_or(0, |m| m.ptr),
+        part.as_ref().map_or(0, |m| m.ptr),
+        out.ptr()?,
+    ];
+    let l = Launch {
+        ptrs,
+        heads: heads as i32,
+        group: group as i32,
+        hd: hd as i32,
+        width: int(width, "width")?,
+        chunks: int(max_chunks, "chunks")?,
+        scale: 1.0 / (hd as f32).sqrt(),
     };
-    let scale = 1.0 / (hd as f32).sqrt();
-    let combine_block = (hd.min(256).div_ceil(32) * 32) as u32;
-    let (qp, kp, vp, op) = (q.ptr()?, k.ptr()?, v.ptr()?, out.ptr()?);
-    let (hi, gi, hdi, wi, ci) =
-        (heads as i32, group as i32, hd as i32, int(width, "width")?, int(max_chunks, "chunks")?);
     for row0 in (0..n_rows).step_by(launch_rows) {
         let nl = launch_rows.min(n_rows - row0);
         let r0 = int(row0, "row")?;
         if tiled {
-            let words = rows.tile_words(row0, row0 + nl);
-            let tm = be.dev.stage(&words)?;
-            let tp = tm.as_ref().map_or(0, |m| m.ptr);
-            let kvh = (heads / group) as u32;
-            let pargs = [
-                Arg::P(qp),
-                Arg::P(kp),
-                Arg::P(vp),
-                Arg::P(dp),
-                Arg::P(tp),
-                Arg::I(hi),
-                Arg::I(gi),
-                Arg::I(hdi),
-                Arg::I(wi),
-                Arg::F(scale),
-                Arg::I(ci),
-                Arg::P(pp),
-                Arg::I(r0),
-            ];
-            be.dev.launch(&fp, (ci as u32, kvh, words.len() as u32), BLOCK, tile_smem(hd) as u32, &pargs)?;
+            let (tiles, singles) = rows.tile_words(row0, row0 + nl);
+            if !tiles.is_empty() {
+                let tm = be.dev.stage(&tiles)?;
+                l.tiled(be, r0, tiles.len(), tm.as_ref().map_or(0, |m| m.ptr))?;
+            }
+            if !singles.is_empty() {
+                let sm = be.dev.stage(&singles)?;
+                l.partial(be, r0, singles.len(), sm.as_ref().map_or(0, |m| m.ptr))?;
+            }
         } else {
-            let pargs = [
-                Arg::P(qp),
-                Arg::P(kp),
-                Arg::P(vp),
-                Arg::P(dp),
-                Arg::I(hi),
-                Arg::I(gi),
-                Arg::I(hdi),
-                Arg::I(wi),
-                Arg::F(scale),
-                Arg::I(ci),
-                Arg::P(pp),
-                Arg::I(r0),
-            ];
-            let smem = ((hd + 2 * KEY_CHUNK) * 4) as u32;
-            be.dev.launch(&fp, (ci as u32, hi as u32, nl as u32), BLOCK, smem, &pargs)?;
+            l.partial(be, r0, nl, 0)?;
         }
-        let cargs = [
-            Arg::P(dp),
-            Arg::P(pp),
-            Arg::I(hi),
-            Arg::I(hdi),
-            Arg::I(ci),
-            Arg::P(op),
-            Arg::I(r0),
-            Arg::P(kp),
-            Arg::P(vp),
-            Arg::I(wi),
-            Arg::I(append.is_some() as i32),
-        ];
-        be.dev.launch(&fc, (hi as u32, nl as u32, 1), combine_block, 0, &cargs)?;
+        l.combine(be, r0, nl, append.is_some())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles stay inside their segment, hold at most [`ATTN_TILE`] rows, and a launch's cut sends its one-row
+    /// pieces to attn_partial.
+    #[test]
+    fn tiles_follow_segments_and_launch_cuts() {
+        let seg = |first_row, rows| Segment { first_row, rows, start_pos: 0, cache: 0 };
+        let segs = [seg(0, 1), seg(1, 40), seg(41, 2)];
+        let rows = Rows::new(&[], &[], &segs);
+        assert_eq!(rows.tiles, vec![(0, 1), (1, 16), (17, 16), (33, 8), (41, 2)]);
+        assert_eq!(rows.widest, 40);
+        let word = |f: u64, n: u64| f | (n << 32);
+        assert_eq!(rows.tile_words(0, 43), (vec![word(1, 16), word(17, 16), word(33, 8), word(41, 2)], vec![0]));
+        assert_eq!(rows.tile_words(0, 20), (vec![word(1, 16), word(17, 3)], vec![0]));
+        assert_eq!(rows.tile_words(20, 43), (vec![word(20, 13), word(33, 8), word(41, 2)], vec![]));
+        assert_eq!(rows.tile_words(18, 19), (vec![], vec![18]));
+        assert_eq!(rows.tile_words(42, 43), (vec![], vec![42]));
+    }
+
+    #[test]
+    fn the_tiled_form_fits_the_h200s_shared_memory_at_head_dim_64() {
+        assert_eq!(tile_smem(64), 4 * (256 * 65 + 256 * 64 + 8 * 4 * 320));
+        assert!(tile_smem(TILE_HD) <= 232_448);
+    }
 }

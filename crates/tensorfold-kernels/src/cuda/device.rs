@@ -159,6 +159,8 @@ pub struct Dev {
     /// [`Dev::set_attn_tile_rows`]: attention calls whose largest segment holds at least N rows run the tiled form
     /// (0: never). [`UNSET`]: [`ATTN_TILE`].
     attn_tile_rows: AtomicUsize,
+    /// Dynamic shared memory each kernel (by function handle) was let use past 48 KiB ([`Dev::allow_smem`]).
+    smem_allowed: Mutex<HashMap<usize, usize>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -256,6 +258,7 @@ impl Dev {
             sms,
             smem_optin,
             attn_tile_rows,
+            smem_allowed: Mutex::default(),
         }))
     }
 
@@ -361,30 +364,6 @@ impl Dev {
     pub fn set_wide_rows(&self, rows: Option<usize>) -> Option<usize> {
         let was = self.wide_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
         (was != UNSET).then_some(was)
-    }
-
-    /// Whether an attention call whose largest segment holds `rows` rows runs the tiled form, given it needs `smem`
-    /// bytes of shared memory a block: at least [`ATTN_TILE`] rows or the override's (0: never), and the device
-    /// lets a block have that much.
-    pub fn attn_tiled(&self, rows: usize, smem: usize) -> bool {
-        let v = self.attn_tile_rows.load(Ordering::Relaxed);
-        let min = if v == UNSET { ATTN_TILE } else { v };
-        min > 0 && rows >= min && smem <= self.smem_optin
-    }
-
-    /// Sets the tiled attention's row threshold (`None`: [`ATTN_TILE`]) and returns the one before: the contract
-    /// checks the tiled form at widths under the default.
-    #[cfg(feature = "planted-faults")]
-    pub fn set_attn_tile_rows(&self, rows: Option<usize>) -> Option<usize> {
-        let was = self.attn_tile_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
-        (was != UNSET).then_some(was)
-    }
-
-    /// Lets `f` launch with `bytes` of dynamic shared memory (past the 48 KiB every kernel may take).
-    pub fn allow_smem(&self, f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {
-        self.bind()?;
-        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        f.set_attribute(attr, bytes as i32).map_err(|e| driver("cuFuncSetAttribute", e))
     }
 
     /// Whether bf16 matrices with k % 32 == 0 run the tensor-core linears (the mode is the process's: see `TENSORFOLD_CUDA_TENSOR_CORES`).

@@ -1,7 +1,9 @@
-//! The CUDA backend's environment settings: tensor cores, the one-row and wide-tile row thresholds.
+//! The CUDA backend's environment settings: tensor cores, the one-row, wide-tile and tiled-attention row thresholds.
 
 use super::super::CudaError;
-use super::{R1_ROWS, WIDE_ROWS, WIDE_SLOTS};
+use super::{ATTN_TILE, Dev, R1_ROWS, UNSET, WIDE_ROWS, WIDE_SLOTS, driver, lock};
+use cudarc::driver::{CudaFunction, sys};
+use std::sync::atomic::Ordering;
 
 /// The `TENSORFOLD_CUDA_TENSOR_CORES` setting: `1` on, `0` or unset off; anything else is refused by name, as is
 /// `1` on a device without bf16 tensor cores (before sm_80).
@@ -40,5 +42,44 @@ pub(super) fn rows_setting(name: &'static str) -> Result<Option<usize>, CudaErro
             Err(_) => Err(CudaError::Setting { name, value: v, want: "a count (a whole number of rows)" }),
         },
         Err(_) => Ok(None),
+    }
+}
+
+impl Dev {
+    /// Whether an attention call whose largest segment holds `rows` rows runs the tiled form, given it needs `smem`
+    /// bytes of shared memory a block: at least [`ATTN_TILE`] rows or the override's (0: never), and the device
+    /// lets a block have that much.
+    pub fn attn_tiled(&self, rows: usize, smem: usize) -> bool {
+        let v = self.attn_tile_rows.load(Ordering::Relaxed);
+        let min = if v == UNSET { ATTN_TILE } else { v };
+        min > 0 && rows >= min && smem <= self.smem_optin
+    }
+
+    /// Sets the tiled attention's row threshold (`None`: [`ATTN_TILE`]) and returns the one before: the contract
+    /// checks the tiled form at widths under the default.
+    #[cfg(feature = "planted-faults")]
+    pub fn set_attn_tile_rows(&self, rows: Option<usize>) -> Option<usize> {
+        let was = self.attn_tile_rows.swap(rows.unwrap_or(UNSET), Ordering::Relaxed);
+        (was != UNSET).then_some(was)
+    }
+
+    /// Lets `f` launch with `bytes` of dynamic shared memory (past the 48 KiB every kernel may take), once a
+    /// kernel and size.
+    pub fn allow_smem(&self, f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {
+        let key = f.cu_function() as usize;
+        let mut allowed = lock(&self.smem_allowed);
+        if allowed.get(&key).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        self.bind()?;
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        let value = i32::try_from(bytes).map_err(|_| CudaError::Setting {
+            name: "dynamic shared memory",
+            value: bytes.to_string(),
+            want: "at most 2^31 bytes",
+        })?;
+        f.set_attribute(attr, value).map_err(|e| driver("cuFuncSetAttribute", e))?;
+        allowed.insert(key, bytes);
+        Ok(())
     }
 }
