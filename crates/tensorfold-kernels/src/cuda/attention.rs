@@ -272,10 +272,11 @@ struct Launch {
 }
 
 impl Launch {
-    /// attn_partial over `nl` rows from `row0`, or over the staged row list `rows` (`nl` of them).
-    fn partial(&self, be: &CudaBackend, row0: i32, nl: usize, rows: u64) -> Result<(), CudaError> {
+    /// The arguments attn_partial and attn_tiled share, `table` last: attn_partial's row list (0: the rows from
+    /// `row0` in order) or attn_tiled's tile words.
+    fn args(&self, row0: i32, table: u64) -> [Arg; 13] {
         let [qp, kp, vp, dp, pp, _] = self.ptrs;
-        let args = [
+        [
             Arg::P(qp),
             Arg::P(kp),
             Arg::P(vp),
@@ -288,36 +289,25 @@ impl Launch {
             Arg::I(self.chunks),
             Arg::P(pp),
             Arg::I(row0),
-            Arg::P(rows),
-        ];
+            Arg::P(table),
+        ]
+    }
+
+    /// attn_partial over `nl` rows from `row0`, or over the staged row list `rows` (`nl` of them).
+    fn partial(&self, be: &CudaBackend, row0: i32, nl: usize, rows: u64) -> Result<(), CudaError> {
         let f = be.func(Src::Attention, "attn_partial")?;
         let smem = ((self.hd as usize + 2 * KEY_CHUNK) * 4) as u32;
-        be.dev.launch(&f, (self.chunks as u32, self.heads as u32, nl as u32), BLOCK, smem, &args)
+        let grid = (self.chunks as u32, self.heads as u32, nl as u32);
+        be.dev.launch(&f, grid, BLOCK, smem, &self.args(row0, rows))
     }
 
     /// attn_tiled over the staged tile words `tiles` (`n` of them).
     fn tiled(&self, be: &CudaBackend, row0: i32, n: usize, tiles: u64) -> Result<(), CudaError> {
-        let [qp, kp, vp, dp, pp, _] = self.ptrs;
-        let args = [
-            Arg::P(qp),
-            Arg::P(kp),
-            Arg::P(vp),
-            Arg::P(dp),
-            Arg::P(tiles),
-            Arg::I(self.heads),
-            Arg::I(self.group),
-            Arg::I(self.hd),
-            Arg::I(self.width),
-            Arg::F(self.scale),
-            Arg::I(self.chunks),
-            Arg::P(pp),
-            Arg::I(row0),
-        ];
         let f = be.func(Src::Attention, "attn_tiled")?;
         let smem = tile_smem(self.hd as usize);
         be.dev.allow_smem(&f, smem)?;
-        let kvh = (self.heads / self.group) as u32;
-        be.dev.launch(&f, (self.chunks as u32, kvh, n as u32), BLOCK, smem as u32, &args)
+        let grid = (self.chunks as u32, (self.heads / self.group) as u32, n as u32);
+        be.dev.launch(&f, grid, BLOCK, smem as u32, &self.args(row0, tiles))
     }
 
     /// attn_combine over `nl` rows from `row0`; with `append`, each row's k, v also go to its cache row.

@@ -258,10 +258,11 @@ __device__ __forceinline__ void tile_items(const float* q, const u64* desc, u64 
   }
 }
 
+// Takes attn_partial's arguments, `tiles` in place of its row list.
 extern "C" __global__ void __launch_bounds__(256) attn_tiled(const float* q, const float* kin, const float* vin,
-                                                             const u64* desc, const u64* tiles, int heads, int group,
-                                                             int hd, int width, float scale, int max_chunks,
-                                                             float* part, int row0) {
+                                                             const u64* desc, int heads, int group, int hd, int width,
+                                                             float scale, int max_chunks, float* part, int row0,
+                                                             const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
   int chunk = blockIdx.x;
