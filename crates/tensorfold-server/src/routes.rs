@@ -47,11 +47,18 @@ fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
     }
 }
 
+/// A text error's answer: the request's or its template's doing is a 400 (a render worker killed for memory or
+/// time included: the template made it so); a render worker that cannot be started is this server's fault, a 503
+/// with `Retry-After` (a host out of processes or memory may recover; an upgraded binary needs a restart).
 fn text_err(e: TextError) -> ApiError {
     match e {
         TextError::NoTokenizer => ApiError::bad_request("this model has no tokenizer; send the prompt as token ids"),
         TextError::NoChatTemplate => ApiError::bad_request("this model has no chat template; use /v1/completions"),
         TextError::EmptyPrompt => ApiError::invalid("prompt", "the prompt has zero tokens"),
+        e @ TextError::TemplateWorkerStart(_) => {
+            ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string())
+                .with_code("render_worker_unavailable")
+        }
         other => ApiError::bad_request(other.to_string()),
     }
 }
@@ -344,4 +351,29 @@ pub async fn not_found() -> ApiError {
 /// A known route with the wrong method (e.g. `GET /v1/completions`).
 pub async fn method_not_allowed() -> ApiError {
     ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "this route does not take that method")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_render_worker_that_cannot_start_is_a_503_and_a_template_that_kills_one_a_400() {
+        let e = text_err(TextError::TemplateWorkerStart("/proc/self/exe: No such file or directory".into()));
+        assert_eq!(
+            (e.status, e.kind, e.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("render_worker_unavailable"))
+        );
+        assert_eq!(e.message, "cannot start a chat-template render worker: /proc/self/exe: No such file or directory");
+        assert_eq!(e.retry_after(), Some(crate::error::RETRY_AFTER_SECS));
+        for template in [
+            TextError::TemplateWorker("the render process ended (signal: 6 (SIGABRT))".into()),
+            TextError::TemplateTime { limit_ms: 2000 },
+            TextError::Template("raise_exception: no".into()),
+        ] {
+            let e = text_err(template);
+            assert_eq!((e.status, e.kind, e.code), (StatusCode::BAD_REQUEST, "invalid_request_error", None));
+            assert!(e.message.starts_with("chat template: "), "{}", e.message);
+        }
+    }
 }

@@ -111,7 +111,8 @@ impl Text {
     /// compile/render error or a `raise_exception` call (carrying its message);
     /// [`TextError::TemplateBudget`] / [`TextError::TemplateItems`] / [`TextError::TemplateTime`] /
     /// [`TextError::TemplateTooLarge`] / [`TextError::TemplateSource`] past the bounds;
-    /// [`TextError::TemplateWorker`] when a render process ended (past its memory limit) or could not be started.
+    /// [`TextError::TemplateWorker`] when a render process ended (past its memory limit);
+    /// [`TextError::TemplateWorkerStart`] when none could be started.
     pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
         self.render_chat_with_tools(messages, add_generation_prompt, None)
     }
@@ -206,7 +207,8 @@ impl Text {
     ///
     /// # Errors
     /// [`TextError::TemplateBudget`], [`TextError::TemplateItems`], [`TextError::TemplateTime`],
-    /// [`TextError::TemplateTooLarge`], [`TextError::TemplateSource`] or [`TextError::TemplateWorker`].
+    /// [`TextError::TemplateTooLarge`], [`TextError::TemplateSource`], [`TextError::TemplateWorker`] or
+    /// [`TextError::TemplateWorkerStart`].
     pub fn probe_chat_template(&self) -> Result<(), TextError> {
         if self.chat_template.is_none() {
             return Ok(());
@@ -224,7 +226,8 @@ impl Text {
                 | TextError::TemplateTime { .. }
                 | TextError::TemplateTooLarge { .. }
                 | TextError::TemplateSource { .. }
-                | TextError::TemplateWorker(_)),
+                | TextError::TemplateWorker(_)
+                | TextError::TemplateWorkerStart(_)),
             ) => Err(e),
             _ => Ok(()),
         }

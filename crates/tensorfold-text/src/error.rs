@@ -66,10 +66,14 @@ pub enum TextError {
         limit: usize,
     },
     /// The chat template's render process (`render_pool`) ended or misbehaved: killed for memory (past its
-    /// address-space limit, `render_worker::WORKER_ADDRESS_SPACE`), crashed, or wrote a malformed reply; or it could
-    /// not be started. The message says which.
+    /// address-space limit, `render_worker::WORKER_ADDRESS_SPACE`), crashed, or wrote a malformed reply. The message
+    /// says which. The template's doing (a server answers 400).
     #[error("chat template: {0}")]
     TemplateWorker(String),
+    /// No render process (`render_pool`) could be started (the binary is gone, no processes or memory left): the
+    /// host's fault, not the request's (a server answers 503).
+    #[error("cannot start a chat-template render worker: {0}")]
+    TemplateWorkerStart(String),
     /// The prompt text contributes no tokens.
     #[error("the prompt tokenizes to zero tokens")]
     EmptyPrompt,

@@ -1,8 +1,10 @@
 //! Chat-template renders in supervised child processes: a pool of render workers (`render_worker`, started from
 //! a program such as `tensorfold render-worker`), each used by one render at a time. A worker past the deadline,
-//! one that dies (killed for memory, crashed) or one that writes a malformed reply is killed with SIGKILL and
-//! reaped, and a fresh one is started at the next render of its slot; so a template's work inside one of
-//! minijinja's own steps, which no check of ours can reach, costs a worker, never this process's cores or memory.
+//! one that dies (killed for memory, crashed), does not read its request or writes a malformed reply is killed
+//! with SIGKILL and reaped, and a fresh one is started at the next render of its slot; so a template's work inside
+//! one of minijinja's own steps, which no check of ours can reach, costs a worker, never this process's cores or
+//! memory. A worker found dead when a request is written to it (it died idle) is reaped and the request goes to a
+//! fresh one, once.
 //! Installed once a process (`install`, as `tensorfold serve` does); without it `Text` renders in-process.
 
 use std::borrow::Cow;
@@ -13,7 +15,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::chat_template::ChatMessage;
 use crate::error::TextError;
@@ -22,9 +24,10 @@ use crate::render_wire::{self, FrameError, RenderCall, RenderRequest, TAG_ERR, T
 use crate::template_render::BACKSTOP_GRACE;
 use crate::tokenizer::Text;
 
-/// How long a render may take in a worker before the worker is killed: the deadline, the backstop's grace and
-/// 500 ms for the pipe and a loaded machine (3.5 s). A worker answers by its own backstop at 3 s, so this only
-/// fires for a worker that cannot answer at all.
+/// How long one exchange with a worker may take, writing the request and waiting for its answer, before the
+/// worker is killed: the deadline, the backstop's grace and 500 ms for the pipe and a loaded machine (3.5 s). A
+/// worker answers by its own backstop at 3 s, so this only fires for a worker that cannot answer at all, or does
+/// not read its requests.
 pub const WORKER_DEADLINE: Duration =
     Duration::from_millis(TEMPLATE_DEADLINE.as_millis() as u64 + BACKSTOP_GRACE.as_millis() as u64 + 500);
 
@@ -55,7 +58,8 @@ pub(crate) fn installed() -> Option<&'static RenderPool> {
 /// How to start a pool's workers.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    /// The program a worker runs (`std::env::current_exe()` for `tensorfold serve`).
+    /// The program a worker runs (`/proc/self/exe` for `tensorfold serve`: this very binary, even after an
+    /// upgrade renamed or replaced its file).
     pub program: PathBuf,
     /// Its arguments (`["render-worker"]`).
     pub args: Vec<OsString>,
@@ -112,8 +116,9 @@ impl RenderPool {
     ///
     /// # Errors
     /// The render's error as the worker names it; [`TextError::TemplateTime`] past [`WORKER_DEADLINE`] (the worker
-    /// is killed); [`TextError::TemplateWorker`] when the worker cannot start, dies or answers malformed (killed
-    /// too); [`TextError::Template`] for a request over [`render_wire::MAX_REQUEST_FRAME`].
+    /// is killed); [`TextError::TemplateWorker`] when the worker dies or answers malformed (killed too);
+    /// [`TextError::TemplateWorkerStart`] when no worker can be started (this process's fault, not the request's);
+    /// [`TextError::Template`] for a request over [`render_wire::MAX_REQUEST_FRAME`].
     pub(crate) fn render(&self, key: u64, source: &str, call: &RenderCall<'_>) -> Result<String, TextError> {
         let req = RenderRequest { key, source: None, call: borrowed(call) };
         let bare = render_wire::request_frame(&req)?;
@@ -123,20 +128,37 @@ impl RenderPool {
         result
     }
 
-    /// One render on `slot`'s worker (started first if none), which is killed unless it answered well.
+    /// One render on `slot`'s worker (started first if none), which is killed unless it answered well. A worker
+    /// that could not be written to had died before it read the request (idle: the OOM killer, a signal), which is
+    /// no fault of this request: it is reaped and the request goes to a fresh worker, once.
     fn render_on(&self, slot: &mut Option<Worker>, job: &Job<'_>) -> Result<String, TextError> {
+        match self.attempt(slot, job) {
+            Attempt::Done(result) => result,
+            Attempt::Unsent(_) => match self.attempt(slot, job) {
+                Attempt::Done(result) | Attempt::Unsent(result) => result,
+            },
+        }
+    }
+
+    /// One exchange on `slot`'s worker (started first if none); a worker not kept is killed and reaped here: by
+    /// `end` on an error, by its drop on a prompt.
+    fn attempt(&self, slot: &mut Option<Worker>, job: &Job<'_>) -> Attempt {
         let worker = match slot {
             Some(w) => w,
-            None => slot.insert(Worker::start(&self.config)?),
+            None => match Worker::start(&self.config) {
+                Ok(w) => slot.insert(w),
+                Err(e) => return Attempt::Done(Err(e)),
+            },
         };
         let outcome = worker.exchange(job);
-        // A worker not kept is killed and reaped here: by `end` on an error, by its drop on a prompt.
-        if !outcome.keep
-            && let Some(w) = slot.take()
-        {
-            return outcome.result.map_err(|e| w.end(e));
-        }
-        outcome.result
+        let result = match slot.take() {
+            Some(w) if !outcome.keep => outcome.result.map_err(|e| w.end(e)),
+            kept => {
+                *slot = kept;
+                outcome.result
+            }
+        };
+        if outcome.unsent { Attempt::Unsent(result) } else { Attempt::Done(result) }
     }
 
     /// A free slot, waiting for one.
@@ -186,16 +208,28 @@ impl Job<'_> {
     }
 }
 
-/// What one exchange with a worker came to, and whether the worker may be used again.
+/// What one exchange with a worker came to, whether the worker may be used again, and whether the request could
+/// not be written to it (so it never began; another worker may take it).
 struct Outcome {
     result: Result<String, TextError>,
     keep: bool,
+    unsent: bool,
 }
 
 impl Outcome {
     fn kill(error: TextError) -> Self {
-        Self { result: Err(error), keep: false }
+        Self { result: Err(error), keep: false, unsent: false }
     }
+
+    fn answered(result: Result<String, TextError>, keep: bool) -> Self {
+        Self { result, keep, unsent: false }
+    }
+}
+
+/// One attempt of a render: its result, or the error of a request that no worker read (retried once).
+enum Attempt {
+    Done(Result<String, TextError>),
+    Unsent(Result<String, TextError>),
 }
 
 /// A reply frame as the reader thread passed it on.
@@ -213,18 +247,22 @@ struct Worker {
 }
 
 impl Worker {
-    /// Starts `config.program` with piped stdin and stdout (stderr shared with this process, for its logs).
+    /// Starts `config.program` with piped stdin and stdout (stderr shared with this process, for its logs), in a
+    /// process group of its own: a Ctrl-C at a terminal signals the server's group, and the server drains its
+    /// renders under way before it exits, so the workers must not get it (they ignore SIGINT and SIGTERM too, and
+    /// leave when this process does).
     ///
     /// # Errors
-    /// [`TextError::TemplateWorker`] when the process or its reader thread cannot start.
+    /// [`TextError::TemplateWorkerStart`] when the process, its reader thread or its non-blocking stdin cannot be
+    /// set up.
     fn start(config: &PoolConfig) -> Result<Self, TextError> {
-        let mut child = Command::new(&config.program)
-            .args(&config.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+        let mut command = Command::new(&config.program);
+        command.args(&config.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
             .spawn()
-            .map_err(|e| TextError::TemplateWorker(format!("cannot start a render process: {e}")))?;
+            .map_err(|e| TextError::TemplateWorkerStart(format!("{}: {e}", config.program.display())))?;
         let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
         let (tx, replies) = mpsc::channel();
         let read = move || {
@@ -241,45 +279,57 @@ impl Worker {
         let mut worker = Self { child, stdin, replies, reader: None, known: HashSet::new() };
         match reader {
             Ok(r) => worker.reader = Some(r),
-            Err(e) => return Err(worker.end(TextError::TemplateWorker(format!("cannot start a reply reader: {e}")))),
+            Err(e) => {
+                return Err(worker.end(TextError::TemplateWorkerStart(format!("its reply reader thread: {e}"))));
+            }
+        }
+        if let Some(Err(e)) = worker.stdin.as_ref().map(pipe_write::non_blocking) {
+            return Err(worker.end(TextError::TemplateWorkerStart(format!("its request pipe: {e}"))));
         }
         Ok(worker)
     }
 
-    /// Sends `job` and waits for its answer, sending the source first where the worker does not hold it.
+    /// Sends `job` and waits for its answer, sending the source first where the worker does not hold it; the
+    /// writes and the wait together within [`WORKER_DEADLINE`] (a worker that does not read would otherwise block
+    /// a write of a frame past the pipe's buffer for ever).
     fn exchange(&mut self, job: &Job<'_>) -> Outcome {
+        let deadline = Instant::now() + WORKER_DEADLINE;
         // Twice at most: a worker that dropped the template (it keeps a few) answers "unknown" once.
         for _ in 0..2 {
             let with_source = !self.known.contains(&job.key);
             let frame = if with_source { job.with_source().map(Cow::Owned) } else { Ok(Cow::Borrowed(job.bare)) };
             let frame = match frame {
                 Ok(f) => f,
-                Err(e) => return Outcome { result: Err(e), keep: true },
+                Err(e) => return Outcome::answered(Err(e), true),
             };
-            if let Err(e) = self.send(&frame) {
-                // A pipe broken by a process that ended by itself: named with its status by `Worker::end`.
-                return Outcome::kill(TextError::TemplateWorker(format!("{ENDED} (writing to it: {e})")));
+            match self.send(&frame, deadline) {
+                Ok(()) => {}
+                Err(pipe_write::WriteError::Late) => return Outcome::kill(time_out()),
+                Err(pipe_write::WriteError::Io(e)) => {
+                    // A pipe broken by a process that ended by itself before it read this request: named with its
+                    // status by `Worker::end`, and the request may go to a fresh worker.
+                    let error = TextError::TemplateWorker(format!("{ENDED} (writing to it: {e})"));
+                    return Outcome { unsent: true, ..Outcome::kill(error) };
+                }
             }
             self.known.insert(job.key);
-            match self.replies.recv_timeout(WORKER_DEADLINE) {
+            match self.replies.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(Ok((TAG_UNKNOWN, _))) => {
                     self.known.remove(&job.key);
                 }
                 Ok(Ok((tag, payload))) => return decode(tag, payload),
                 Ok(Err(e)) => return Outcome::kill(ended_or_malformed(e)),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Outcome::kill(TextError::TemplateTime { limit_ms: TEMPLATE_DEADLINE.as_millis() as u64 });
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return Outcome::kill(time_out()),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Outcome::kill(ended()),
             }
         }
         Outcome::kill(TextError::TemplateWorker("the render process lost the template twice".into()))
     }
 
-    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), pipe_write::WriteError> {
         match self.stdin.as_mut() {
-            Some(stdin) => render_wire::send(stdin, frame),
-            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+            Some(stdin) => pipe_write::write_by(stdin, frame, deadline),
+            None => Err(pipe_write::WriteError::Io(std::io::ErrorKind::BrokenPipe.into())),
         }
     }
 
@@ -326,6 +376,11 @@ const ENDED: &str = "the render process ended";
 /// What a worker that ended by itself most likely met.
 const MEMORY_HINT: &str = "; the template used more memory than a render may, or crashed it";
 
+/// A worker that did not answer in time (the render's time budget, as in-process).
+fn time_out() -> TextError {
+    TextError::TemplateTime { limit_ms: TEMPLATE_DEADLINE.as_millis() as u64 }
+}
+
 fn ended() -> TextError {
     TextError::TemplateWorker(ENDED.into())
 }
@@ -345,13 +400,93 @@ fn decode(tag: u8, payload: Vec<u8>) -> Outcome {
     let malformed = |what: &str| Outcome::kill(TextError::TemplateWorker(format!("the render process wrote {what}")));
     match tag & !render_wire::RETIRE {
         TAG_OK => match String::from_utf8(payload) {
-            Ok(prompt) => Outcome { result: Ok(prompt), keep },
+            Ok(prompt) => Outcome::answered(Ok(prompt), keep),
             Err(_) => malformed("a prompt that is not UTF-8"),
         },
         TAG_ERR => match serde_json::from_slice::<WireError>(&payload) {
-            Ok(e) => Outcome { result: Err(e.into()), keep },
+            Ok(e) => Outcome::answered(Err(e.into()), keep),
             Err(_) => malformed("an error that is not one of the named ones"),
         },
         other => malformed(&format!("a reply tagged {other}")),
+    }
+}
+
+/// Writing a request to a worker's stdin by a deadline.
+mod pipe_write {
+    use std::io::{self, Write};
+    use std::process::ChildStdin;
+    use std::time::Instant;
+
+    /// Why a frame was not written whole.
+    pub(super) enum WriteError {
+        /// The deadline came first (the worker does not read).
+        Late,
+        /// The pipe broke (the worker is gone) or could not be written.
+        Io(io::Error),
+    }
+
+    /// Makes writes to `stdin` return at once when its pipe is full, so [`write_by`] can wait on it with a
+    /// deadline (the worker's end of the pipe is a file description of its own and stays blocking).
+    #[cfg(target_os = "linux")]
+    pub(super) fn non_blocking(stdin: &ChildStdin) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = stdin.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this process owns (the child's stdin pipe), with no pointers.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Elsewhere no pool is installed (`tensorfold serve` renders in-process off Linux): writes stay blocking.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn non_blocking(_stdin: &ChildStdin) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Writes all of `bytes` to the non-blocking `stdin`, waiting for room in the pipe until `deadline`.
+    ///
+    /// # Errors
+    /// [`WriteError::Late`] at the deadline, [`WriteError::Io`] for a broken pipe or another write error.
+    pub(super) fn write_by(stdin: &mut ChildStdin, mut bytes: &[u8], deadline: Instant) -> Result<(), WriteError> {
+        while !bytes.is_empty() {
+            match stdin.write(bytes) {
+                Ok(0) => return Err(WriteError::Io(io::ErrorKind::WriteZero.into())),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stdin, deadline)?,
+                Err(e) => return Err(WriteError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `stdin`'s pipe has room (or its reader is gone: the next write says so) or `deadline` passes.
+    #[cfg(target_os = "linux")]
+    fn wait_writable(stdin: &ChildStdin, deadline: Instant) -> Result<(), WriteError> {
+        use std::os::fd::AsRawFd;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(WriteError::Late);
+        }
+        // Rounded up, so a wait never ends just before the deadline and spins.
+        let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
+        let mut fd = libc::pollfd { fd: stdin.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd for the length of the call.
+        match unsafe { libc::poll(&mut fd, 1, ms) } {
+            n if n >= 0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+                e => Err(WriteError::Io(e)),
+            },
+        }
+    }
+
+    /// Elsewhere writes block (see [`non_blocking`]), so this is never reached; a wait is a failed write.
+    #[cfg(not(target_os = "linux"))]
+    fn wait_writable(_stdin: &ChildStdin, _deadline: Instant) -> Result<(), WriteError> {
+        Err(WriteError::Io(io::ErrorKind::WouldBlock.into()))
     }
 }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::chat_template::ChatMessage;
 use crate::error::TextError;
 use crate::template_limits::TEMPLATE_MAX_BYTES;
+use crate::template_render;
 
 /// Largest request frame: 64 MiB (a 4 MiB request body's messages written back as JSON, escapes included, plus a
 /// template source of at most 256 KiB).
@@ -83,8 +84,10 @@ pub(crate) enum WireError {
 }
 
 impl From<TextError> for WireError {
+    /// Messages within `template_render::MAX_ERROR_MESSAGE` (renders bound theirs already; this bounds the
+    /// worker's own), so an error's frame is always within [`MAX_REPLY_FRAME`].
     fn from(e: TextError) -> Self {
-        match e {
+        match template_render::bounded_error(e) {
             TextError::NoChatTemplate => Self::NoChatTemplate,
             TextError::Template(message) => Self::Template { message },
             TextError::TemplateBudget { fuel } => Self::TemplateBudget { fuel },
@@ -92,9 +95,11 @@ impl From<TextError> for WireError {
             TextError::TemplateItems { limit } => Self::TemplateItems { limit },
             TextError::TemplateTooLarge { limit } => Self::TemplateTooLarge { limit },
             TextError::TemplateSource { bytes, limit } => Self::TemplateSource { bytes, limit },
-            TextError::TemplateWorker(message) => Self::TemplateWorker { message },
+            TextError::TemplateWorker(message) => {
+                Self::TemplateWorker { message: template_render::bounded_message(message) }
+            }
             // A render makes none of the others; carried by their message if one ever does.
-            other => Self::Template { message: other.to_string() },
+            other => Self::Template { message: template_render::bounded_message(other.to_string()) },
         }
     }
 }

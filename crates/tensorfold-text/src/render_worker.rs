@@ -8,6 +8,8 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Deserialize;
+
 use crate::error::TextError;
 use crate::render_wire::{self, RenderRequest, TAG_ERR, TAG_OK, TAG_RENDER, TAG_UNKNOWN, WireError};
 use crate::template_limits::TEMPLATE_MAX_SOURCE;
@@ -28,13 +30,16 @@ const MAX_TEMPLATES: usize = 16;
 const PARENT_CHECK: Duration = Duration::from_millis(200);
 
 /// Runs a worker on this process's stdin and stdout until stdin ends: sets its limits (`address_space` bytes,
-/// [`WORKER_ADDRESS_SPACE`] by default: [`limit_this_process`]), leaves when its parent does, then serves requests.
+/// [`WORKER_ADDRESS_SPACE`] by default: [`limit_this_process`]), ignores SIGINT and SIGTERM (its parent's shutdown
+/// signals: the parent drains the renders under way, this one's included, and the worker leaves when the parent
+/// does or closes its stdin), leaves when its parent does, then serves requests.
 ///
 /// # Errors
 /// A limit that cannot be set (the worker would be unbounded: it refuses to serve), or an I/O error on stdin or
 /// stdout (a frame cut short, a closed stdout).
 pub fn run_stdio(address_space: u64) -> io::Result<()> {
     limit_this_process(address_space)?;
+    ignore_shutdown_signals()?;
     leave_with_parent();
     serve(&mut io::stdin().lock(), &mut io::stdout().lock())
 }
@@ -63,16 +68,36 @@ fn answer(held: &mut HashMap<u64, Result<Arc<Compiled>, String>>, tag: u8, paylo
         Ok(req) => render(held, &req),
         Err(e) => Rendered::Done(Err(e), false),
     };
-    let framed = match outcome {
-        Rendered::Unknown => render_wire::frame(TAG_UNKNOWN, &[]),
-        Rendered::Done(Ok(prompt), retire) => render_wire::frame(TAG_OK | retire_bit(retire), prompt.as_bytes()),
-        Rendered::Done(Err(e), retire) => {
-            let json = serde_json::to_vec(&WireError::from(e)).unwrap_or_default();
-            render_wire::frame(TAG_ERR | retire_bit(retire), &json)
-        }
-    };
-    // A prompt is within its 8 MiB cap, so a frame always fits; an empty answer would be read as malformed.
-    framed.unwrap_or_default()
+    match outcome {
+        Rendered::Unknown => reply(TAG_UNKNOWN, &[]),
+        Rendered::Done(Ok(prompt), retire) => reply(TAG_OK | retire_bit(retire), prompt.as_bytes()),
+        Rendered::Done(Err(e), retire) => match serde_json::to_vec(&WireError::from(e)) {
+            Ok(json) => reply(TAG_ERR | retire_bit(retire), &json),
+            Err(_) => unframed(),
+        },
+    }
+}
+
+/// The reply frame of `tag` and `payload`, or [`unframed`] where it would be past
+/// [`render_wire::MAX_REPLY_FRAME`] (the parent would take it for malformed and kill this worker). A prompt is
+/// within its 8 MiB cap and an error's message within 16 KiB, so neither should come to it.
+pub(crate) fn reply(tag: u8, payload: &[u8]) -> Vec<u8> {
+    if payload.len() >= render_wire::MAX_REPLY_FRAME {
+        return unframed();
+    }
+    render_wire::frame(tag, payload).unwrap_or_else(|_| unframed())
+}
+
+/// A valid error frame for an answer that could not be framed: a named error the parent reports, where zero
+/// bytes or a bad frame would make it kill this worker as malformed.
+fn unframed() -> Vec<u8> {
+    let payload = br#"{"error":"Template","message":"the render worker could not frame its answer"}"#;
+    let mut out = Vec::with_capacity(payload.len() + 5);
+    // A constant of a few dozen bytes: its length fits a u32.
+    out.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
+    out.push(TAG_ERR);
+    out.extend_from_slice(payload);
+    out
 }
 
 fn retire_bit(retire: bool) -> u8 {
@@ -90,9 +115,14 @@ fn parse(tag: u8, payload: &[u8]) -> Result<RenderRequest<'static>, TextError> {
     if tag != TAG_RENDER {
         return Err(TextError::Template(format!("the render worker got a frame tagged {tag}")));
     }
+    // The frame nests a request's values about 8 levels deeper than the request the server took (whose depth
+    // serde_json bounded at 128), so serde_json's 128-level limit would refuse here what renders in-process. The
+    // input comes from the parent, which bounded it, so the limit is off for this reader only.
+    let mut de = serde_json::Deserializer::from_slice(payload);
+    de.disable_recursion_limit();
     // Without `#[serde(borrow)]` every `Cow` is read owned, so the request outlives the frame.
-    serde_json::from_slice::<RenderRequest<'static>>(payload)
-        .map_err(|e| TextError::Template(format!("the render worker got a malformed request: {e}")))
+    let req = RenderRequest::<'static>::deserialize(&mut de).and_then(|req| de.end().map(|()| req));
+    req.map_err(|e| TextError::Template(format!("the render worker got a malformed request: {e}")))
 }
 
 /// Renders `req` with the template it names, compiling a source it carries first.
@@ -161,6 +191,28 @@ fn set_limit(resource: libc::__rlimit_resource_t, bytes: u64) -> io::Result<()> 
     if unsafe { libc::setrlimit(resource, &new) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Ignores SIGINT and SIGTERM: a Ctrl-C or a supervisor's stop meant for the server (its process group, or each
+/// process) must not end a render the server is still draining.
+///
+/// # Errors
+/// `signal`'s error.
+#[cfg(target_os = "linux")]
+fn ignore_shutdown_signals() -> io::Result<()> {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: SIG_IGN installs no handler of ours; nothing runs on the signal.
+        if unsafe { libc::signal(signal, libc::SIG_IGN) } == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Elsewhere no worker is started (`render_pool` is Linux-only).
+#[cfg(not(target_os = "linux"))]
+fn ignore_shutdown_signals() -> io::Result<()> {
     Ok(())
 }
 

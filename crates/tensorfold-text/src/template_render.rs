@@ -20,6 +20,37 @@ use crate::template_limits::{self, Capped, RENDER_STACK_BYTES, TEMPLATE_FUEL};
 /// minijinja's own instructions).
 pub const BACKSTOP_GRACE: Duration = Duration::from_secs(1);
 
+/// Longest error message of a compile or render, in bytes (16 KiB; longer ones are cut at a char boundary). A
+/// `raise_exception` message is the template's own text, of any length: a render worker sends it back as JSON
+/// (escapes can make it six times longer) within its reply frame's bound, and in-process renders cut it the same
+/// way, so both give the same error.
+pub(crate) const MAX_ERROR_MESSAGE: usize = 16 << 10;
+
+/// `message` within [`MAX_ERROR_MESSAGE`] bytes, cut at a char boundary, saying how much was cut (the note
+/// within the bound too, so a message bounded twice is the same).
+pub(crate) fn bounded_message(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_MESSAGE {
+        return message;
+    }
+    // Room for "... (N more bytes)" with N of up to 20 digits.
+    let mut cut = MAX_ERROR_MESSAGE - 32;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = message.len() - cut;
+    message.truncate(cut);
+    message.push_str(&format!("... ({dropped} more bytes)"));
+    message
+}
+
+/// A render's or compile's error with its message within [`MAX_ERROR_MESSAGE`].
+pub(crate) fn bounded_error(e: TextError) -> TextError {
+    match e {
+        TextError::Template(m) => TextError::Template(bounded_message(m)),
+        other => other,
+    }
+}
+
 /// The name the template is kept under in its environment.
 const NAME: &str = "chat_template";
 
@@ -67,12 +98,12 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, TextError> {
 ///
 /// # Errors
 /// The outer error when the thread cannot start (the call's); the inner one is the template's syntax error, kept
-/// as its message.
+/// as its message (within [`MAX_ERROR_MESSAGE`]).
 pub(crate) fn compile_on_stack(source: &str) -> Result<Result<Arc<Compiled>, String>, TextError> {
     template_limits::on_render_stack(|| {
         Ok(compile(source).map(Arc::new).map_err(|e| match e {
-            TextError::Template(m) => m,
-            other => other.to_string(),
+            TextError::Template(m) => bounded_message(m),
+            other => bounded_message(other.to_string()),
         }))
     })
 }
@@ -117,7 +148,7 @@ fn strftime_now(state: &State, fmt: String) -> Result<String, Error> {
 /// [`TextError::TemplateTime`] past the deadline (or while a given-up render runs), [`TextError::TemplateBudget`]
 /// out of fuel, [`TextError::TemplateItems`] past the item budget, [`TextError::TemplateTooLarge`] past the output
 /// cap or a format width, [`TextError::Template`] for any other render error, a `raise_exception` (with its
-/// message), a panic, or a thread that cannot be started.
+/// message, within [`MAX_ERROR_MESSAGE`]), a panic, or a thread that cannot be started.
 pub(crate) fn render(compiled: &Arc<Compiled>, ctx: Value) -> Result<String, TextError> {
     const RUNNING: u8 = 0;
     const GIVEN_UP: u8 = 1;
@@ -145,7 +176,7 @@ pub(crate) fn render(compiled: &Arc<Compiled>, ctx: Value) -> Result<String, Tex
         Ok(result) => {
             // It has sent its result, so it is ending: joining takes no time and reaps it.
             let _ = thread.join();
-            result
+            result.map_err(bounded_error)
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
             // Counted before it is marked, so the thread's uncount never comes first.

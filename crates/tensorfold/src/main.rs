@@ -62,11 +62,16 @@ enum Command {
     /// A chat-template render worker (started by `serve`, which talks to it over stdin and stdout; docs/fuzzing.md).
     #[command(hide = true)]
     RenderWorker {
-        /// Address space the worker may map, in MiB (default 2048; a template past it ends the worker).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(256..))]
+        /// Address space the worker may map, in MiB (default 2048; a template past it ends the worker): 256 to
+        /// 2^44 - 1, so that its bytes fit 64 bits.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(256..=MAX_ADDRESS_SPACE_MIB))]
         address_space_mib: Option<u64>,
     },
 }
+
+/// The largest `render-worker --address-space-mib` whose bytes fit a u64 (past it `m << 20` would wrap to a small
+/// or zero limit).
+const MAX_ADDRESS_SPACE_MIB: u64 = u64::MAX >> 20;
 
 fn main() -> ExitCode {
     // NVLink multicast stays off for NCCL (shared hosts), set before any thread starts.
@@ -110,7 +115,13 @@ fn main() -> ExitCode {
 /// `tensorfold render-worker`: renders chat templates for its parent until its stdin ends
 /// (`tensorfold_text::render_worker`).
 fn render_worker(address_space_mib: Option<u64>) -> anyhow::Result<ExitCode> {
-    let bytes = address_space_mib.map_or(tensorfold_text::render_worker::WORKER_ADDRESS_SPACE, |m| m << 20);
+    let bytes = match address_space_mib {
+        None => tensorfold_text::render_worker::WORKER_ADDRESS_SPACE,
+        // clap bounds it already; checked again so no value can wrap.
+        Some(m) => m
+            .checked_mul(1 << 20)
+            .with_context(|| format!("--address-space-mib {m}: out of range (at most {MAX_ADDRESS_SPACE_MIB} MiB)"))?,
+    };
     tensorfold_text::render_worker::run_stdio(bytes).context("render worker")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -229,7 +229,10 @@ fn render_workers(in_process: bool) -> anyhow::Result<()> {
         tracing::info!("chat templates render in this process: render workers are Linux-only");
         return Ok(());
     }
-    let program = std::env::current_exe().context("the path of this binary, for its render workers")?;
+    // This very binary: a package upgrade that renames or replaces its file leaves `current_exe()` naming a
+    // missing path or another version, while `/proc/self/exe` opens the running one. Render workers are
+    // Linux-only (above), so /proc is there.
+    let program = std::path::PathBuf::from("/proc/self/exe");
     let workers = tensorfold_server::limits::text_tasks();
     let pool = tensorfold_text::render_pool::RenderPool::new(tensorfold_text::render_pool::PoolConfig {
         program,

@@ -2,7 +2,9 @@
 //! `render_pool`): released templates render byte for byte as in-process; a template stuck inside one of
 //! minijinja's own steps (hashing a list shared into itself) costs its worker, killed and reaped at the deadline;
 //! one that allocates without bound ends its worker at its memory limit; and under `tensorfold serve` either is a
-//! named 400 while the server stays up, idle, and answers the requests beside it.
+//! named 400 while the server stays up, idle, and answers the requests beside it, its workers started from the
+//! running binary even after its file is gone. A worker ignores the server's shutdown signals, one that died idle
+//! costs no request, one that does not read is killed at the deadline, and one that cannot start is named.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -79,26 +81,61 @@ fn busy(pids: &[u32], over: Duration) -> u64 {
     ticks().saturating_sub(before)
 }
 
+/// A float serde_json's default parser reads one ulp off (`float_roundtrip` reads it back exactly).
+const FLOAT: &str = "0.9856906946328695";
+
+/// The fixture conversation, plus a tool whose schema holds [`FLOAT`] and an assistant turn whose call's arguments
+/// hold it nested 126 levels deep (the server's parser takes 128; the worker's frame nests them 7 deeper).
+fn hard_conversation(body: &[u8]) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(body).expect("JSON");
+    let float: f64 = FLOAT.parse().expect("a float");
+    let schema = json!({"type": "object", "properties": {"t": {"type": "number", "default": float}}});
+    let tool = json!({"type": "function", "function": {"name": "tune", "description": "Tune.", "parameters": schema}});
+    v["tools"].as_array_mut().expect("tools").push(tool);
+    let arguments = format!("{{\"t\": {}{FLOAT}{}}}", "[".repeat(125), "]".repeat(125));
+    let call = json!({"id": "call_3", "type": "function", "function": {"name": "tune", "arguments": arguments}});
+    let turns = v["messages"].as_array_mut().expect("messages");
+    let last = turns.len() - 1;
+    turns.insert(last, json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+    turns.insert(last + 1, json!({"role": "tool", "tool_call_id": "call_3", "content": "tuned"}));
+    serde_json::to_vec(&v).expect("JSON")
+}
+
 #[test]
 fn released_templates_render_the_same_bytes_in_a_worker_as_in_process() {
     let fixtures = root().join("tests/fixtures/chat_templates");
     let body = std::fs::read(fixtures.join("conversation.json")).expect("conversation.json");
+    for body in [body.clone(), hard_conversation(&body)] {
+        same_bytes(&body);
+    }
+}
+
+/// The chat in `body` (accepted as the server accepts it) renders the same in a worker as in-process with each
+/// released template.
+fn same_bytes(body: &[u8]) {
+    let fixtures = root().join("tests/fixtures/chat_templates");
     let req: tensorfold_server::protocol::ChatCompletionRequest =
-        tensorfold_server::api::request(&body).expect("a chat request");
+        tensorfold_server::api::request(body).expect("a chat request");
     let functions = tensorfold_server::api::chat_params(&req).expect("tools").tools.expect("tools").functions;
     let msgs = tensorfold_server::api::messages(&req.messages).expect("messages");
+    let hard = body.windows(FLOAT.len()).any(|w| w == FLOAT.as_bytes());
     let workers = pool(&[]);
     let mut templates = vec![default_template()];
     for name in ["LFM2.5-8B-A1B", "llama-cpp-lfm2"] {
         templates.push(std::fs::read_to_string(fixtures.join(format!("{name}.jinja"))).expect("a template"));
     }
-    for template in &templates {
+    for (i, template) in templates.iter().enumerate() {
         let text = text_with(template);
         for (tools, generation) in [(Some(functions.as_slice()), true), (None, false)] {
             let here = text.render_chat_with_tools(&msgs, generation, tools).expect("renders in process");
             let there = workers.render_chat(&text, &msgs, generation, tools).expect("renders in a worker");
             // `strftime_now` may tick between the two renders at midnight; the released templates print the date.
             assert_eq!(here, there, "{}", &template[..60.min(template.len())]);
+            // The LFM2 templates print the tools and the calls' arguments: the float in both (the default one
+            // prints neither).
+            if hard && tools.is_some() && i > 0 {
+                assert_eq!(here.matches(FLOAT).count(), 2, "{here}");
+            }
         }
     }
 }
@@ -118,12 +155,23 @@ fn a_stuck_worker_is_killed_and_reaped_and_one_out_of_memory_ends_by_name() {
     assert_eq!(stat(pid), None, "worker {pid} is still there");
     assert!(workers.idle_worker_pids().is_empty());
     assert_eq!(workers.render_chat(&text, &hi, true, None).expect("a fresh worker renders"), fine);
-    // The same template with a lower memory limit: the growing string ends the worker before the deadline.
+    // The same template with a lower memory limit: the growing string ends the worker at its limit, usually
+    // before the deadline (on loaded cores it may reach the deadline first, and is killed there); either way the
+    // answer is named and the worker is gone.
     let small = pool(&["--address-space-mib", "1280"]);
+    assert_eq!(small.render_chat(&text, &hi, true, None).expect("a normal render"), fine);
+    let pid = *small.idle_worker_pids().first().expect("the worker that rendered it");
     let start = Instant::now();
     let grown = small.render_chat(&text, &[ChatMessage::new("user", "grow")], true, None);
-    assert!(matches!(&grown, Err(TextError::TemplateWorker(m)) if m.contains("ended")), "{grown:?}");
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    let named = match &grown {
+        Err(TextError::TemplateWorker(m)) => m.contains("ended"),
+        Err(TextError::TemplateTime { .. }) => true,
+        _ => false,
+    };
+    assert!(named, "{grown:?}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert_eq!(stat(pid), None, "worker {pid} is still there");
+    assert!(small.idle_worker_pids().is_empty());
     assert_eq!(small.render_chat(&text, &hi, true, None).expect("a fresh worker renders"), fine);
 }
 
@@ -156,6 +204,81 @@ fn a_silent_or_malformed_worker_is_killed_by_name() {
     }
 }
 
+#[test]
+fn a_worker_ignores_shutdown_signals_in_a_group_of_its_own() {
+    let text = text_with(&default_template());
+    let hi = [ChatMessage::new("user", "hi")];
+    let workers = pool(&[]);
+    let fine = workers.render_chat(&text, &hi, true, None).expect("a normal render");
+    let pid = *workers.idle_worker_pids().first().expect("the worker that rendered it");
+    // Its own process group: a Ctrl-C at the server's terminal does not reach it.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("its stat");
+    let pgrp = stat[stat.rfind(')').expect("a name") + 2..].split(' ').nth(2).expect("pgrp");
+    assert_eq!(pgrp, pid.to_string(), "{stat}");
+    for signal in ["-INT", "-TERM"] {
+        let sent = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill runs");
+        assert!(sent.success(), "{signal}");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(workers.render_chat(&text, &hi, true, None).expect("still renders"), fine, "{signal}");
+        assert_eq!(workers.idle_worker_pids(), vec![pid], "{signal}: the same worker serves");
+    }
+}
+
+#[test]
+fn a_worker_that_died_idle_costs_no_request() {
+    let text = text_with(&default_template());
+    let hi = [ChatMessage::new("user", "hi")];
+    let workers = pool(&[]);
+    let fine = workers.render_chat(&text, &hi, true, None).expect("a normal render");
+    let pid = *workers.idle_worker_pids().first().expect("the worker that rendered it");
+    let sent = Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill runs");
+    assert!(sent.success());
+    // Dead and unreaped, its pipes closed: what the OOM killer leaves. The main thread is a zombie before the
+    // worker's other threads have let go of its descriptors; they have once it is the only task left.
+    let t = Instant::now();
+    let tasks = || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+    while stat(pid).is_some_and(|(st, _, _)| st != 'Z') || tasks() > 1 {
+        assert!(t.elapsed() < Duration::from_secs(10), "worker {pid} did not die");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(workers.render_chat(&text, &hi, true, None).expect("a fresh worker renders"), fine);
+    assert_eq!(stat(pid), None, "the dead worker {pid} is reaped");
+    let fresh = workers.idle_worker_pids();
+    assert!(fresh.len() == 1 && fresh[0] != pid, "{fresh:?}");
+}
+
+#[test]
+fn a_worker_that_does_not_read_is_killed_at_the_deadline_and_one_that_cannot_start_is_named() {
+    let text = text_with(&default_template());
+    // 256 KiB of content: a frame past the pipe's 64 KiB buffer, so the write itself waits on the worker.
+    let long = [ChatMessage::new("user", "x".repeat(256 << 10))];
+    let args = vec!["-c".into(), "exec sleep 60".into()];
+    let deaf = RenderPool::new(PoolConfig { program: "sh".into(), args, workers: 1 });
+    let start = Instant::now();
+    let r = deaf.render_chat(&text, &long, true, None);
+    assert!(matches!(r, Err(TextError::TemplateTime { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(deaf.idle_worker_pids().is_empty());
+    // A program that is not there: the server's fault, named apart from a template's.
+    let missing = RenderPool::new(PoolConfig { program: "/nonexistent/tensorfold".into(), args: vec![], workers: 1 });
+    let r = missing.render_chat(&text, &long, true, None);
+    assert!(matches!(&r, Err(TextError::TemplateWorkerStart(m)) if m.contains("/nonexistent/tensorfold")), "{r:?}");
+}
+
+#[test]
+fn an_address_space_past_64_bits_is_refused_by_name() {
+    for mib in ["17592186044416", "18446744073709551615"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tensorfold"))
+            .args(["render-worker", "--address-space-mib", mib])
+            .stdin(Stdio::null())
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mib}: {err}");
+        assert!(err.contains("--address-space-mib") && err.contains(mib), "{mib}: {err}");
+    }
+}
+
 /// The server process, killed if the test fails before it is stopped.
 struct Server {
     child: Child,
@@ -181,15 +304,15 @@ fn hostile_model(dir: &Path) {
     std::fs::write(dir.join("chat_template.jinja"), hostile(&default_template())).expect("the template");
 }
 
-/// `tensorfold serve` on `dir`, under an 8 GiB address space (so a render that grows without bound in the server
-/// itself, as before render workers, ends the server rather than the test machine's memory).
-fn spawn(dir: &Path) -> Server {
+/// `tensorfold serve` (the binary `bin`) on `dir`, under an 8 GiB address space (so a render that grows without
+/// bound in the server itself, as before render workers, ends the server rather than the test machine's memory).
+fn spawn(bin: &Path, dir: &Path) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
     let mut cmd = Command::new("sh");
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TENSORFOLD_")) {
         cmd.env_remove(k);
     }
-    let serve = [env!("CARGO_BIN_EXE_tensorfold"), "serve", "--port", &port.to_string(), "--no-drafts"];
+    let serve = [bin.to_str().expect("a path"), "serve", "--port", &port.to_string(), "--no-drafts"];
     let child = cmd
         .args(["-c", "ulimit -v 8388608 && exec \"$@\"", "sh"])
         .args(serve)
@@ -261,9 +384,17 @@ async fn chat(c: &reqwest::Client, base: &str, content: &str) -> (StatusCode, St
 async fn a_hostile_template_costs_its_worker_never_the_server() {
     let dir = tempfile::tempdir().expect("a tempdir");
     hostile_model(dir.path());
-    let mut s = spawn(dir.path());
+    // The server runs from a link to the binary that is removed once it serves (as a package upgrade renames it):
+    // the workers it starts later (after the stuck one is killed) must still be this binary.
+    let bin_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a tempdir");
+    let bin = bin_dir.path().join("tensorfold-upgraded-away");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_tensorfold"), &bin)
+        .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_tensorfold"), &bin).map(drop))
+        .expect("the binary linked");
+    let mut s = spawn(&bin, dir.path());
     let c = reqwest::Client::new();
     wait_healthy(&c, &mut s).await;
+    std::fs::remove_file(&bin).expect("the link removed");
     let server = s.child.id();
     // The worker path renders the server's prompt as this process does (ids through /tokenize).
     let msgs = [ChatMessage::new("system", "s"), ChatMessage::new("user", "def f(x):")];
