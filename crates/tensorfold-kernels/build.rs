@@ -18,10 +18,10 @@ fn main() {
         println!("cargo:rerun-if-changed={path}");
         let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         // The tensor-core linears (narrow and few-row, then wide) share dense.cu's module (and its helpers), the
-        // tiled attention attention.cu's.
+        // tiled and tensor-core attention attention.cu's.
         let parts: &[&str] = match m {
             "dense" => &["src/cuda/dense_tc.cu", "src/cuda/dense_tcw.cu"],
-            "attention" => &["src/cuda/attention_tiled.cu"],
+            "attention" => &["src/cuda/attention_tiled.cu", "src/cuda/attention_mma.cu"],
             _ => &[],
         };
         for part in parts {

@@ -10,8 +10,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "../../../crates/tensorfold-kernels/src/cuda/")
 MODULES = ["rows", "dense", "rope", "attention", "conv", "moe", "sample"]
 # Files a module's text holds after common.cuh (cuda/device.rs's `Src::body`): the tensor-core linears share dense's,
-# the tiled attention attention's.
-PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"], "attention": ["attention", "attention_tiled"]}
+# the tiled and tensor-core attention attention's.
+PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"], "attention": ["attention", "attention_tiled", "attention_mma"]}
 
 
 def module_text(mod):

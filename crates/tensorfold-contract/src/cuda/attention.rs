@@ -1,7 +1,7 @@
 //! CUDA contract entries of the attention kernels: causal attention with its K/V append over a 4-stream segment
 //! table, and the drafter's context append with the non-causal block attention.
 
-use super::{Planted, device_gate, limits, poisoned, rd, up, with_fault};
+use super::{Planted, TensorCoresOn, device_gate, limits, poisoned, rd, up, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale, WIDTHS};
 use rand::{Rng, rngs::StdRng};
@@ -11,8 +11,15 @@ use tensorfold_kernels::cuda::{CudaBackend, CudaKv, Src};
 use tensorfold_kernels::prelude::*;
 
 pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
-    vec![Box::new(Attention(be.clone())), Box::new(BlockAttention(be.clone()))]
+    vec![
+        Box::new(Attention(be.clone())),
+        Box::new(BlockAttention(be.clone(), false)),
+        Box::new(BlockAttention(be.clone(), true)),
+    ]
 }
+
+/// The tensor-core form's claim (attention_mma.cu; see [`attend_err`]).
+pub(super) const CLAIM_TC: &str = "(2*keys+16)*2^-24*max|v| + 2*(hd/16+8)*2^-24*max_i(scale*sum|q k_i|)*max|v| of float64 (q, k, p and v as three bf16 pieces, six products a k16 step on mma.sync, each step a fresh partial folded in f32; fixed 64-key sub-blocks of fixed 256-key chunks, an ordered combine); a tile of many rows bit-equal to one-row calls";
 
 const CLAIM: &str = "(2*keys+16)*2^-24*max|v| of float64 (fixed 256-key chunks: fixed-tree sums inside, an ordered combine); the tiled form (segments of many rows) bit-equal to one-row calls";
 
@@ -37,9 +44,19 @@ impl HostKv {
     }
 }
 
-/// `|got - want| / bound` of one query head attending over `keys`' KV head `g` (the shared float64 reference).
-fn attend_err(q: &[f32], keys: &[(&[f32], &[f32])], g: usize, hd: usize, got: &[f32]) -> f64 {
-    let (want, bound) = attention64(q, keys, g, hd);
+/// `|got - want| / bound` of one query head attending over `keys`' KV head `g` (the shared float64 reference). With
+/// `tc` (the tensor-core form) the bound adds the scores' error on the tensor cores: `2 (hd/16 + 8) 2^-24 S max|v|`,
+/// S the largest `scale * sum|q k|` over the keys (a fresh partial a k16 step and an f32 fold, the pieces' 2^-24, and
+/// second-order terms; an error d in the scores moves the output by at most 2 d max|v|).
+fn attend_err(q: &[f32], keys: &[(&[f32], &[f32])], g: usize, hd: usize, got: &[f32], tc: bool) -> f64 {
+    let (want, mut bound) = attention64(q, keys, g, hd);
+    if tc {
+        let at = g * hd..(g + 1) * hd;
+        let abs_dot = |k: &[f32]| q.iter().zip(&k[at.clone()]).map(|(a, b)| (a * b).abs() as f64).sum::<f64>();
+        let s = keys.iter().map(|(k, _)| abs_dot(k)).fold(0f64, f64::max) / (hd as f64).sqrt();
+        let vmax = keys.iter().flat_map(|(_, v)| &v[at.clone()]).fold(0f64, |m, x| m.max(x.abs() as f64));
+        bound += 2.0 * (hd / 16 + 8) as f64 * f64::powi(2.0, -24) * s * vmax;
+    }
     max_err(got, &want, bound)
 }
 
@@ -83,18 +100,20 @@ impl Drop for TilesAt<'_> {
 /// (heads, kv_heads, head_dim, cached keys per stream, the long context's keys); a stream past 512 keys so rows
 /// span three chunks. The tiled form has a path for head_dim 64 (served), 32 (quick, as the default pair) and any
 /// other (block attention's quick shape, 16).
-fn attn_shape(scale: Scale) -> (usize, usize, usize, Vec<usize>, usize) {
+pub(super) fn attn_shape(scale: Scale) -> (usize, usize, usize, Vec<usize>, usize) {
     match scale {
         Scale::Quick => (4, 2, 32, vec![5, 0, 700, 3], 1200),
         Scale::Served => (32, 8, 64, vec![4095, 0, 700, 31], 32_767),
     }
 }
 
-/// One attention call's inputs: q `[33, heads*hd]`, k and v `[33, kw]`, and the streams' cached rows.
-struct AttnCase {
+/// One attention call's inputs: q `[rows, heads*hd]`, k and v `[rows, kw]`, and the streams' cached rows.
+pub(super) struct AttnCase {
     heads: usize,
     kvh: usize,
     hd: usize,
+    /// The tensor-core form's bound (see [`attend_err`]).
+    tc: bool,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -136,6 +155,7 @@ impl AttnCase {
                     h / (self.heads / self.kvh),
                     self.hd,
                     &out[at..at + self.hd],
+                    self.tc,
                 )
             })
             .fold(0.0, f64::max)
@@ -183,58 +203,68 @@ impl Kernel for Attention {
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, ATTN_PLANTS, fault);
         let _tiles = TilesAt::new(&be);
-        let (heads, kvh, hd, held, long) = attn_shape(scale);
-        let kw = kvh * hd;
-        let base: Vec<HostKv> = held.iter().map(|&n| HostKv::random(rng, n, kw)).collect();
-        let case = AttnCase {
-            heads,
-            kvh,
-            hd,
-            q: uniform(rng, 33 * heads * hd),
-            k: uniform(rng, 33 * kw),
-            v: uniform(rng, 33 * kw),
-            base,
-        };
-        let fresh = || case.base.iter().map(|h| h.device(&be, kw)).collect::<Vec<_>>();
-        let segs = split(8, 4, &held);
-        let mut caches = fresh();
-        let out = case.call(&be, 0, 8, &segs, &mut caches);
-        let mut err = if out.is_ok() { 0f64 } else { f64::INFINITY };
-        let mut appended = out.is_ok();
-        for s in segs.iter().filter(|_| out.is_ok()) {
-            let c = &case.base[s.cache];
-            for r in s.first_row..s.first_row + s.rows {
-                let keys: Vec<(&[f32], &[f32])> = rows_of(&c.k, kw, 0, held[s.cache])
-                    .zip(rows_of(&c.v, kw, 0, held[s.cache]))
-                    .chain(rows_of(&case.k, kw, s.first_row, r + 1).zip(rows_of(&case.v, kw, s.first_row, r + 1)))
-                    .collect();
-                err = err.max(case.row_err(r, out.as_ref().map_or(&[][..], |o| o), &keys));
-            }
-            let want = c.with(
-                &case.k[s.first_row * kw..(s.first_row + s.rows) * kw],
-                &case.v[s.first_row * kw..(s.first_row + s.rows) * kw],
-            );
-            let got = be.kv_to_host(&caches[s.cache]).unwrap_or_default();
-            appended &= bit_diffs(&got.0, &want.k) + bit_diffs(&got.1, &want.v) == 0;
-        }
-        let mut gates = vec![reference_gate("8 rows over 4 streams, |err| / bound", err, 1.0)];
-        gates.push(invariance_gate("widths over 4 streams", Self::invariance(&be, &case, &held)));
-        gates.push(Self::edges(&be, &case, rng, long, appended));
-        gates.push(device_gate(&be));
-        gates
+        let _tc = TensorCoresOn::new(&be, false);
+        causal_gates(&be, scale, rng, &WIDTHS, false)
     }
     fn limits(&self) -> Vec<String> {
         limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_tiled", "attn_combine"])
     }
 }
 
+/// The causal entries' gates on `be` (its mode set by the caller): the reference at 8 rows over 4 streams, the
+/// call widths `widths` (at most 128) against one-row calls, the edges, the device. `tc`: the tensor-core bound.
+pub(super) fn causal_gates(be: &CudaBackend, scale: Scale, rng: &mut StdRng, widths: &[usize], tc: bool) -> Vec<Gate> {
+    let n = widths.iter().copied().max().unwrap_or(8).max(8);
+    let (heads, kvh, hd, held, long) = attn_shape(scale);
+    let kw = kvh * hd;
+    let base: Vec<HostKv> = held.iter().map(|&n| HostKv::random(rng, n, kw)).collect();
+    let case = AttnCase {
+        heads,
+        kvh,
+        hd,
+        tc,
+        q: uniform(rng, n * heads * hd),
+        k: uniform(rng, n * kw),
+        v: uniform(rng, n * kw),
+        base,
+    };
+    let fresh = || case.base.iter().map(|h| h.device(be, kw)).collect::<Vec<_>>();
+    let segs = split(8, 4, &held);
+    let mut caches = fresh();
+    let out = case.call(be, 0, 8, &segs, &mut caches);
+    let mut err = if out.is_ok() { 0f64 } else { f64::INFINITY };
+    let mut appended = out.is_ok();
+    for s in segs.iter().filter(|_| out.is_ok()) {
+        let c = &case.base[s.cache];
+        for r in s.first_row..s.first_row + s.rows {
+            let keys: Vec<(&[f32], &[f32])> = rows_of(&c.k, kw, 0, held[s.cache])
+                .zip(rows_of(&c.v, kw, 0, held[s.cache]))
+                .chain(rows_of(&case.k, kw, s.first_row, r + 1).zip(rows_of(&case.v, kw, s.first_row, r + 1)))
+                .collect();
+            err = err.max(case.row_err(r, out.as_ref().map_or(&[][..], |o| o), &keys));
+        }
+        let want = c.with(
+            &case.k[s.first_row * kw..(s.first_row + s.rows) * kw],
+            &case.v[s.first_row * kw..(s.first_row + s.rows) * kw],
+        );
+        let got = be.kv_to_host(&caches[s.cache]).unwrap_or_default();
+        appended &= bit_diffs(&got.0, &want.k) + bit_diffs(&got.1, &want.v) == 0;
+    }
+    let mut gates = vec![reference_gate("8 rows over 4 streams, |err| / bound", err, 1.0)];
+    let what = format!("widths {widths:?} over 4 streams");
+    gates.push(invariance_gate(&what, Attention::invariance(be, &case, &held, widths)));
+    gates.push(Attention::edges(be, &case, rng, long, appended));
+    gates.push(device_gate(be));
+    gates
+}
+
 impl Attention {
     /// Each row of calls of every width against a one-row call on its own stream's cache holding the segment's
     /// earlier rows.
-    fn invariance(be: &CudaBackend, case: &AttnCase, held: &[usize]) -> usize {
+    fn invariance(be: &CudaBackend, case: &AttnCase, held: &[usize], widths: &[usize]) -> usize {
         let (kw, qw) = (case.kw(), case.heads * case.hd);
         let mut inv = 0;
-        for w in WIDTHS {
+        for &w in widths {
             let segs = split(w, 4, held);
             let mut caches: Vec<CudaKv> = case.base.iter().map(|h| h.device(be, kw)).collect();
             let Ok(o) = case.call(be, 0, w, &segs, &mut caches) else {
@@ -280,7 +310,8 @@ impl Attention {
     }
 }
 
-struct BlockAttention(CudaBackend);
+/// The drafter's block attention; `.1`: in the tensor-core mode (attention_mma.cu), `cuda.block_attention_tc`.
+struct BlockAttention(CudaBackend, bool);
 
 pub(super) const BLOCK_PLANTS: &[Planted<BlockAttentionFault>] = &[
     (BlockAttentionFault::CausalBlock, Src::Attention, "FAULT_BLOCK_CAUSAL"),
@@ -305,13 +336,13 @@ faults! {
 
 impl Kernel for BlockAttention {
     fn name(&self) -> &'static str {
-        "cuda.block_attention"
+        if self.1 { "cuda.block_attention_tc" } else { "cuda.block_attention" }
     }
     fn backend(&self) -> &'static str {
         "cuda"
     }
     fn claim(&self) -> Claim {
-        Claim::Bound(CLAIM)
+        Claim::Bound(if self.1 { CLAIM_TC } else { CLAIM })
     }
     fn reference(&self) -> &'static str {
         "float64 non-causal GQA softmax attention of every block row over its stream's context keys and all its block's keys"
@@ -324,6 +355,7 @@ impl Kernel for BlockAttention {
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, BLOCK_PLANTS, fault);
         let _tiles = TilesAt::new(&be);
+        let _tc = TensorCoresOn::new(&be, self.1);
         let (heads, kvh, hd, bs, held) = block_shape(scale);
         let kw = kvh * hd;
         // Contexts built through kv_append in two calls each (the drafter's absorb), checked against their rows.
@@ -347,6 +379,7 @@ impl Kernel for BlockAttention {
             heads,
             kvh,
             hd,
+            tc: self.1,
             q: uniform(rng, rows * heads * hd),
             k: uniform(rng, rows * kw),
             v: uniform(rng, rows * kw),
@@ -381,8 +414,8 @@ impl Kernel for BlockAttention {
             }
         }
         let mut gates = vec![reference_gate(&format!("{n} blocks of {bs}, |err| / bound"), err, 1.0)];
-        // Row invariance: each stream's block alone (on attn_partial, the tiled form off) equals its rows in the
-        // batched call (tiled), bit for bit.
+        // Row invariance: each stream's block alone (on attn_partial, the tiled form off; in the tensor-core mode
+        // attn_mma either way) equals its rows in the batched call (tiled), bit for bit.
         let qw = heads * hd;
         be.set_attn_tile_rows(Some(0));
         let inv: usize = segs
@@ -409,6 +442,11 @@ impl Kernel for BlockAttention {
         gates
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Attention, &["kv_append", "attn_partial", "attn_tiled", "attn_combine"])
+        let names: &[&str] = if self.1 {
+            &["kv_append", "attn_mma", "attn_combine"]
+        } else {
+            &["kv_append", "attn_partial", "attn_tiled", "attn_combine"]
+        };
+        limits(&self.0, Src::Attention, names)
     }
 }

@@ -1,7 +1,7 @@
 //! CUDA contract entry of the tensor-core forms (dense_tc.cu): the linear, the dense SwiGLU and the MoE experts with three bf16 pieces of each activation on mma.sync, one K order (segments of 32-element chunks) at every width.
 
 use super::dense::ffn;
-use super::{Planted, device_gate, limits, poisoned, rd, up};
+use super::{Planted, TensorCoresOn, device_gate, limits, poisoned, rd, up};
 use super::{WideAt, with_fault};
 use crate::cases::*;
 use crate::{Claim, Entry, Gate, Kernel, Scale};
@@ -68,22 +68,6 @@ faults! {
 /// of x, and one for second-order terms.
 fn tc_bound(k: usize, abs_sum: f64) -> f64 {
     (2.0 * k.div_ceil(32) as f64 + 8.0) * f64::powi(2.0, -24) * abs_sum
-}
-
-/// Turns the device's tensor-core mode on for an entry's gates and puts the one before back when dropped.
-struct TensorCoresOn<'a>(&'a CudaBackend, bool);
-
-impl<'a> TensorCoresOn<'a> {
-    fn new(be: &'a CudaBackend) -> Self {
-        let was = be.set_tensor_cores(true);
-        TensorCoresOn(be, was)
-    }
-}
-
-impl Drop for TensorCoresOn<'_> {
-    fn drop(&mut self) {
-        self.0.set_tensor_cores(self.1);
-    }
 }
 
 struct LinearTc(CudaBackend);
@@ -187,7 +171,7 @@ impl Kernel for LinearTc {
     fn gates(&self, scale: Scale, fault: Option<Self::Fault>, rng: &mut StdRng) -> Vec<Gate> {
         let be = with_fault(&self.0, TC_PLANTS, fault);
         let _wide = WideAt::new(&be);
-        let _tc = TensorCoresOn::new(&be);
+        let _tc = TensorCoresOn::new(&be, true);
         let mut gates = Vec::new();
         for (n, k) in shapes(scale) {
             let w = bf16_mat(rng, n, k, 0.5);

@@ -4,6 +4,7 @@
 //! limits as the driver reports them; and the graph machinery's replays (`cuda.graphs`, faults planted on the host).
 
 mod attention;
+mod attention_tc;
 mod dense;
 mod dense_tc;
 mod draw;
@@ -24,6 +25,7 @@ pub fn registry(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     v.extend(rows::kernels(be));
     v.extend(mixers::kernels(be));
     v.extend(attention::kernels(be));
+    v.extend(attention_tc::kernels(be));
     v.extend(moe::kernels(be));
     v.extend(draw::kernels(be));
     v.extend(graphs::kernels(be));
@@ -39,6 +41,22 @@ pub(super) fn with_fault<F: FaultKind>(base: &CudaBackend, plants: &[Planted<F>]
     match fault.and_then(|f| plants.iter().find(|p| p.0 == f)) {
         Some(&(_, src, define)) => base.planted(Plant { src, define }),
         None => base.clone(),
+    }
+}
+
+/// Sets the device's tensor-core mode for an entry's gates (`on`) and puts the one before back when dropped.
+pub(super) struct TensorCoresOn<'a>(&'a CudaBackend, bool);
+
+impl<'a> TensorCoresOn<'a> {
+    pub(super) fn new(be: &'a CudaBackend, on: bool) -> Self {
+        let was = be.set_tensor_cores(on);
+        TensorCoresOn(be, was)
+    }
+}
+
+impl Drop for TensorCoresOn<'_> {
+    fn drop(&mut self) {
+        self.0.set_tensor_cores(self.1);
     }
 }
 

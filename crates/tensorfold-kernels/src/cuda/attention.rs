@@ -9,6 +9,9 @@ use super::{CudaBackend, CudaError};
 use crate::backend::{KernelError, Segment};
 use crate::shape::{check_cache_state, check_caches, check_len, row_positions};
 
+/// Threads of a tensor-core block (attention_mma.cu's `AM_WARPS` warps).
+const MMA_THREADS: u32 = 128;
+
 /// Scratch floats one launch of the partial kernel may fill (256 MiB): a call whose rows need more is split into
 /// launches of fewer rows, which changes no row's arithmetic.
 const SCRATCH_FLOATS: usize = 1 << 26;
@@ -22,9 +25,19 @@ pub(crate) const TILE_HD: usize = 64;
 /// Query heads a warp of the tiled form takes at once (attention.cu's `ATTN_HB`).
 pub(crate) const TILE_HEADS: usize = 4;
 
+/// Largest head_dim of the tensor-core form (attention_mma.cu's `AM_HD`), which also needs head_dim % 16 == 0.
+pub(crate) const MMA_HD: usize = 64;
+
+/// (row, query head) pairs a block of the tensor-core form holds (attention_mma.cu's `AM_M`): a tile has
+/// `MMA_PAIRS / group` rows.
+pub(crate) const MMA_PAIRS: usize = 64;
+
+/// Keys of one of the tensor-core form's sub-blocks (attention_mma.cu's `AM_SUB`).
+const MMA_SUB: usize = 64;
+
 /// The rows of a call as the attention kernels read them: `desc` (4 words a row, attention.cu's RowKv), each row's
-/// key count, and `tiles`, each segment's rows in runs of at most [`ATTN_TILE`] (first row, rows): rows that share
-/// every key, which the tiled form reads once for all of them.
+/// key count, and `tiles`, each segment's rows in runs of at most the form's tile (first row, rows): rows that share
+/// every key, which the tiled and tensor-core forms read once for all of them.
 struct Rows<'a> {
     desc: &'a [u64],
     keys: &'a [usize],
@@ -34,27 +47,29 @@ struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
-    fn new(desc: &'a [u64], keys: &'a [usize], segs: &[Segment]) -> Self {
+    /// `tile`: the form's rows a tile ([`ATTN_TILE`], or [`MMA_PAIRS`] / group on the tensor cores).
+    fn new(desc: &'a [u64], keys: &'a [usize], segs: &[Segment], tile: usize) -> Self {
+        let tile = tile.max(1);
         let tiles = segs
             .iter()
-            .flat_map(|s| (0..s.rows).step_by(ATTN_TILE).map(|i| (s.first_row + i, ATTN_TILE.min(s.rows - i))))
+            .flat_map(|s| (0..s.rows).step_by(tile).map(move |i| (s.first_row + i, tile.min(s.rows - i))))
             .collect();
         Rows { desc, keys, tiles, widest: segs.iter().map(|s| s.rows).max().unwrap_or(0) }
     }
 
-    /// The tiles cut to the launch's rows `[a, b)`: the words of those of two rows or more (low 32 bits the first
-    /// row, high 32 the rows), for attn_tiled, and the rows of the one-row ones, for attn_partial.
-    fn tile_words(&self, a: usize, b: usize) -> (Vec<u64>, Vec<u64>) {
-        let (mut tiles, mut singles) = (Vec::new(), Vec::new());
-        for &(f, n) in &self.tiles {
+    /// The tiles cut to the launch's rows `[a, b)`, as words: low 32 bits the first row, high 32 the rows.
+    fn cut(&self, a: usize, b: usize) -> impl Iterator<Item = u64> + '_ {
+        self.tiles.iter().filter_map(move |&(f, n)| {
             let (lo, hi) = (f.max(a), (f + n).min(b));
-            match hi.saturating_sub(lo) {
-                0 => {}
-                1 => singles.push(lo as u64),
-                n => tiles.push(lo as u64 | ((n as u64) << 32)),
-            }
-        }
-        (tiles, singles)
+            (hi > lo).then_some(lo as u64 | (((hi - lo) as u64) << 32))
+        })
+    }
+
+    /// [`Rows::cut`] split by form: the words of tiles of two rows or more, for attn_tiled, and the rows of the
+    /// one-row ones, for attn_partial.
+    fn tile_words(&self, a: usize, b: usize) -> (Vec<u64>, Vec<u64>) {
+        let (tiles, singles): (Vec<u64>, Vec<u64>) = self.cut(a, b).partition(|w| w >> 32 > 1);
+        (tiles, singles.into_iter().map(|w| w & 0xffff_ffff).collect())
     }
 }
 
@@ -62,6 +77,42 @@ impl<'a> Rows<'a> {
 /// heads and probabilities (attention.cu's `attn_tiled`).
 fn tile_smem(hd: usize) -> usize {
     4 * (KEY_CHUNK * (hd + 1) + KEY_CHUNK * hd + WPB * TILE_HEADS * (hd + KEY_CHUNK))
+}
+
+/// Shared memory of a tensor-core block in bytes: three pieces of a sub-block's K rows and of its V columns, each
+/// row padded by 4 words (attention_mma.cu's `attn_mma`).
+fn mma_smem(hd: usize) -> usize {
+    4 * 3 * (MMA_SUB * (hd / 2 + 4) + hd * (MMA_SUB / 2 + 4))
+}
+
+/// Whether a call of `(hd, group)` runs on the tensor cores (the mode is on), refusing by name, in the mode, a
+/// shape the tensor-core form cannot serve: no other reduction order stands in for it.
+fn mma_form(be: &CudaBackend, kernel: &'static str, hd: usize, group: usize) -> Result<bool, KernelError> {
+    if !be.dev.attn_mma() {
+        return Ok(false);
+    }
+    if !hd.is_multiple_of(16) || hd > MMA_HD {
+        return Err(KernelError::Shape {
+            kernel,
+            what: "head_dim on the tensor cores (a multiple of 16)",
+            got: hd,
+            want: MMA_HD,
+        });
+    }
+    if group > MMA_PAIRS {
+        return Err(KernelError::Shape {
+            kernel,
+            what: "query heads per KV head on the tensor cores",
+            got: group,
+            want: MMA_PAIRS,
+        });
+    }
+    Ok(true)
+}
+
+/// The rows of a tile of the form `mma` names (see [`mma_form`]).
+fn tile_rows(mma: bool, group: usize) -> usize {
+    if mma { MMA_PAIRS / group.max(1) } else { ATTN_TILE }
 }
 
 /// `(head_dim, query heads per KV head)` of a call, refusing shapes GQA cannot map.
@@ -118,18 +169,19 @@ pub(crate) fn attention(
         u32_of(k, "key count")?;
     }
     let dims = (heads, group, hd, width);
+    let mma = mma_form(be, "attention", hd, group)?;
     if !be.dev.fused {
         // The measuring aid's form: append first (its own launch), then every key from the cache.
         append(be, k, v, segs, caches).map_err(|e| e.kernel("attention"))?;
         let desc = causal_desc(segs, caches, n_rows, false);
-        let rows = Rows::new(&desc, &keys, segs);
-        return run(be, (q, k, v), dims, &rows, None, out).map_err(|e| e.kernel("attention"));
+        let rows = Rows::new(&desc, &keys, segs, tile_rows(mma, group));
+        return run(be, (q, k, v), dims, &rows, mma, None, out).map_err(|e| e.kernel("attention"));
     }
     // A row reads its segment's earlier rows and itself from k/v, and attn_combine appends it to the cache.
     reserve(segs, caches).map_err(|e| e.kernel("attention"))?;
     let desc = causal_desc(segs, caches, n_rows, true);
-    let rows = Rows::new(&desc, &keys, segs);
-    let r = run(be, (q, k, v), dims, &rows, Some(width), out).map_err(|e| e.kernel("attention"));
+    let rows = Rows::new(&desc, &keys, segs, tile_rows(mma, group));
+    let r = run(be, (q, k, v), dims, &rows, mma, Some(width), out).map_err(|e| e.kernel("attention"));
     for s in segs {
         caches[s.cache].len += s.rows;
     }
@@ -255,8 +307,9 @@ pub(crate) fn block_attention(
             keys[r] = s.start_pos + s.rows;
         }
     }
-    let rows = Rows::new(&desc, &keys, segs);
-    run(be, (q, k, v), (heads, group, hd, width), &rows, None, out).map_err(|e| e.kernel("block_attention"))
+    let mma = mma_form(be, "block_attention", hd, group)?;
+    let rows = Rows::new(&desc, &keys, segs, tile_rows(mma, group));
+    run(be, (q, k, v), (heads, group, hd, width), &rows, mma, None, out).map_err(|e| e.kernel("block_attention"))
 }
 
 /// What every launch of one call's partials shares: the kernels' pointers and shape arguments.
@@ -310,6 +363,15 @@ impl Launch {
         be.dev.launch(&f, grid, BLOCK, smem as u32, &self.args(row0, tiles))
     }
 
+    /// attn_mma (the tensor-core form) over the staged tile words `tiles` (`n` of them).
+    fn mma(&self, be: &CudaBackend, row0: i32, n: usize, tiles: u64) -> Result<(), CudaError> {
+        let f = be.func(Src::Attention, "attn_mma")?;
+        let smem = mma_smem(self.hd as usize);
+        be.dev.allow_smem(&f, smem)?;
+        let grid = (self.chunks as u32, (self.heads / self.group) as u32, n as u32);
+        be.dev.launch(&f, grid, MMA_THREADS, smem as u32, &self.args(row0, tiles))
+    }
+
     /// attn_combine over `nl` rows from `row0`; with `append`, each row's k, v also go to its cache row.
     fn combine(&self, be: &CudaBackend, row0: i32, nl: usize, append: bool) -> Result<(), CudaError> {
         let [_, kp, vp, dp, pp, op] = self.ptrs;
@@ -333,14 +395,17 @@ impl Launch {
 }
 
 /// The partial and combine launches over all rows, in launches of at most [`GRID_YZ`] rows that fit the scratch
-/// budget. Where [`Dev::attn_tiled`](super::device::Dev::attn_tiled) says so, a launch's tiles of two rows or more
-/// take the tiled form and its one-row segments attn_partial (the same bits either way). `append` (the cache row
-/// width): the combine also copies each row's k, v to its cache row.
+/// budget. With `mma` every tile runs the tensor-core form; else where
+/// [`Dev::attn_tiled`](super::device::Dev::attn_tiled) says so, a launch's tiles of two rows or more take the tiled
+/// form and its one-row segments attn_partial (the same bits either way). `append` (the cache row width): the
+/// combine also copies each row's k, v to its cache row.
+#[allow(clippy::too_many_arguments)]
 fn run(
     be: &CudaBackend,
     (q, k, v): (&CudaBuf, &CudaBuf, &CudaBuf),
     (heads, group, hd, width): (usize, usize, usize, usize),
     rows: &Rows,
+    mma: bool,
     append: Option<usize>,
     out: &mut CudaBuf,
 ) -> Result<(), CudaError> {
@@ -374,7 +439,11 @@ fn run(
     for row0 in (0..n_rows).step_by(launch_rows) {
         let nl = launch_rows.min(n_rows - row0);
         let r0 = int(row0, "row")?;
-        if tiled {
+        if mma {
+            let words: Vec<u64> = rows.cut(row0, row0 + nl).collect();
+            let tm = be.dev.stage(&words)?;
+            l.mma(be, r0, words.len(), tm.as_ref().map_or(0, |m| m.ptr))?;
+        } else if tiled {
             let (tiles, singles) = rows.tile_words(row0, row0 + nl);
             if !tiles.is_empty() {
                 let tm = be.dev.stage(&tiles)?;
@@ -402,7 +471,7 @@ mod tests {
     fn tiles_follow_segments_and_launch_cuts() {
         let seg = |first_row, rows| Segment { first_row, rows, start_pos: 0, cache: 0 };
         let segs = [seg(0, 1), seg(1, 40), seg(41, 2)];
-        let rows = Rows::new(&[], &[], &segs);
+        let rows = Rows::new(&[], &[], &segs, ATTN_TILE);
         assert_eq!(rows.tiles, vec![(0, 1), (1, 16), (17, 16), (33, 8), (41, 2)]);
         assert_eq!(rows.widest, 40);
         let word = |f: u64, n: u64| f | (n << 32);
@@ -411,6 +480,21 @@ mod tests {
         assert_eq!(rows.tile_words(20, 43), (vec![word(20, 13), word(33, 8), word(41, 2)], vec![]));
         assert_eq!(rows.tile_words(18, 19), (vec![], vec![18]));
         assert_eq!(rows.tile_words(42, 43), (vec![], vec![42]));
+    }
+
+    /// The tensor-core form's tiles hold `MMA_PAIRS / group` rows, one-row tiles included.
+    #[test]
+    fn tensor_core_tiles_hold_64_pairs() {
+        let seg = |first_row, rows| Segment { first_row, rows, start_pos: 0, cache: 0 };
+        let segs = [seg(0, 1), seg(1, 20)];
+        let rows = Rows::new(&[], &[], &segs, tile_rows(true, 4));
+        let word = |f: u64, n: u64| f | (n << 32);
+        assert_eq!(rows.cut(0, 21).collect::<Vec<_>>(), vec![word(0, 1), word(1, 16), word(17, 4)]);
+        assert_eq!(rows.cut(5, 18).collect::<Vec<_>>(), vec![word(5, 12), word(17, 1)]);
+        assert_eq!(tile_rows(true, 1), 64);
+        assert_eq!(tile_rows(true, 64), 1);
+        assert_eq!(mma_smem(64), 4 * 3 * (64 * 36 + 64 * 36));
+        assert!(mma_smem(MMA_HD) <= 232_448);
     }
 
     #[test]

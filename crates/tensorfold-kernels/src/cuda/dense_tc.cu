@@ -21,54 +21,12 @@
 // Shared floats of a narrow or few-row block's segment sums (G * NW at most 4).
 #define TC_SEG_FLOATS (TC_SEGS * 4 * 128)
 
-// The round-to-nearest-even bf16 bits of (lo, hi) packed in one word, lo in the low half: one cvt.rn.bf16x2.f32
-// on the device (sm_80 and later; a NaN becomes the canonical 0x7fff, as below), its definition on the CPU.
-__device__ __forceinline__ u32 tc_bf16x2(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  u32 d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-#elif defined(__CUDA_ARCH__)
-  __trap();  // before sm_80 the host never runs the tensor-core forms (the mode is refused); the module still builds
-  return 0u;
-#else
-  auto one = [](float v) -> u32 {
-    u32 u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  };
-  return one(lo) | (one(hi) << 16);
-#endif
-}
-
-// The f32 values of a packed bf16 pair: its low half and its high half.
-__device__ __forceinline__ float tc_lo(u32 p) { return __uint_as_float(p << 16); }
-__device__ __forceinline__ float tc_hi(u32 p) { return __uint_as_float(p & 0xffff0000u); }
-
-// The three pieces of the pair (v0, v1) as packed words (v0 in the low half): p[0] hi, p[1] lo, p[2] lo2, each the
-// round-to-nearest-even bf16 of the residual before it (the residuals are exact in f32). Three conversions and four
-// subtractions a pair: the split is most of a narrow block's instructions.
+// tc_pieces3 with the linears' planted control: the split is most of a narrow block's instructions.
 __device__ __forceinline__ void tc_split2(float v0, float v1, u32 p[3]) {
-  p[0] = tc_bf16x2(v0, v1);
-  float r0 = v0 - tc_lo(p[0]), r1 = v1 - tc_hi(p[0]);
-  p[1] = tc_bf16x2(r0, r1);
-  p[2] = tc_bf16x2(r0 - tc_lo(p[1]), r1 - tc_hi(p[1]));
+  tc_pieces3(v0, v1, p);
 #ifdef FAULT_TC_DROP_LO
   p[1] = 0u;  // planted: the activations rounded to one bf16 piece
   p[2] = 0u;
-#endif
-}
-
-// d += A B on the tensor cores for one m16n8k16 tile (a: this lane's A fragment, b0 b1: its B fragment).
-__device__ __forceinline__ void tc_mma(float d[4], const u32 a[4], u32 b0, u32 b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#elif defined(__CUDA_ARCH__)
-  __trap();  // sm_80 and later only, as tc_bf16x2
-#else
-  tfemu_mma_16816(d, a, b0, b1);  // the CPU emulation's definition of the instruction (tools/cuda/emu/emu.h)
 #endif
 }
 

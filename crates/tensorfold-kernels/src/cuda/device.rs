@@ -59,7 +59,7 @@ mod sources;
 mod stream_host;
 
 use settings::rows_setting;
-pub(crate) use settings::{one_row, tensor_cores_setting, wide};
+pub(crate) use settings::{attn_mma_setting, one_row, tensor_cores_setting, wide};
 pub use sources::Src;
 
 use stream_host::{Staging, StreamHost, keep_pool_memory};
@@ -159,6 +159,9 @@ pub struct Dev {
     /// [`Dev::set_attn_tile_rows`]: attention calls whose largest segment holds at least N rows run the tiled form
     /// (0: never). [`UNSET`]: [`ATTN_TILE`].
     attn_tile_rows: AtomicUsize,
+    /// `TENSORFOLD_CUDA_ATTN_MMA` (default on; 0 is a measuring aid): with tensor cores on, attention runs on them
+    /// too ([`Dev::attn_mma`]).
+    attn_mma: bool,
     /// Dynamic shared memory each kernel (by function handle) was let use past 48 KiB ([`Dev::allow_smem`]).
     smem_allowed: Mutex<HashMap<usize, usize>>,
 }
@@ -237,6 +240,7 @@ impl Dev {
         let deferred = graphs && profile.is_none() && arena.is_some();
         let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
         let tensor_cores = tensor_cores_setting(std::env::var("TENSORFOLD_CUDA_TENSOR_CORES").ok(), major)?;
+        let attn_mma = attn_mma_setting(std::env::var("TENSORFOLD_CUDA_ATTN_MMA").ok())?;
         let host = StreamHost::new(arena, deferred, part);
         Ok(Arc::new(Dev {
             ctx,
@@ -258,6 +262,7 @@ impl Dev {
             sms,
             smem_optin,
             attn_tile_rows,
+            attn_mma,
             smem_allowed: Mutex::default(),
         }))
     }

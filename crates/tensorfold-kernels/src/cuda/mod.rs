@@ -364,6 +364,15 @@ mod tests {
         assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_TENSOR_CORES", .. }), "{e}");
     }
 
+    /// `TENSORFOLD_CUDA_ATTN_MMA`: unset and 1 on, 0 off, anything else refused by name.
+    #[test]
+    fn the_attention_tensor_core_setting_reads_0_and_1_only() {
+        let am = device::attn_mma_setting;
+        assert_eq!((am(None), am(Some("1".into())), am(Some(" 0".into()))), (Ok(true), Ok(true), Ok(false)));
+        let e = am(Some("off".into())).unwrap_err();
+        assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_ATTN_MMA", .. }), "{e}");
+    }
+
     /// Programmatic dependent launch is safe only if every kernel waits for the one before it first thing.
     #[test]
     fn every_kernel_waits_for_the_kernel_before_it_first_thing() {
@@ -377,7 +386,7 @@ mod tests {
                 entries += 1;
             }
         }
-        assert_eq!(entries, 39, "every entry point was checked");
+        assert_eq!(entries, 40, "every entry point was checked");
     }
 
     #[test]

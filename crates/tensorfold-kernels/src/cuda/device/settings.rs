@@ -1,4 +1,4 @@
-//! The CUDA backend's environment settings: tensor cores, the one-row, wide-tile and tiled-attention row thresholds.
+//! The CUDA backend's environment settings: tensor cores (linears and attention), the one-row, wide-tile and tiled-attention row thresholds.
 
 use super::super::CudaError;
 use super::{ATTN_TILE, Dev, R1_ROWS, UNSET, WIDE_ROWS, WIDE_SLOTS, driver, lock};
@@ -18,6 +18,21 @@ pub(crate) fn tensor_cores_setting(v: Option<String>, major: i32) -> Result<bool
         Some(_) => {
             Err(CudaError::Setting { name, value: v.unwrap_or_default(), want: "0 (off, the default) or 1 (on)" })
         }
+    }
+}
+
+/// The `TENSORFOLD_CUDA_ATTN_MMA` setting: unset or `1` on (with tensor cores on, attention runs on them),
+/// `0` off (attention stays on the CUDA cores: a measuring aid; the process's bits move with it); anything else is
+/// refused by name.
+pub(crate) fn attn_mma_setting(v: Option<String>) -> Result<bool, CudaError> {
+    match v.as_deref().map(str::trim) {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(_) => Err(CudaError::Setting {
+            name: "TENSORFOLD_CUDA_ATTN_MMA",
+            value: v.unwrap_or_default(),
+            want: "1 (on, the default) or 0 (attention on the CUDA cores)",
+        }),
     }
 }
 
@@ -46,6 +61,12 @@ pub(super) fn rows_setting(name: &'static str) -> Result<Option<usize>, CudaErro
 }
 
 impl Dev {
+    /// Whether attention runs on the tensor cores (attention_mma.cu): the tensor-core mode is on and
+    /// `TENSORFOLD_CUDA_ATTN_MMA` did not turn it off.
+    pub fn attn_mma(&self) -> bool {
+        self.tensor_cores() && self.attn_mma
+    }
+
     /// Whether an attention call whose largest segment holds `rows` rows runs the tiled form, given it needs `smem`
     /// bytes of shared memory a block: at least [`ATTN_TILE`] rows or the override's (0: never), and the device
     /// lets a block have that much.

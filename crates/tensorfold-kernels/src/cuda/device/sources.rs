@@ -11,7 +11,8 @@ pub enum Src {
     Dense,
     /// `rope.cu`: q/k norm and rotary embedding.
     Rope,
-    /// `attention.cu`: K/V append, chunked attention.
+    /// `attention.cu` then `attention_tiled.cu` and `attention_mma.cu`: K/V append, chunked attention (per row, tiled,
+    /// on the tensor cores).
     Attention,
     /// `conv.cu`: the short conv.
     Conv,
@@ -39,7 +40,7 @@ impl Src {
     }
 
     /// The shipped module text: the `.cu` file (Dense: with `dense_tc.cu` and `dense_tcw.cu` after it; Attention:
-    /// with `attention_tiled.cu`) with its planted-fault blocks stripped at build time (build.rs,
+    /// with `attention_tiled.cu` and `attention_mma.cu`) with its planted-fault blocks stripped at build time (build.rs,
     /// `strip.rs`), so what production compiles carries no fault.
     fn body(self) -> &'static str {
         match self {
@@ -71,7 +72,13 @@ impl Src {
                 include_str!("../dense_tcw.cu")
             ),
             Src::Rope => include_str!("../rope.cu"),
-            Src::Attention => concat!(include_str!("../attention.cu"), "\n", include_str!("../attention_tiled.cu")),
+            Src::Attention => concat!(
+                include_str!("../attention.cu"),
+                "\n",
+                include_str!("../attention_tiled.cu"),
+                "\n",
+                include_str!("../attention_mma.cu")
+            ),
             Src::Conv => include_str!("../conv.cu"),
             Src::Moe => include_str!("../moe.cu"),
             Src::Sample => include_str!("../sample.cu"),

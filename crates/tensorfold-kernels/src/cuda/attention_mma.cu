@@ -1,0 +1,283 @@
+//! Attention on the tensor cores (the tensor-core mode's form of attn_partial, after attention.cu in its module): QK^T and P.V on mma.sync with q, k, p and v as three bf16 pieces, an online softmax over fixed 64-key sub-blocks.
+// With TENSORFOLD_CUDA_TENSOR_CORES=1 every attention call (causal, and the drafter's block attention) runs attn_mma,
+// a decode row and a prefill tile alike, so decode == prefill, chunked == whole and concurrent == solo hold inside the
+// mode. It fills attn_partial's partials (m, l, o of each (row, head, KEY_CHUNK-key chunk)) and attn_combine folds them
+// as in the CUDA-core mode; the bits differ from attn_partial's (the contract's `cuda.attention_tc` states the bound).
+// - A block is (chunk, KV head, tile of rows of one segment). Its (row, query head) pairs are the mmas' M rows, pair m
+//   = (tile row m / group, head m % group), 16 a warp, AM_WARPS warps: a tile has at most AM_M / group rows (the host
+//   cuts) and a decode row is a tile of one. An mma's output row depends only on its own A row, so a pair's bits
+//   depend neither on the tile nor on its slot in it.
+// - A chunk's keys go in sub-blocks of AM_SUB fixed by key position (a fixed split SIZE, never a count): keys
+//   [start + AM_SUB b, start + AM_SUB (b + 1)). A sub-block's K and V enter shared memory as tc_pieces3 pieces once for
+//   the whole tile; keys past the tile's last row's count are zero.
+// - Scores: s = scale * (sum over the k16 steps, in order, of a fresh tensor-core partial over the six piece products
+//   q_i k_j with i + j <= 2, in the order (0,0) (0,1) (1,0) (0,2) (1,1) (2,0)), each step added in f32 (the tensor
+//   cores' internal sum is not IEEE, so each 16-long step is rounded in on its own). Keys past the row's own count
+//   score -inf.
+// - Per pair and sub-block: mx = max(m, the sub-block's max), alpha = exp(m - mx), p = exp(s - mx), l = l alpha + the
+//   sum of p (each lane's 16 in key order, then lane t ^ 1's, then t ^ 2's), o = o alpha, then o += a fresh partial of
+//   the six products p_i v_j for each k16 step of keys, in order. A sub-block holding none of the row's keys leaves
+//   (m, l, o) as they were (selected), so the longer rows of a tile cost a shorter one no bit.
+// Needs hd % 16 == 0 and hd <= AM_HD (the host refuses other shapes in the mode). tiles: a word a tile, low 32 bits
+// its first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (hd / 2 + 4) words of K pieces and 3 hd
+// AM_VS words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks).
+#define AM_SUB 64
+#define AM_WARPS 4
+#define AM_THREADS 128  // AM_WARPS warps
+#define AM_M (16 * AM_WARPS)
+#define AM_HD 64
+#define AM_VS (AM_SUB / 2 + 4)
+
+// tc_pieces3 with attention's planted control.
+__device__ __forceinline__ void am_split(float v0, float v1, u32 p[3]) {
+  tc_pieces3(v0, v1, p);
+#ifdef FAULT_ATTN_MMA_DROP_LO
+  p[1] = 0u;  // planted: q, k, p and v rounded to one bf16 piece
+  p[2] = 0u;
+#endif
+}
+
+// d += the six piece products of A (a[piece]) and B (b[piece][0..1]) in the header's order.
+__device__ __forceinline__ void am_products(float d[4], const u32 a[3][4], const u32 b[3][2]) {
+  tc_mma(d, a[0], b[0][0], b[0][1]);
+  tc_mma(d, a[0], b[1][0], b[1][1]);
+  tc_mma(d, a[1], b[0][0], b[0][1]);
+  tc_mma(d, a[0], b[2][0], b[2][1]);
+  tc_mma(d, a[1], b[1][0], b[1][1]);
+  tc_mma(d, a[2], b[0][0], b[0][1]);
+}
+
+// A fragment word `w` of a row pair (v0, v1) split into its pieces: a[pc][w].
+__device__ __forceinline__ void am_frag(float v0, float v1, u32 a[3][4], int w) {
+  u32 p[3];
+  am_split(v0, v1, p);
+#pragma unroll
+  for (int pc = 0; pc < 3; pc++) a[pc][w] = p[pc];
+}
+
+// This lane's B fragment of one k16 step: words at `at` and `at + 4` of each piece's plane (`plane` words apart).
+__device__ __forceinline__ void am_bfrag(const u32* at, int plane, u32 b[3][2]) {
+#pragma unroll
+  for (int pc = 0; pc < 3; pc++) {
+    b[pc][0] = at[pc * plane];
+    b[pc][1] = at[pc * plane + 4];
+  }
+}
+
+// The key count of call row `row` (its cache keys and own rows).
+__device__ __forceinline__ int am_keys(const u64* desc, u64 row) {
+  RowKv r = row_kv(desc, row);
+  return r.ckeys + r.own;
+}
+
+// One sub-block's K and V into shared memory as pieces: kp[pc][key][pair] (pair = dims 2i, 2i+1), vp[pc][dim][key
+// pair]; keys from `sk` on are zero.
+template <int HD>
+__device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const float* vin, int width, int off, int j0,
+                                         int sk, u32* kp, u32* vp) {
+  constexpr int KS = HD / 2 + 4;
+  u32 p[3];
+  for (int i = threadIdx.x; i < AM_SUB * (HD / 2); i += AM_THREADS) {
+    int key = i / (HD / 2), pr = i - key * (HD / 2);
+    float2 x = make_float2(0.0f, 0.0f);
+    if (key < sk) x = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
+    am_split(x.x, x.y, p);
+#pragma unroll
+    for (int pc = 0; pc < 3; pc++) kp[(pc * AM_SUB + key) * KS + pr] = p[pc];
+  }
+  for (int i = threadIdx.x; i < HD * (AM_SUB / 2); i += AM_THREADS) {
+    int kq = i / HD, d = i - kq * HD;
+    float v0 = 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
+    float v1 = 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
+    am_split(v0, v1, p);
+#pragma unroll
+    for (int pc = 0; pc < 3; pc++) vp[(pc * HD + d) * AM_VS + kq] = p[pc];
+  }
+}
+
+// One pair's softmax state: the running max, the sum of p, and whether this sub-block held any of its keys.
+struct AmRow {
+  float m;
+  float l;
+};
+
+// The sub-block's update of one pair (half e2 = 0: row g's slots 0, 1; 2: row g + 8's slots 2, 3): turns its scores
+// into p in place and returns alpha (1 where the sub-block holds none of its keys; `live` says which).
+__device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bool& live) {
+  float mx = -inf_f();
+#pragma unroll
+  for (int nt = 0; nt < AM_SUB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][e2], s[nt][e2 + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  live = mx > -inf_f();
+  float nm = live ? fmaxf(st.m, mx) : 0.0f;
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+    for (int e = e2; e < e2 + 2; e++) {
+      s[nt][e] = exp_f(s[nt][e] - nm);
+      sum = sum + s[nt][e];
+    }
+  sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+  float alpha = live ? exp_f(st.m - nm) : 1.0f;
+  if (live) {
+    st.l = st.l * alpha + sum;
+    st.m = nm;
+  }
+  return alpha;
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const float* kin, const float* vin,
+                                              const u64* desc, int heads, int group, int width, float scale,
+                                              int max_chunks, float* part, int row0, const u64* tiles) {
+  constexpr int KS = HD / 2 + 4;
+  constexpr int KST = HD / 16;
+  constexpr int NT = HD / 8;
+  u32* kp = reinterpret_cast<u32*>(sm);
+  u32* vp = kp + 3 * AM_SUB * KS;
+  u64 tw = tiles[blockIdx.z];
+  u64 first = tw & 0xffffffffull;
+  int nrows = (int)(tw >> 32);
+  int kh = blockIdx.y;
+  int start = blockIdx.x * KEY_CHUNK;
+  RowKv last = row_kv(desc, first + (u64)nrows - 1);  // the tile's longest row: every key any row sees
+  int tile_keys = last.ckeys + last.own;
+  if (start >= tile_keys) return;  // the whole block leaves together
+  int nk = tile_keys - start < KEY_CHUNK ? tile_keys - start : KEY_CHUNK;
+  int off = kh * HD;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  int pairs = nrows * group;
+  bool active = warp * 16 < pairs;  // warp-uniform
+  int pr[2] = {warp * 16 + g, warp * 16 + g + 8};
+  bool valid[2] = {pr[0] < pairs, pr[1] < pairs};
+  int keys[2];
+  u32 qf[3][KST][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int p = valid[i] ? pr[i] : 0;
+    keys[i] = valid[i] ? am_keys(desc, first + (u64)(p / group)) : 0;
+    int qp = p;
+#ifdef FAULT_ATTN_MMA_ROW
+    if (p + 1 < pairs) qp = p + 1;  // planted: an M row reads the next pair's query
+#endif
+    const float* qr = q + ((first + (u64)(qp / group)) * (u64)heads + (u64)(kh * group + qp % group)) * (u64)HD;
+#pragma unroll
+    for (int ks = 0; ks < KST; ks++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float2 x = valid[i] ? *reinterpret_cast<const float2*>(qr + 16 * ks + 8 * h + 2 * t) : make_float2(0.0f, 0.0f);
+        u32 pc3[3];
+        am_split(x.x, x.y, pc3);
+#pragma unroll
+        for (int pc = 0; pc < 3; pc++) qf[pc][ks][2 * h + i] = pc3[pc];
+      }
+  }
+  AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
+  float o[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[nt][e] = 0.0f;
+  int sub = AM_SUB;
+#ifdef FAULT_ATTN_MMA_SPLIT_COUNT
+  sub = ((nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
+#endif
+  for (int j0 = start; j0 < start + nk; j0 += sub) {
+    int sk = start + nk - j0 < sub ? start + nk - j0 : sub;
+    __syncthreads();  // the previous sub-block's reads are done
+    am_stage<HD>(last, kin, vin, width, off, j0, sk, kp, vp);
+    __syncthreads();
+    if (!active) continue;
+    float s[AM_SUB / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < KST; ks++) {
+        u32 b[3][2];
+        am_bfrag(kp + (nt * 8 + g) * KS + ks * 8 + t, AM_SUB * KS, b);
+        u32 a[3][4];
+#pragma unroll
+        for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+          for (int w = 0; w < 4; w++) a[pc][w] = qf[pc][ks][w];
+        float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        am_products(pt, a, b);
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[e] = acc[e] + pt[e];
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int key = j0 + nt * 8 + 2 * t + (e & 1);
+        s[nt][e] = key < keys[e >> 1] && key < j0 + sub ? acc[e] * scale : -inf_f();
+      }
+    }
+    bool live[2];
+    float alpha[2];
+    alpha[0] = am_softmax(s, 0, st[0], live[0]);
+    alpha[1] = am_softmax(s, 2, st[1], live[1]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[nt][e] = o[nt][e] * alpha[e >> 1];
+#pragma unroll
+    for (int ks = 0; ks < AM_SUB / 16; ks++) {
+      u32 a[3][4];
+      am_frag(s[2 * ks][0], s[2 * ks][1], a, 0);
+      am_frag(s[2 * ks][2], s[2 * ks][3], a, 1);
+      am_frag(s[2 * ks + 1][0], s[2 * ks + 1][1], a, 2);
+      am_frag(s[2 * ks + 1][2], s[2 * ks + 1][3], a, 3);
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        u32 b[3][2];
+        am_bfrag(vp + (nt * 8 + g) * AM_VS + ks * 8 + t, HD * AM_VS, b);
+        float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        am_products(pt, a, b);
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = live[e >> 1] ? o[nt][e] + pt[e] : o[nt][e];
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    if (!valid[i] || start >= keys[i]) continue;  // no partial: the combine reads only the row's own chunks
+    int p = pr[i];
+    u64 row = first + (u64)(p / group);
+    u64 h = (u64)(kh * group + p % group);
+    float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(HD + 2);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+      *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
+    if (t == 0) {
+      out[0] = st[i].m;
+      out[1] = st[i].l;
+    }
+  }
+}
+
+// attn_partial's partials on the tensor cores: one block of AM_WARPS warps a (chunk, KV head, tile); attn_partial's
+// arguments with `tiles` last (hd = 16, 32, 48 or 64).
+extern "C" __global__ void __launch_bounds__(AM_THREADS)
+    attn_mma(const float* q, const float* kin, const float* vin, const u64* desc, int heads, int group, int hd,
+             int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
+  PDL_ENTRY();
+  extern __shared__ float sm[];
+  switch (hd) {
+    case 64:
+      attn_mma_body<64>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
+      break;
+    case 48:
+      attn_mma_body<48>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
+      break;
+    case 32:
+      attn_mma_body<32>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
+      break;
+    default:
+      attn_mma_body<16>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
+      break;
+  }
+}
