@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Attention on the tensor cores (attention_mma.cu's attn_mma, the tensor-core mode) on one GPU, in one call: the
+# contract's attention entries at served shapes (the tensor-core form against float64 and against one-row calls, its
+# controls red; the CUDA-core entries too), `exact --device cuda` on every bf16/f32 fixture in the mode, the default
+# pair drafted against plain in the mode, then `bench forward` on LFM2.5-24B-A2B's shape at long prompts with the
+# tensor-core linears on, alternating A (TENSORFOLD_CUDA_ATTN_MMA=0: attention on the CUDA cores) and B (attention
+# on the tensor cores) in the order A B B A; then, with PREV=1 and carry/bin/prev.xz, the previous binary against
+# this one in the default mode (A B B A). Runs carry/bin/tensorfold.xz (`--features cuda,contract`); logs go to $OUT;
+# BUDGET (seconds) skips what would not fit.
+#
+#   [PREV=1] [BUDGET=560] tools/cuda/attn_mma.sh [PROMPT_LENS]        default 2048,32768
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+LENS=${1:-2048,32768}
+. tools/cuda/env.sh /tmp/tensorfold-attn-mma
+echo "binary: $(cat carry/bin/COMMIT 2>/dev/null); previous: $(cat carry/bin/PREV 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+for entry in cuda.attention_tc cuda.block_attention_tc cuda.attention; do
+    run "contract-$entry" 200 "$BIN" contract --backend cuda --only "$entry" --seed 20261206
+    grep -E "^(PASS|FAIL)|^SUMMARY|reference|invariance|edges|control" "$OUT/contract-$entry.log" | cut -c1-180
+done
+export TENSORFOLD_CUDA_TENSOR_CORES=1
+for fx in tests/fixtures/lfm2-*/; do
+    [ -f "$fx/reference.safetensors" ] || continue
+    RUN_TAIL=2 run "exact-tc-$(basename "$fx")" 90 "$BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors"
+done
+for d in "" --no-drafts; do
+    RUN_TAIL=3 run "generate-tc$d" 90 "$BIN" generate --device cuda --prompt 'def fibonacci(n):' --max-tokens 64 $d
+done
+F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens $LENS --decode ${DECODE:-32}"
+# shellcheck disable=SC2086 # F is a list of arguments
+[ "$(left)" -gt 200 ] && ab_runs f24tc TENSORFOLD_CUDA_ATTN_MMA=0 $F
+unset TENSORFOLD_CUDA_TENSOR_CORES
+if [ "${PREV:-0}" = 1 ] && [ "$(left)" -gt 200 ]; then
+    # shellcheck disable=SC2086
+    ab_runs f24prev PREV $F
+fi
+echo "left: $(left)s"
+printf '%s\n' "${summary[@]}"
