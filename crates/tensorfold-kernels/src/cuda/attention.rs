@@ -25,7 +25,7 @@ pub(crate) const TILE_HD: usize = 64;
 /// Query heads a warp of the tiled form takes at once (attention.cu's `ATTN_HB`).
 pub(crate) const TILE_HEADS: usize = 4;
 
-/// Largest head_dim of the tensor-core form (attention_mma.cu's `AM_HD`), which also needs head_dim % 16 == 0.
+/// Largest head_dim of the tensor-core form (attention_mma.cu's `AM_HD`), which also needs head_dim % 8 == 0.
 pub(crate) const MMA_HD: usize = 64;
 
 /// (row, query head) pairs a block of the tensor-core form holds (attention_mma.cu's `AM_M`): a tile has
@@ -80,9 +80,10 @@ fn tile_smem(hd: usize) -> usize {
 }
 
 /// Shared memory of a tensor-core block in bytes: three pieces of a sub-block's K rows and of its V columns, each
-/// row padded by 4 words (attention_mma.cu's `attn_mma`).
+/// row padded by 4 words, and each lane's query fragments (attention_mma.cu's `attn_mma`).
 fn mma_smem(hd: usize) -> usize {
-    4 * 3 * (MMA_SUB * (hd / 2 + 4) + hd * (MMA_SUB / 2 + 4))
+    let hdp = hd.next_multiple_of(16);
+    4 * 3 * (MMA_SUB * (hdp / 2 + 4) + hdp * (MMA_SUB / 2 + 4) + MMA_THREADS as usize * (hdp / 16) * 4)
 }
 
 /// Whether a call of `(hd, group)` runs on the tensor cores (the mode is on), refusing by name, in the mode, a
@@ -91,10 +92,10 @@ fn mma_form(be: &CudaBackend, kernel: &'static str, hd: usize, group: usize) -> 
     if !be.dev.attn_mma() {
         return Ok(false);
     }
-    if !hd.is_multiple_of(16) || hd > MMA_HD {
+    if !hd.is_multiple_of(8) || hd > MMA_HD {
         return Err(KernelError::Shape {
             kernel,
-            what: "head_dim on the tensor cores (a multiple of 16)",
+            what: "head_dim on the tensor cores (a multiple of 8)",
             got: hd,
             want: MMA_HD,
         });
@@ -493,7 +494,8 @@ mod tests {
         assert_eq!(rows.cut(5, 18).collect::<Vec<_>>(), vec![word(5, 12), word(17, 1)]);
         assert_eq!(tile_rows(true, 1), 64);
         assert_eq!(tile_rows(true, 64), 1);
-        assert_eq!(mma_smem(64), 4 * 3 * (64 * 36 + 64 * 36));
+        assert_eq!(mma_smem(64), 4 * 3 * (64 * 36 + 64 * 36 + 128 * 16));
+        assert_eq!(mma_smem(8), mma_smem(16));
         assert!(mma_smem(MMA_HD) <= 232_448);
     }
 

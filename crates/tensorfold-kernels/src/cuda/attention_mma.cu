@@ -18,9 +18,11 @@
 //   sum of p (each lane's 16 in key order, then lane t ^ 1's, then t ^ 2's), o = o alpha, then o += a fresh partial of
 //   the six products p_i v_j for each k16 step of keys, in order. A sub-block holding none of the row's keys leaves
 //   (m, l, o) as they were (selected), so the longer rows of a tile cost a shorter one no bit.
-// Needs hd % 16 == 0 and hd <= AM_HD (the host refuses other shapes in the mode). tiles: a word a tile, low 32 bits
-// its first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (hd / 2 + 4) words of K pieces and 3 hd
-// AM_VS words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks).
+// Needs hd % 8 == 0 and hd <= AM_HD (the host refuses other shapes in the mode); head dims past hd up to HDP, the
+// next multiple of 16, are zero in q, k and v (exact: they add zero products). tiles: a word a tile, low 32 bits its
+// first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (HDP / 2 + 4) words of K pieces and 3 HDP AM_VS
+// words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks), then
+// AM_THREADS 3 (HDP / 16) 4 words of the lanes' query fragments.
 #define AM_SUB 64
 #define AM_WARPS 4
 #define AM_THREADS 128  // AM_WARPS warps
@@ -71,27 +73,28 @@ __device__ __forceinline__ int am_keys(const u64* desc, u64 row) {
 }
 
 // One sub-block's K and V into shared memory as pieces: kp[pc][key][pair] (pair = dims 2i, 2i+1), vp[pc][dim][key
-// pair]; keys from `sk` on are zero.
-template <int HD>
-__device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const float* vin, int width, int off, int j0,
-                                         int sk, u32* kp, u32* vp) {
-  constexpr int KS = HD / 2 + 4;
+// pair]; keys from `sk` on and dims from `hd` on are zero.
+template <int HDP>
+__device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const float* vin, int hd, int width, int off,
+                                         int j0, int sk, u32* kp, u32* vp) {
+  constexpr int KS = HDP / 2 + 4;
   u32 p[3];
-  for (int i = threadIdx.x; i < AM_SUB * (HD / 2); i += AM_THREADS) {
-    int key = i / (HD / 2), pr = i - key * (HD / 2);
+  for (int i = threadIdx.x; i < AM_SUB * (HDP / 2); i += AM_THREADS) {
+    int key = i / (HDP / 2), pr = i - key * (HDP / 2);
     float2 x = make_float2(0.0f, 0.0f);
-    if (key < sk) x = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
+    if (key < sk && 2 * pr < hd) x = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
     am_split(x.x, x.y, p);
 #pragma unroll
     for (int pc = 0; pc < 3; pc++) kp[(pc * AM_SUB + key) * KS + pr] = p[pc];
   }
-  for (int i = threadIdx.x; i < HD * (AM_SUB / 2); i += AM_THREADS) {
-    int kq = i / HD, d = i - kq * HD;
-    float v0 = 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
-    float v1 = 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
+  for (int i = threadIdx.x; i < HDP * (AM_SUB / 2); i += AM_THREADS) {
+    int kq = i / HDP, d = i - kq * HDP;
+    bool in = d < hd;
+    float v0 = in && 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
+    float v1 = in && 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
     am_split(v0, v1, p);
 #pragma unroll
-    for (int pc = 0; pc < 3; pc++) vp[(pc * HD + d) * AM_VS + kq] = p[pc];
+    for (int pc = 0; pc < 3; pc++) vp[(pc * HDP + d) * AM_VS + kq] = p[pc];
   }
 }
 
@@ -129,15 +132,19 @@ __device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bo
   return alpha;
 }
 
-template <int HD>
+// HDP: head_dim rounded up to a multiple of 16 (the k16 steps of a score and the n8 tiles of an output row cover
+// it; dims from hd on are zero).
+template <int HDP>
 __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const float* kin, const float* vin,
-                                              const u64* desc, int heads, int group, int width, float scale,
+                                              const u64* desc, int heads, int group, int hd, int width, float scale,
                                               int max_chunks, float* part, int row0, const u64* tiles) {
-  constexpr int KS = HD / 2 + 4;
-  constexpr int KST = HD / 16;
-  constexpr int NT = HD / 8;
+  constexpr int KS = HDP / 2 + 4;
+  constexpr int KST = HDP / 16;
+  constexpr int NT = HDP / 8;
   u32* kp = reinterpret_cast<u32*>(sm);
   u32* vp = kp + 3 * AM_SUB * KS;
+  // This lane's query fragments, by lane (a lane reads back only its own words: no barrier).
+  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
   u64 tw = tiles[blockIdx.z];
   u64 first = tw & 0xffffffffull;
   int nrows = (int)(tw >> 32);
@@ -147,14 +154,13 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   int tile_keys = last.ckeys + last.own;
   if (start >= tile_keys) return;  // the whole block leaves together
   int nk = tile_keys - start < KEY_CHUNK ? tile_keys - start : KEY_CHUNK;
-  int off = kh * HD;
+  int off = kh * hd;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   int pairs = nrows * group;
   bool active = warp * 16 < pairs;  // warp-uniform
   int pr[2] = {warp * 16 + g, warp * 16 + g + 8};
   bool valid[2] = {pr[0] < pairs, pr[1] < pairs};
   int keys[2];
-  u32 qf[3][KST][4];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     int p = valid[i] ? pr[i] : 0;
@@ -163,16 +169,17 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 #ifdef FAULT_ATTN_MMA_ROW
     if (p + 1 < pairs) qp = p + 1;  // planted: an M row reads the next pair's query
 #endif
-    const float* qr = q + ((first + (u64)(qp / group)) * (u64)heads + (u64)(kh * group + qp % group)) * (u64)HD;
+    const float* qr = q + ((first + (u64)(qp / group)) * (u64)heads + (u64)(kh * group + qp % group)) * (u64)hd;
 #pragma unroll
     for (int ks = 0; ks < KST; ks++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        float2 x = valid[i] ? *reinterpret_cast<const float2*>(qr + 16 * ks + 8 * h + 2 * t) : make_float2(0.0f, 0.0f);
+        int d = 16 * ks + 8 * h + 2 * t;
+        float2 x = valid[i] && d < hd ? *reinterpret_cast<const float2*>(qr + d) : make_float2(0.0f, 0.0f);
         u32 pc3[3];
         am_split(x.x, x.y, pc3);
 #pragma unroll
-        for (int pc = 0; pc < 3; pc++) qf[pc][ks][2 * h + i] = pc3[pc];
+        for (int pc = 0; pc < 3; pc++) qs[((pc * KST + ks) * 4 + 2 * h + i) * 32] = pc3[pc];
       }
   }
   AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
@@ -188,33 +195,38 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   for (int j0 = start; j0 < start + nk; j0 += sub) {
     int sk = start + nk - j0 < sub ? start + nk - j0 : sub;
     __syncthreads();  // the previous sub-block's reads are done
-    am_stage<HD>(last, kin, vin, width, off, j0, sk, kp, vp);
+    am_stage<HDP>(last, kin, vin, hd, width, off, j0, sk, kp, vp);
     __syncthreads();
     if (!active) continue;
     float s[AM_SUB / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < AM_SUB / 8; nt++) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int nt = 0; nt < AM_SUB / 8; nt++)
 #pragma unroll
-      for (int ks = 0; ks < KST; ks++) {
+      for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KST; ks++) {
+      u32 a[3][4];
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+        for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
+#pragma unroll
+      for (int nt = 0; nt < AM_SUB / 8; nt++) {
         u32 b[3][2];
         am_bfrag(kp + (nt * 8 + g) * KS + ks * 8 + t, AM_SUB * KS, b);
-        u32 a[3][4];
-#pragma unroll
-        for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-          for (int w = 0; w < 4; w++) a[pc][w] = qf[pc][ks][w];
         float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         am_products(pt, a, b);
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc[e] = acc[e] + pt[e];
+        for (int e = 0; e < 4; e++) s[nt][e] = s[nt][e] + pt[e];
       }
+    }
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int key = j0 + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = key < keys[e >> 1] && key < j0 + sub ? acc[e] * scale : -inf_f();
+        s[nt][e] = key < keys[e >> 1] && key < j0 + sub ? s[nt][e] * scale : -inf_f();
       }
-    }
     bool live[2];
     float alpha[2];
     alpha[0] = am_softmax(s, 0, st[0], live[0]);
@@ -233,7 +245,7 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
         u32 b[3][2];
-        am_bfrag(vp + (nt * 8 + g) * AM_VS + ks * 8 + t, HD * AM_VS, b);
+        am_bfrag(vp + (nt * 8 + g) * AM_VS + ks * 8 + t, HDP * AM_VS, b);
         float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         am_products(pt, a, b);
 #pragma unroll
@@ -248,10 +260,10 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
     int p = pr[i];
     u64 row = first + (u64)(p / group);
     u64 h = (u64)(kh * group + p % group);
-    float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(HD + 2);
+    float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(hd + 2);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
-      *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
+      if (nt * 8 < hd) *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
     if (t == 0) {
       out[0] = st[i].m;
       out[1] = st[i].l;
@@ -260,24 +272,19 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 }
 
 // attn_partial's partials on the tensor cores: one block of AM_WARPS warps a (chunk, KV head, tile); attn_partial's
-// arguments with `tiles` last (hd = 16, 32, 48 or 64).
+// arguments with `tiles` last (hd a multiple of 8, at most AM_HD).
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
     attn_mma(const float* q, const float* kin, const float* vin, const u64* desc, int heads, int group, int hd,
              int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  switch (hd) {
-    case 64:
-      attn_mma_body<64>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
-      break;
-    case 48:
-      attn_mma_body<48>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
-      break;
-    case 32:
-      attn_mma_body<32>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
-      break;
-    default:
-      attn_mma_body<16>(sm, q, kin, vin, desc, heads, group, width, scale, max_chunks, part, row0, tiles);
-      break;
+  if (hd > 48) {
+    attn_mma_body<64>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+  } else if (hd > 32) {
+    attn_mma_body<48>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+  } else if (hd > 16) {
+    attn_mma_body<32>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+  } else {
+    attn_mma_body<16>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
   }
 }
