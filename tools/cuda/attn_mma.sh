@@ -4,11 +4,12 @@
 # controls red; the CUDA-core entries too), `exact --device cuda` on every bf16/f32 fixture in the mode, the default
 # pair drafted against plain in the mode, then `bench forward` on LFM2.5-24B-A2B's shape at long prompts with the
 # tensor-core linears on, alternating A (TENSORFOLD_CUDA_ATTN_MMA=0: attention on the CUDA cores) and B (attention
-# on the tensor cores) in the order A B B A; then, with PREV=1 and carry/bin/prev.xz, the previous binary against
-# this one in the default mode (A B B A). Runs carry/bin/tensorfold.xz (`--features cuda,contract`); logs go to $OUT;
-# BUDGET (seconds) skips what would not fit.
+# on the tensor cores) in the order A B B A; with NCU=1, Nsight Compute on two attn_mma launches of an 8,192-token
+# prefill; with ENGINE=1, `bench engine` at 1, 64 and 256 streams in the mode, A B B A; then, with PREV=1 and
+# carry/bin/prev.xz, the previous binary against this one in the default mode (A B B A). Runs
+# carry/bin/tensorfold.xz (`--features cuda,contract`); logs go to $OUT; BUDGET (seconds) skips what would not fit.
 #
-#   [PREV=1] [BUDGET=560] tools/cuda/attn_mma.sh [PROMPT_LENS]        default 2048,32768
+#   [PREV=1] [NCU=1] [ENGINE=1] [BUDGET=560] tools/cuda/attn_mma.sh [PROMPT_LENS]        default 2048,32768
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LENS=${1:-2048,32768}
@@ -30,6 +31,19 @@ done
 F="bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens $LENS --decode ${DECODE:-32}"
 # shellcheck disable=SC2086 # F is a list of arguments
 [ "$(left)" -gt 200 ] && ab_runs f24tc TENSORFOLD_CUDA_ATTN_MMA=0 $F
+NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${NCU:-0}" = 1 ] && [ -n "$NCU_BIN" ] && [ "$(left)" -gt 150 ]; then
+    # 8,192 tokens in chunks of 2,048: 40 attn_mma launches; the last chunk's hold the most keys.
+    run ncu-mma 140 env TENSORFOLD_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none -k regex:attn_mma --launch-skip 36 \
+        --launch-count 2 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+        "$BIN" bench forward --device cuda --model synthetic:lfm2.5-24b-a2b --prompt-lens 8192 --decode 2
+fi
+if [ "${ENGINE:-0}" = 1 ] && [ "$(left)" -gt 200 ]; then
+    E="bench engine --device cuda --model synthetic:lfm2.5-24b-a2b --levels 1,64,256 --tokens 64 --reps 1"
+    # shellcheck disable=SC2086
+    ab_runs e24tc TENSORFOLD_CUDA_ATTN_MMA=0 $E --temperatures 0 --check 4 --parallel 256
+fi
 unset TENSORFOLD_CUDA_TENSOR_CORES
 if [ "${PREV:-0}" = 1 ] && [ "$(left)" -gt 200 ]; then
     # shellcheck disable=SC2086

@@ -73,28 +73,42 @@ __device__ __forceinline__ int am_keys(const u64* desc, u64 row) {
 }
 
 // One sub-block's K and V into shared memory as pieces: kp[pc][key][pair] (pair = dims 2i, 2i+1), vp[pc][dim][key
-// pair]; keys from `sk` on and dims from `hd` on are zero.
+// pair]; keys from `sk` on and dims from `hd` on are zero. The loads of a round are all issued before the first is
+// used, so a sub-block waits for memory twice, not once an element.
 template <int HDP>
 __device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const float* vin, int hd, int width, int off,
                                          int j0, int sk, u32* kp, u32* vp) {
   constexpr int KS = HDP / 2 + 4;
-  u32 p[3];
-  for (int i = threadIdx.x; i < AM_SUB * (HDP / 2); i += AM_THREADS) {
-    int key = i / (HDP / 2), pr = i - key * (HDP / 2);
-    float2 x = make_float2(0.0f, 0.0f);
-    if (key < sk && 2 * pr < hd) x = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
-    am_split(x.x, x.y, p);
+  constexpr int N = AM_SUB * (HDP / 2) / AM_THREADS;  // K pairs a thread; as many V pairs
+  constexpr int H = N > 1 ? N / 2 : 1;                 // pairs a round: two rounds bound the registers held
 #pragma unroll
-    for (int pc = 0; pc < 3; pc++) kp[(pc * AM_SUB + key) * KS + pr] = p[pc];
-  }
-  for (int i = threadIdx.x; i < HDP * (AM_SUB / 2); i += AM_THREADS) {
-    int kq = i / HDP, d = i - kq * HDP;
-    bool in = d < hd;
-    float v0 = in && 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
-    float v1 = in && 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
-    am_split(v0, v1, p);
+  for (int n0 = 0; n0 < N; n0 += H) {
+    float2 kx[H];
+    float2 vx[H];
 #pragma unroll
-    for (int pc = 0; pc < 3; pc++) vp[(pc * HDP + d) * AM_VS + kq] = p[pc];
+    for (int n = 0; n < H; n++) {
+      int i = threadIdx.x + (n0 + n) * AM_THREADS;
+      int key = i / (HDP / 2), pr = i - key * (HDP / 2);
+      kx[n] = make_float2(0.0f, 0.0f);
+      if (key < sk && 2 * pr < hd) kx[n] = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
+      int kq = i / HDP, d = i - kq * HDP;
+      bool in = d < hd;
+      vx[n].x = in && 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
+      vx[n].y = in && 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
+    }
+    u32 p[3];
+#pragma unroll
+    for (int n = 0; n < H; n++) {
+      int i = threadIdx.x + (n0 + n) * AM_THREADS;
+      int key = i / (HDP / 2), pr = i - key * (HDP / 2);
+      am_split(kx[n].x, kx[n].y, p);
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++) kp[(pc * AM_SUB + key) * KS + pr] = p[pc];
+      int kq = i / HDP, d = i - kq * HDP;
+      am_split(vx[n].x, vx[n].y, p);
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++) vp[(pc * HDP + d) * AM_VS + kq] = p[pc];
+    }
   }
 }
 
