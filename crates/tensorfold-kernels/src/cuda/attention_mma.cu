@@ -112,7 +112,7 @@ __device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const
   }
 }
 
-// One pair's softmax state: the running max, the sum of p, and whether this sub-block held any of its keys.
+// One pair's softmax state: the running max and the sum of p.
 struct AmRow {
   float m;
   float l;
