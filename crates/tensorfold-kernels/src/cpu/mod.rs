@@ -311,9 +311,8 @@ mod tests {
     #[test]
     fn on_workers_runs_on_a_pool_worker() {
         let outer = rayon::current_thread_index();
-        let (inside, nested) = CpuBackend.on_workers(|| {
-            (rayon::current_thread_index(), CpuBackend.on_workers(rayon::current_thread_index))
-        });
+        let (inside, nested) = CpuBackend
+            .on_workers(|| (rayon::current_thread_index(), CpuBackend.on_workers(rayon::current_thread_index)));
         assert_eq!(outer, None, "the test thread is not a pool worker");
         assert_eq!(inside.is_some(), rayon::current_num_threads() > 1, "on a worker iff the pool has several");
         assert_eq!(nested, inside, "a nested call runs on the same thread");
