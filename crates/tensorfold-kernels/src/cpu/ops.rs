@@ -20,7 +20,10 @@ const WIDEN_ROWS: usize = 8;
 
 /// Multiply-adds below which a kernel runs on the calling thread: handing a decode step's small matrices to the
 /// pool costs more (waking threads, then waiting for them) than it saves. Where the split falls never changes bits.
-const PAR_MIN_MACS: usize = 1 << 17;
+/// Since the forward runs on a pool worker (`Ops::on_workers`), a split is a fork, cheap enough that the default
+/// pair's 256 x 256 projections gain from it: one-stream decode at 2 threads ~1,180 against ~1,010 tok/s at 1 << 17
+/// (docs/receipts/2026-12-06-cpu-decode.md).
+const PAR_MIN_MACS: usize = 1 << 16;
 
 /// Whether `macs` multiply-adds are worth splitting across the pool's threads.
 pub(crate) fn worth_threads(macs: usize) -> bool {
