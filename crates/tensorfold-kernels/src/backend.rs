@@ -197,6 +197,12 @@ pub trait StreamState: Memory {
 /// The forward's ops over a call's rows: embedding, norms, linears, RoPE, attention, the short conv, the FFN and MoE
 /// steps. The stateful ones walk a segment table (one [`Segment`] a stream).
 pub trait Ops: StreamState {
+    /// Runs `f` (a whole forward, whose kernels this backend's ops are) where those kernels dispatch cheapest: the CPU
+    /// runs it on a worker of its thread pool, so each kernel's split across threads is a fork inside the pool
+    /// rather than a hand-off from a thread outside it. Never changes a result. The default runs `f` here.
+    fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
     /// `out[r] = table[ids[r]]` widened to f32. Errors on an id past the table.
     fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;
     /// Row-wise RMSNorm over `width`: `x * rsqrt(mean(x^2) + eps) * weight`.

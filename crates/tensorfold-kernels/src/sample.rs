@@ -177,11 +177,36 @@ fn keyed_uniform(key: u64, token: u32) -> f64 {
 
 /// Gumbel noise `-ln(-ln(u))`; with `u` in `[2^-53, 1 - 2^-53]` it lies in about `[-3.59, 36.74]`.
 fn gumbel(key: u64, token: u32) -> f64 {
-    -(-keyed_uniform(key, token).ln()).ln()
+    noise(keyed_uniform(key, token))
+}
+
+/// The Gumbel noise of a uniform `u`: `-ln(-ln(u))`.
+fn noise(u: f64) -> f64 {
+    -(-u.ln()).ln()
 }
 
 /// A safe upper bound of [`gumbel`], used to skip tokens that cannot win.
 const GUMBEL_MAX: f64 = 40.0;
+
+/// The keyed uniform below which a token `need` short of the best score so far cannot reach it: the uniform whose
+/// noise is `floor(need) - 1`, a whole unit under `need` (far past the rounding of the logarithms and of the score's
+/// sum), 0 for `need < 2`. Noise grows with the uniform, so a token whose uniform is below cannot win or tie, and
+/// [`draw`] skips its two logarithms: at temperature 1 most of a vocabulary is within [`GUMBEL_MAX`] of the best
+/// but needs noise that one uniform in millions gives, and the logarithms were most of a draw's time.
+#[inline(always)]
+fn uniform_floor(floors: &[f64; 41], need: f64) -> f64 {
+    if need < 2.0 {
+        return 0.0;
+    }
+    // `need >= 2`: the cast is its floor (saturating for huge values), at least 2.
+    floors[(need as usize - 1).min(40)]
+}
+
+/// `FLOORS[d] = exp(-exp(-d))`, the uniform whose noise is `d` (computed once).
+fn uniform_floors() -> &'static [f64; 41] {
+    static FLOORS: std::sync::OnceLock<[f64; 41]> = std::sync::OnceLock::new();
+    FLOORS.get_or_init(|| std::array::from_fn(|d| (-(-(d as f64)).exp()).exp()))
+}
 
 /// Lanes of [`lane_sum`]: one a thread of the device draw's block.
 pub const DRAW_LANES: usize = 1024;
@@ -291,6 +316,7 @@ pub fn draw(params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u3
     let min_p = f64::from(params.min_p);
     let key = position_key(params.seed, position);
 
+    let floors = uniform_floors();
     let mut best_id = top;
     let mut best = s_max + gumbel(key, top);
     let mut consider = |id: u32| {
@@ -301,7 +327,11 @@ pub fn draw(params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u3
         if min_p > 0.0 && (s - s_max).exp() < min_p {
             return;
         }
-        let score = s + gumbel(key, id);
+        let u = keyed_uniform(key, id);
+        if u < uniform_floor(floors, best - s) {
+            return;
+        }
+        let score = s + noise(u);
         if score > best || (score == best && id < best_id) {
             best = score;
             best_id = id;
@@ -358,6 +388,40 @@ mod tests {
             }
         }
         best.1
+    }
+
+    /// Draws over wide logit spreads (where most tokens are skipped by their uniform) equal the brute-force
+    /// reference, and the floor is exact at its ends: a token a unit of noise short still runs its logarithms.
+    #[test]
+    fn skipping_by_the_uniform_keeps_every_draw() {
+        let mut state = 0x1234_5678_u64;
+        for spread in [1.0f32, 4.0, 12.0, 30.0, 60.0] {
+            let logits: Vec<f32> = (0..2_000)
+                .map(|_| {
+                    state = mix64(state.wrapping_add(GAMMA));
+                    (state >> 40) as f32 / (1u64 << 24) as f32 * spread
+                })
+                .collect();
+            for pos in 0..200 {
+                for t in [0.5f32, 1.0, 2.0] {
+                    let p = SamplingParams { temperature: t, seed: 9, ..SamplingParams::greedy() };
+                    assert_eq!(
+                        draw(&p, pos, &logits).unwrap(),
+                        reference(&p, pos, &logits),
+                        "spread {spread} pos {pos}"
+                    );
+                }
+            }
+        }
+        assert_eq!(uniform_floor(uniform_floors(), 1.99), 0.0);
+        for need in [2.0, 2.5, 7.9, 39.0, 1e30] {
+            let floor = uniform_floor(uniform_floors(), need);
+            // A floor of 1 skips every uniform: only right where even the largest noise is a unit short.
+            let largest = noise(1.0 - 2f64.powi(-53));
+            let ok =
+                if floor == 1.0 { largest <= need.floor() - 1.0 } else { noise(floor) <= need.floor() - 1.0 + 1e-9 };
+            assert!(floor > 0.0 && ok, "need {need}: floor {floor}, its noise {}", noise(floor));
+        }
     }
 
     #[test]

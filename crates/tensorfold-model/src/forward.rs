@@ -68,6 +68,13 @@ impl<B: Backend> Model<B> {
     /// collective's failure after that is returned as it happened; a device given up by the watchdog (a wait past
     /// the deadline, this one or an earlier) is `KernelError::DeviceLost` ([`Model::answered`]).
     pub fn forward(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
+        // On the CPU, the whole forward runs on a worker of the kernels' pool: each kernel's split is then a cheap
+        // fork from inside the pool instead of a cold hand-off from this thread and a sleep until it is done.
+        self.backend.on_workers(|| self.forward_here(batch))
+    }
+
+    /// [`Model::forward`] on the calling thread.
+    fn forward_here(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         self.check(&batch)?;
         // The whole forward is one watched wait (`crate::watch`): its launches, any collectives, and the sync that
         // reads its results, where a device that stops answering holds the host.

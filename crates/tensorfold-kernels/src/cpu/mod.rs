@@ -92,6 +92,15 @@ impl StreamState for CpuBackend {
 }
 
 impl Ops for CpuBackend {
+    fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
+            return f();
+        }
+        // The body of a scope runs on a worker of the pool; the kernels' `par_iter`s inside it are then forks
+        // that the other workers steal (or this one runs itself), with no thread outside the pool to wake.
+        rayon::scope(|_| f())
+    }
+
     fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
         ops::embed(table, ids, out)
     }
@@ -289,4 +298,43 @@ pub fn threads() -> usize {
 /// A named shape error when `got != want`.
 fn shape(kernel: &'static str, what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
     if got == want { Ok(()) } else { Err(KernelError::Shape { kernel, what, got, want }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CpuBackend;
+    use crate::bytes::MatView;
+    use crate::prelude::*;
+
+    /// A forward handed to `on_workers` runs on a worker of the pool (where there is more than one thread), returns
+    /// its value, and runs in place when already on a worker, so a nested call cannot wait on itself.
+    #[test]
+    fn on_workers_runs_on_a_pool_worker() {
+        let outer = rayon::current_thread_index();
+        let (inside, nested) = CpuBackend
+            .on_workers(|| (rayon::current_thread_index(), CpuBackend.on_workers(rayon::current_thread_index)));
+        assert_eq!(outer, None, "the test thread is not a pool worker");
+        assert_eq!(inside.is_some(), rayon::current_num_threads() > 1, "on a worker iff the pool has several");
+        assert_eq!(nested, inside, "a nested call runs on the same thread");
+    }
+
+    /// A linear large enough to split across threads gives the same bits inside `on_workers` (forks within the pool)
+    /// as outside it (a hand-off from this thread) and as on one thread alone.
+    #[test]
+    fn linear_bits_do_not_depend_on_where_it_runs() {
+        let (n, k, rows) = (1024, 256, 3);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+        let w = MatView::from_f32(n, k, &w);
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 1e-2).collect();
+        let run = || {
+            let mut out = vec![0f32; rows * n];
+            CpuBackend.linear(&x, rows, &w, None, &mut out);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let outside = run();
+        let inside = CpuBackend.on_workers(run);
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a pool of one").install(run);
+        assert_eq!(inside, outside, "inside the pool");
+        assert_eq!(one, outside, "on one thread");
+    }
 }

@@ -20,7 +20,10 @@ const WIDEN_ROWS: usize = 8;
 
 /// Multiply-adds below which a kernel runs on the calling thread: handing a decode step's small matrices to the
 /// pool costs more (waking threads, then waiting for them) than it saves. Where the split falls never changes bits.
-const PAR_MIN_MACS: usize = 1 << 17;
+/// Since the forward runs on a pool worker (`Ops::on_workers`), a split is a fork, cheap enough that the default
+/// pair's 256 x 256 projections gain from it: one-stream decode at 2 threads ~1,180 against ~1,010 tok/s at 1 << 17
+/// (docs/receipts/2026-12-06-cpu-decode.md).
+const PAR_MIN_MACS: usize = 1 << 16;
 
 /// Whether `macs` multiply-adds are worth splitting across the pool's threads.
 pub(crate) fn worth_threads(macs: usize) -> bool {
@@ -159,6 +162,10 @@ unsafe fn linear_cols(
     out: SendPtr,
 ) {
     let (rows, n) = (xs.len(), w.rows);
+    // SAFETY: forwarded (this caller's `out` and columns).
+    if rows == 1 && unsafe { one_row(level, xs[0], w, cols.clone(), bias, out) } {
+        return;
+    }
     let mut tmp = vec![0f32; ROW_BLOCK.min(rows) * COL_BLOCK];
     let mut wide = Vec::new();
     let m = MatRows::of(w);
@@ -179,6 +186,36 @@ unsafe fn linear_cols(
             }
         }
     }
+}
+
+/// A one-row call (a decode step's) over f32 or bf16 weights on AVX-512: columns `cols` by [`simd::dot_rows`], the
+/// same dots as the column blocks without their per-block work. `false` (nothing written) for other calls.
+///
+/// # Safety
+/// As [`linear_cols`].
+unsafe fn one_row(
+    level: Level,
+    x: &[f32],
+    w: &MatView,
+    cols: std::ops::Range<usize>,
+    bias: Option<&[f32]>,
+    out: SendPtr,
+) -> bool {
+    let b = w.bytes.as_slice();
+    let rows = match w.dtype {
+        Dtype::F32 => simd::Rows::F32(bytemuck::cast_slice(b), w.cols),
+        Dtype::Bf16 => simd::Rows::Bf16(bytemuck::cast_slice(b), w.cols),
+        Dtype::Q8 | Dtype::Q4 => return false,
+    };
+    // SAFETY: row 0 of `out` holds `w.rows` columns, and columns `cols` belong to this caller only.
+    let o = unsafe { std::slice::from_raw_parts_mut(out.at(cols.start), cols.len()) };
+    if !simd::dot_rows(level, x, rows, cols.clone(), o) {
+        return false;
+    }
+    if let Some(bias) = bias {
+        o.iter_mut().zip(&bias[cols]).for_each(|(v, b)| *v += b);
+    }
+    true
 }
 
 /// `tmp[i * COL_BLOCK + c] = dot(xs[i], w[cols.start + c])` for the column block `cols` (at most [`COL_BLOCK`]).

@@ -31,6 +31,38 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
     by_columns(level, xs, ws, out, stride);
 }
 
+/// A matrix's rows stored one after another, `k` elements each: f32 values or bf16 bit patterns.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// f32 weights, `[rows, k]` row-major.
+    F32(&'a [f32], usize),
+    /// bf16 weights as raw bits, `[rows, k]` row-major.
+    Bf16(&'a [u16], usize),
+}
+
+/// `out[i] = dot(x, w[cols.start + i])` for one x row: [`dot_grid`]'s bits (each output its own canonical dot) with
+/// none of its per-block work (building, checking and copying a block's row list and results), which at a decode
+/// step's small matrices cost as much as the dots. AVX-512 only; `false` (nothing done) on other levels.
+pub fn dot_rows(level: Level, x: &[f32], w: Rows, cols: std::ops::Range<usize>, out: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        let k = match w {
+            Rows::F32(_, k) | Rows::Bf16(_, k) => k,
+        };
+        assert!(x.len() == k && out.len() == cols.len(), "dot_rows: lengths differ");
+        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above, rows by slicing.
+        unsafe {
+            match w {
+                Rows::F32(v, _) => x86::rows1(x, &v[cols.start * k..cols.end * k], k, out),
+                Rows::Bf16(v, _) => x86::rows1(x, &v[cols.start * k..cols.end * k], k, out),
+            }
+        }
+        return true;
+    }
+    let _ = (x, w, cols, out);
+    false
+}
+
 /// [`dot_grid`] over affine rows in chunk form (a linear's column block, read without building [`WRow`]s): the
 /// same bits as `dot_grid` over the same rows.
 pub fn dot_grid_chunked(level: Level, xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], stride: usize) {
@@ -126,7 +158,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// A weight row the block reads 16 elements at a time as f32 lanes.
-    trait Src: Copy {
+    pub(super) trait Src: Copy {
         /// Whether a one-row block runs its 16 weight rows 4 at a time (each loaded value is used once, so the
         /// 16 widened rows need not be held in registers together); the same accumulations either way.
         const SPLIT: bool = false;
@@ -239,6 +271,30 @@ mod x86 {
             } else {
                 grid_of(xs, std::slice::from_raw_parts(ws.as_ptr().cast::<Codes<false>>(), ws.len()), out, stride)
             }
+        }
+    }
+
+    /// [`super::dot_rows`]: `out[j] = dot(x, w[j * k..(j + 1) * k])` for every row of `w`, 16 rows a register
+    /// block as [`grid_of`] takes one x row, the rows past the last whole 16 one at a time (the same dots).
+    ///
+    /// # Safety
+    /// avx512f present; `x.len() == k`, `w.len() == out.len() * k`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn rows1<E>(x: &[f32], w: &[E], k: usize, out: &mut [f32])
+    where
+        for<'b> &'b [E]: Src,
+    {
+        let n = out.len();
+        let n16 = n / 16 * 16;
+        for b in (0..n16).step_by(16) {
+            let ws: [&[E]; 16] = std::array::from_fn(|i| &w[(b + i) * k..(b + i + 1) * k]);
+            // SAFETY: avx512f present (this function's feature); every row has k elements, as x.
+            let r = unsafe { block::<1, 16, &[E]>(&[x], &ws) };
+            out[b..b + 16].copy_from_slice(&r);
+        }
+        for b in n16..n {
+            // SAFETY: as above.
+            out[b] = unsafe { block::<1, 1, &[E]>(&[x], &[&w[b * k..(b + 1) * k]]) }[0];
         }
     }
 
@@ -437,5 +493,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The one-row path gives each output the portable single dot's bits, at row lengths with and without a tail
+    /// chunk, row counts with and without a partial block of 16, and column ranges that start inside a block.
+    #[test]
+    fn dot_rows_gives_the_single_dots_bits() {
+        for k in [16, 40, 48, 256] {
+            for (n, cols) in [(16, 0..16), (19, 0..19), (40, 3..37), (64, 16..64), (5, 0..5)] {
+                let x = data(k, 11);
+                let wf = data(n * k, 5);
+                let wb: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+                for rows in [Rows::F32(&wf, k), Rows::Bf16(&wb, k)] {
+                    let mut got = vec![f32::NAN; cols.len()];
+                    if !dot_rows(Level::Avx512, &x, rows, cols.clone(), &mut got) {
+                        assert!(!available_levels().contains(&Level::Avx512), "AVX-512 present but not taken");
+                        continue;
+                    }
+                    for (i, j) in cols.clone().enumerate() {
+                        let w = match rows {
+                            Rows::F32(v, _) => WRow::F32(&v[j * k..(j + 1) * k]),
+                            Rows::Bf16(v, _) => WRow::Bf16(&v[j * k..(j + 1) * k]),
+                        };
+                        let mut one = [0f32];
+                        dot_tile(Level::Portable, &[&x], w, &mut one);
+                        assert_eq!(got[i].to_bits(), one[0].to_bits(), "k={k} n={n} column {j}");
+                    }
+                }
+            }
+        }
+        // Other levels decline (the caller then takes the column blocks).
+        let mut out = [0f32; 1];
+        assert!(!dot_rows(Level::Portable, &[1.0; 16], Rows::F32(&[1.0; 16], 16), 0..1, &mut out));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 pub mod affine;
 mod grid;
-pub use grid::{dot_grid, dot_grid_chunked};
+pub use grid::{Rows, dot_grid, dot_grid_chunked, dot_rows};
 
 /// Accumulator lanes of the canonical dot.
 pub const LANES: usize = 16;
