@@ -10,8 +10,8 @@ pub fn kernels(be: &CudaBackend) -> Vec<Box<dyn Entry>> {
     vec![Box::new(AttentionTc(be.clone()))]
 }
 
-/// Call widths of the invariance gate: the shared widths and 64 and 128, where segments span several tiles (a tile
-/// holds 64 (row, head) pairs: 16 rows at the served shape's 4 heads a KV head, 32 at the quick shape's 2).
+/// Call widths of the invariance gate: the shared widths and 64 and 128, where every stream's segment spans several
+/// tiles (a tile holds 64 (row, head) pairs: 16 rows at the 4 query heads a KV head of both shapes).
 const TC_WIDTHS: [usize; 8] = [1, 2, 3, 8, 16, 33, 64, 128];
 
 struct AttentionTc(CudaBackend);
@@ -48,7 +48,7 @@ impl Kernel for AttentionTc {
         "float64 causal GQA softmax attention of each row over its own stream's keys [0, pos]"
     }
     fn shapes(&self, scale: Scale) -> Vec<String> {
-        let (h, kv, hd, keys, long) = attn_shape(scale);
+        let (h, kv, hd, keys, long) = attn_shape(scale, true);
         vec![format!(
             "{h} heads, {kv} KV heads of {hd}; 4 streams holding {keys:?} keys, widths {TC_WIDTHS:?}; one stream of {long} keys"
         )]

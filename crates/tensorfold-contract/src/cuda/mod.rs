@@ -44,19 +44,22 @@ pub(super) fn with_fault<F: FaultKind>(base: &CudaBackend, plants: &[Planted<F>]
     }
 }
 
-/// Sets the device's tensor-core mode for an entry's gates (`on`) and puts the one before back when dropped.
-pub(super) struct TensorCoresOn<'a>(&'a CudaBackend, bool);
+/// Sets the device's tensor-core mode for an entry's gates (`on`, attention on the tensor cores with it whatever
+/// `TENSORFOLD_CUDA_ATTN_MMA` said) and puts the ones before back when dropped.
+pub(super) struct TensorCoresOn<'a>(&'a CudaBackend, bool, bool);
 
 impl<'a> TensorCoresOn<'a> {
     pub(super) fn new(be: &'a CudaBackend, on: bool) -> Self {
         let was = be.set_tensor_cores(on);
-        TensorCoresOn(be, was)
+        let mma = be.set_attn_mma(true);
+        TensorCoresOn(be, was, mma)
     }
 }
 
 impl Drop for TensorCoresOn<'_> {
     fn drop(&mut self) {
         self.0.set_tensor_cores(self.1);
+        self.0.set_attn_mma(self.2);
     }
 }
 

@@ -92,10 +92,18 @@ fn mma_form(be: &CudaBackend, kernel: &'static str, hd: usize, group: usize) -> 
     if !be.dev.attn_mma() {
         return Ok(false);
     }
-    if !hd.is_multiple_of(8) || hd > MMA_HD {
+    if !hd.is_multiple_of(8) {
         return Err(KernelError::Shape {
             kernel,
             what: "head_dim on the tensor cores (a multiple of 8)",
+            got: hd,
+            want: 8,
+        });
+    }
+    if hd > MMA_HD {
+        return Err(KernelError::Shape {
+            kernel,
+            what: "head_dim on the tensor cores (at most)",
             got: hd,
             want: MMA_HD,
         });
@@ -326,8 +334,8 @@ struct Launch {
 }
 
 impl Launch {
-    /// The arguments attn_partial and attn_tiled share, `table` last: attn_partial's row list (0: the rows from
-    /// `row0` in order) or attn_tiled's tile words.
+    /// The arguments attn_partial, attn_tiled and attn_mma share, `table` last: attn_partial's row list (0: the rows
+    /// from `row0` in order) or the tiled forms' tile words.
     fn args(&self, row0: i32, table: u64) -> [Arg; 13] {
         let [qp, kp, vp, dp, pp, _] = self.ptrs;
         [

@@ -119,14 +119,14 @@ struct AmRow {
 };
 
 // The sub-block's update of one pair (half e2 = 0: row g's slots 0, 1; 2: row g + 8's slots 2, 3): turns its scores
-// into p in place and returns alpha (1 where the sub-block holds none of its keys; `live` says which).
-__device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bool& live) {
+// into p in place and returns alpha. `live`: the sub-block holds some of the pair's keys (by position, so a NaN score
+// propagates as in attn_partial instead of reading as an empty sub-block); where not, alpha is 1 and the state stays.
+__device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bool live) {
   float mx = -inf_f();
 #pragma unroll
   for (int nt = 0; nt < AM_SUB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][e2], s[nt][e2 + 1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  live = mx > -inf_f();
   float nm = live ? fmaxf(st.m, mx) : 0.0f;
   float sum = 0.0f;
 #pragma unroll
@@ -202,7 +202,7 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) o[nt][e] = 0.0f;
-  int sub = AM_SUB;
+  int sub = AM_SUB;  // a variable (and the `key < j0 + sub` test below) only for the planted control
 #ifdef FAULT_ATTN_MMA_SPLIT_COUNT
   sub = ((nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
 #endif
@@ -241,7 +241,7 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
         int key = j0 + nt * 8 + 2 * t + (e & 1);
         s[nt][e] = key < keys[e >> 1] && key < j0 + sub ? s[nt][e] * scale : -inf_f();
       }
-    bool live[2];
+    bool live[2] = {j0 < keys[0], j0 < keys[1]};
     float alpha[2];
     alpha[0] = am_softmax(s, 0, st[0], live[0]);
     alpha[1] = am_softmax(s, 2, st[1], live[1]);

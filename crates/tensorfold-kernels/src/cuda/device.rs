@@ -159,9 +159,9 @@ pub struct Dev {
     /// [`Dev::set_attn_tile_rows`]: attention calls whose largest segment holds at least N rows run the tiled form
     /// (0: never). [`UNSET`]: [`ATTN_TILE`].
     attn_tile_rows: AtomicUsize,
-    /// `TENSORFOLD_CUDA_ATTN_MMA` (default on; 0 is a measuring aid): with tensor cores on, attention runs on them
-    /// too ([`Dev::attn_mma`]).
-    attn_mma: bool,
+    /// `TENSORFOLD_CUDA_ATTN_MMA` (default on; 0 is a measuring aid), or the contract's `set_attn_mma`: with tensor
+    /// cores on, attention runs on them too ([`Dev::attn_mma`]).
+    attn_mma: AtomicBool,
     /// Dynamic shared memory each kernel (by function handle) was let use past 48 KiB ([`Dev::allow_smem`]).
     smem_allowed: Mutex<HashMap<usize, usize>>,
 }
@@ -262,7 +262,7 @@ impl Dev {
             sms,
             smem_optin,
             attn_tile_rows,
-            attn_mma,
+            attn_mma: AtomicBool::new(attn_mma),
             smem_allowed: Mutex::default(),
         }))
     }

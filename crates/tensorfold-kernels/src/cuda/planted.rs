@@ -70,6 +70,12 @@ impl CudaBackend {
         self.dev.set_tensor_cores(on)
     }
 
+    /// Sets whether attention runs on the tensor cores in the tensor-core mode (`TENSORFOLD_CUDA_ATTN_MMA`) and returns
+    /// the one before.
+    pub fn set_attn_mma(&self, on: bool) -> bool {
+        self.dev.set_attn_mma(on)
+    }
+
     /// Sets the narrow tensor-core forms' column groups a block (1, 2 or 4; `None`: the host's choice by the
     /// column count) and returns the one before: the contract checks that each gives the same bits.
     pub fn set_tc_group(&self, groups: Option<usize>) -> Option<usize> {

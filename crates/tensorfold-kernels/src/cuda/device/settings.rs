@@ -64,7 +64,14 @@ impl Dev {
     /// Whether attention runs on the tensor cores (attention_mma.cu): the tensor-core mode is on and
     /// `TENSORFOLD_CUDA_ATTN_MMA` did not turn it off.
     pub fn attn_mma(&self) -> bool {
-        self.tensor_cores() && self.attn_mma
+        self.tensor_cores() && self.attn_mma.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether attention follows the tensor-core mode and returns the one before: the contract's tensor-core
+    /// attention entries check `attn_mma` whatever the environment said.
+    #[cfg(feature = "planted-faults")]
+    pub fn set_attn_mma(&self, on: bool) -> bool {
+        self.attn_mma.swap(on, Ordering::Relaxed)
     }
 
     /// Whether an attention call whose largest segment holds `rows` rows runs the tiled form, given it needs `smem`
