@@ -92,31 +92,23 @@ fn mma_form(be: &CudaBackend, kernel: &'static str, hd: usize, group: usize) -> 
     if !be.dev.attn_mma() {
         return Ok(false);
     }
+    mma_shape(kernel, hd, group).map(|()| true)
+}
+
+/// The shapes the tensor-core form serves: head_dim a multiple of 8 up to [`MMA_HD`], at most [`MMA_PAIRS`] query
+/// heads a KV head.
+fn mma_shape(kernel: &'static str, hd: usize, group: usize) -> Result<(), KernelError> {
+    let refuse = |what, got, want| Err(KernelError::Shape { kernel, what, got, want });
     if !hd.is_multiple_of(8) {
-        return Err(KernelError::Shape {
-            kernel,
-            what: "head_dim on the tensor cores (a multiple of 8)",
-            got: hd,
-            want: 8,
-        });
+        return refuse("head_dim on the tensor cores (a multiple of 8)", hd, 8);
     }
     if hd > MMA_HD {
-        return Err(KernelError::Shape {
-            kernel,
-            what: "head_dim on the tensor cores (at most)",
-            got: hd,
-            want: MMA_HD,
-        });
+        return refuse("head_dim on the tensor cores (at most)", hd, MMA_HD);
     }
     if group > MMA_PAIRS {
-        return Err(KernelError::Shape {
-            kernel,
-            what: "query heads per KV head on the tensor cores",
-            got: group,
-            want: MMA_PAIRS,
-        });
+        return refuse("query heads per KV head on the tensor cores", group, MMA_PAIRS);
     }
-    Ok(true)
+    Ok(())
 }
 
 /// The rows of a tile of the form `mma` names (see [`mma_form`]).
@@ -427,7 +419,7 @@ fn run(
     let launch_rows = (SCRATCH_FLOATS / per_row).clamp(1, GRID_YZ).min(n_rows);
     let part = be.dev.alloc(f32_bytes(mul(launch_rows, per_row)?)?)?;
     let dm = be.dev.stage(rows.desc)?;
-    let tiled = hd <= TILE_HD && hd.is_multiple_of(4) && be.dev.attn_tiled(rows.widest, tile_smem(hd));
+    let tiled = !mma && hd <= TILE_HD && hd.is_multiple_of(4) && be.dev.attn_tiled(rows.widest, tile_smem(hd));
     let ptrs = [
         q.ptr()?,
         k.ptr()?,
@@ -489,6 +481,19 @@ mod tests {
         assert_eq!(rows.tile_words(20, 43), (vec![word(20, 13), word(33, 8), word(41, 2)], vec![]));
         assert_eq!(rows.tile_words(18, 19), (vec![], vec![18]));
         assert_eq!(rows.tile_words(42, 43), (vec![], vec![42]));
+    }
+
+    /// The tensor-core form serves head_dim 8, 16, ..., 64 and refuses the rest by name.
+    #[test]
+    fn tensor_core_shapes_are_refused_by_name() {
+        for hd in [8, 24, 32, 64] {
+            assert!(mma_shape("attention", hd, 4).is_ok(), "{hd}");
+        }
+        for (hd, group) in [(12, 4), (72, 4), (128, 4), (64, 65)] {
+            let e = mma_shape("attention", hd, group).unwrap_err();
+            assert!(matches!(e, KernelError::Shape { kernel: "attention", .. }), "{e}");
+            assert!(e.to_string().contains("tensor cores"), "{e}");
+        }
     }
 
     /// The tensor-core form's tiles hold `MMA_PAIRS / group` rows, one-row tiles included.
