@@ -14,6 +14,7 @@ use tensorfold_kernels::DeviceWatch;
 enum Command {
     Submit(Request, Sink, Sender<Result<RequestId, SubmitError>>),
     SubmitGroup(Vec<Request>, Vec<Sink>, Sender<Result<Vec<RequestId>, SubmitError>>),
+    SubmitAll(Vec<(Request, Sink)>, Sender<Vec<Result<RequestId, SubmitError>>>),
     Cancel(RequestId),
     Shutdown,
 }
@@ -39,6 +40,26 @@ impl EngineHandle {
         let (rtx, rrx) = mpsc::channel();
         self.tx.send(Command::Submit(req, sink, rtx)).map_err(|_| SubmitError::Stopped)?;
         rrx.recv().map_err(|_| SubmitError::Stopped)?
+    }
+
+    /// Submits independent requests in one command, so every one is queued at the same round boundary: the engine
+    /// answers submissions between rounds, so `submit` called in a loop admits one request a round. Results come in
+    /// order; each request is queued or refused on its own, as by `submit`.
+    pub fn submit_all(&self, reqs: Vec<Request>) -> Vec<Result<(RequestId, Receiver<Event>), SubmitError>> {
+        let n = reqs.len();
+        let (pairs, rxs): (Vec<(Request, Sink)>, Vec<Receiver<Event>>) = reqs
+            .into_iter()
+            .map(|r| {
+                let (etx, erx) = mpsc::channel();
+                ((r, etx.into()), erx)
+            })
+            .unzip();
+        let (rtx, rrx) = mpsc::channel();
+        let ids = match self.tx.send(Command::SubmitAll(pairs, rtx)).ok().and_then(|_| rrx.recv().ok()) {
+            Some(ids) => ids,
+            None => (0..n).map(|_| Err(SubmitError::Stopped)).collect(),
+        };
+        ids.into_iter().zip(rxs).map(|(id, rx)| id.map(|id| (id, rx))).collect()
     }
 
     /// Submits a group sharing one prefill (`n` streams of one prompt; `Core::submit_group`): request `i`'s events
@@ -168,6 +189,9 @@ fn run<T: Target>(mut core: Core<T>, rx: Receiver<Command>, metrics: Arc<Mutex<M
                 }
                 Command::SubmitGroup(reqs, sinks, reply) => {
                     let _ = reply.send(core.submit_group(reqs, sinks));
+                }
+                Command::SubmitAll(pairs, reply) => {
+                    let _ = reply.send(pairs.into_iter().map(|(req, sink)| core.submit(req, sink)).collect());
                 }
                 Command::Cancel(id) => {
                     core.cancel(id);

@@ -181,3 +181,26 @@ fn a_cancel_through_a_handle_ends_a_running_stream_and_leaves_another_untouched(
     let o = collect(other);
     assert_eq!((o.tokens, o.reason), (common::reference(&FakeTarget::new(), &short).0, FinishReason::Length));
 }
+
+#[test]
+fn submit_all_queues_every_request_before_the_next_round_and_refuses_each_on_its_own() {
+    let target = FakeTarget::new();
+    let engine = Engine::start(target.clone(), EngineConfig { parallel: 8, ..EngineConfig::default() });
+    let h = engine.handle();
+    let mut reqs: Vec<Request> =
+        (0..8).map(|i| Request { ignore_eos: true, ..Request::greedy(vec![1, 2 + i, 3, 4], 5) }).collect();
+    reqs.insert(3, Request::greedy(Vec::new(), 5));
+    let mut results = h.submit_all(reqs.clone());
+    assert!(matches!(results.remove(3), Err(tensorfold_engine::SubmitError::EmptyPrompt)), "refused by name");
+    reqs.remove(3);
+    for (r, res) in reqs.iter().zip(results) {
+        let (_, rx) = res.expect("queued");
+        let got = collect(rx);
+        assert_eq!(got.reason, FinishReason::Length);
+        let (want, _) = common::reference(&target, r);
+        assert_eq!(got.tokens, want, "a reply equals the serial reference");
+    }
+    // One round prefills all eight and draws their first tokens, then four decode rounds: `submit` in a loop
+    // queues one request a round and takes at least 12.
+    assert_eq!(settled(&h, 40).rounds, 5);
+}

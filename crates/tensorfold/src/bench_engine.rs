@@ -124,8 +124,10 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
     let drafting = a.max_draft > 0;
     let (vocab, context) = (loaded.model.cfg.vocab as u64, loaded.model.cfg.max_positions);
     let max_level = a.grid.levels.iter().copied().max().unwrap_or(1);
+    let parallel = a.parallel.unwrap_or(max_level).max(1);
     let cfg = EngineConfig {
-        parallel: a.parallel.unwrap_or(max_level).max(1),
+        parallel,
+        round_rows: EngineConfig::default_round_rows(parallel, EngineConfig::default().prefill_chunk),
         queue_capacity: max_level.max(64),
         shared_rounds: a.shared_rounds,
         max_draft: a.max_draft,
@@ -191,8 +193,12 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                     let reqs: Vec<Request> = reqs.iter().map(|r| Request { draft: modes[m], ..r.clone() }).collect();
                     let m0 = h.metrics();
                     let t0 = Instant::now();
-                    let rxs =
-                        reqs.iter().map(|r| h.submit(r.clone()).map(|(_, rx)| rx)).collect::<Result<Vec<_>, _>>()?;
+                    // One command for the level: `submit` in a loop would admit one request a round.
+                    let rxs = h
+                        .submit_all(reqs.clone())
+                        .into_iter()
+                        .map(|s| s.map(|(_, rx)| rx))
+                        .collect::<Result<Vec<_>, _>>()?;
                     let replies = rxs.into_iter().map(collect).collect::<anyhow::Result<Vec<_>>>()?;
                     rows[m].add(&replies, t0.elapsed().as_secs_f64());
                     let m1 = h.metrics();

@@ -47,9 +47,10 @@ pub struct Args {
     /// Memory budget for the streams' KV rows, conv states and scratch, in GiB.
     #[arg(long, default_value_t = 4.0, env = "TENSORFOLD_MEMORY_GIB")]
     memory_gib: f64,
-    /// Rows a shared round may hold (decode rows first, then prompt chunks).
-    #[arg(long, default_value_t = 512, env = "TENSORFOLD_ROUND_ROWS")]
-    round_rows: usize,
+    /// Rows a shared round may hold (decode rows first, then prompt chunks) [default: --parallel plus
+    /// --prefill-chunk, at least 512]
+    #[arg(long, env = "TENSORFOLD_ROUND_ROWS")]
+    round_rows: Option<usize>,
     /// Prompt chunk in tokens (prompt-cache states are kept at its multiples).
     #[arg(long, default_value_t = 256, env = "TENSORFOLD_PREFILL_CHUNK")]
     prefill_chunk: usize,
@@ -136,8 +137,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     // What needs no model is refused before the port opens.
     devices::check_gpus(a.dev.gpu, a.dev.gpus)?;
     a.dev.deadline()?;
-    for (flag, v) in [("--parallel", a.parallel), ("--round-rows", a.round_rows), ("--prefill-chunk", a.prefill_chunk)]
-    {
+    let round_rows = a.round_rows.unwrap_or(EngineConfig::default_round_rows(a.parallel, a.prefill_chunk));
+    for (flag, v) in [("--parallel", a.parallel), ("--round-rows", round_rows), ("--prefill-chunk", a.prefill_chunk)] {
         if v == 0 {
             bail!("{flag} must be at least 1");
         }
@@ -185,7 +186,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     let cfg = EngineConfig {
         parallel: a.parallel,
         queue_capacity: a.queue,
-        round_rows: a.round_rows,
+        round_rows,
         prefill_chunk: a.prefill_chunk,
         memory_bytes: gib(a.memory_gib),
         prompt_cache_bytes: gib(a.prompt_cache_gib),
@@ -334,11 +335,12 @@ impl LoadPlan {
         loaded.model.cfg.max_positions = self.context.unwrap_or(max).min(max);
         let ctx = loaded.model.cfg.max_positions;
         tracing::info!(
-            "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes",
+            "loaded {} ({} layers, {:.1} MiB of weights); context {ctx}, {} lanes, rounds of up to {} rows",
             loaded.model.cfg.family.as_str(),
             loaded.model.cfg.layers.len(),
             loaded.model.weight_bytes() as f64 / (1 << 20) as f64,
-            self.cfg.parallel
+            self.cfg.parallel,
+            self.cfg.round_rows
         );
         let text = loaded.text.map(Arc::new);
         let model = Arc::new(loaded.model);

@@ -41,6 +41,15 @@ pub struct EngineConfig {
     pub planted: Option<super::PlantedFault>,
 }
 
+impl EngineConfig {
+    /// The default row budget for `parallel` lanes: a decode row for every lane plus one prompt chunk, and at least
+    /// 512, so prefill keeps a chunk a round however many streams decode (vLLM likewise keeps its token budget
+    /// above `max_num_seqs`).
+    pub fn default_round_rows(parallel: usize, prefill_chunk: usize) -> usize {
+        parallel.saturating_add(prefill_chunk).max(512)
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
