@@ -492,6 +492,11 @@ pub trait Diagnostics: Memory {
     fn memory_high(&self) -> Option<(usize, usize)> {
         None
     }
+    /// Bytes of device memory new allocations can still take (free memory plus the pool's unused reserve), for
+    /// memory admission's default budget; `None` where memory is the host's or the device cannot say.
+    fn memory_free(&self) -> Option<usize> {
+        None
+    }
     /// Per-kernel counters gathered since the last call, as a table, where the backend keeps them (the CUDA
     /// backend with `TENSORFOLD_CUDA_PROFILE` set); `None` elsewhere. A measuring aid, never on by default.
     fn take_profile(&self) -> Option<String> {

@@ -171,13 +171,21 @@ impl<B: Backend> Model<B> {
         let conv = c.layers.len() - attn;
         let per_token = [attn, 2, c.kv_heads, c.head_dim, 4].into_iter().fold(1usize, usize::saturating_mul);
         let kv = per_token.saturating_mul(tokens);
-        let ffn = c.moe.as_ref().map_or(c.dense_inter, |m| m.inter.saturating_mul(m.top_k));
-        let scratch = 8usize.saturating_mul(c.hidden).saturating_add(c.vocab).saturating_add(ffn.saturating_mul(3));
         // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
         let window = (c.conv_taps.saturating_sub(1).saturating_mul(2) + 64).saturating_mul(c.hidden);
         let draft = self.drafter.as_ref().map_or(0, |d| d.context_bytes(tokens));
         kv.saturating_add(conv.saturating_mul(window).saturating_mul(4))
-            .saturating_add(scratch.saturating_mul(4))
+            .saturating_add(self.round_bytes(1))
             .saturating_add(draft)
+    }
+
+    /// Bytes of the activations of a round of `rows` rows (f32: the residual stream and its temporaries, a row's
+    /// logits, the feed-forward's widest intermediate three times): the part of device memory that rounds, not
+    /// streams, hold, so memory admission's default budget leaves it out. Saturating, as `stream_bytes`.
+    pub fn round_bytes(&self, rows: usize) -> usize {
+        let c = &self.cfg;
+        let ffn = c.moe.as_ref().map_or(c.dense_inter, |m| m.inter.saturating_mul(m.top_k));
+        let row = 8usize.saturating_mul(c.hidden).saturating_add(c.vocab).saturating_add(ffn.saturating_mul(3));
+        row.saturating_mul(4).saturating_mul(rows)
     }
 }

@@ -8,6 +8,7 @@
 //! `--json FILE` writes the same figures, per-repetition values and reply hashes as a JSON summary.
 
 use crate::default_model;
+use crate::memory_budget::{BudgetAsk, stream_budget};
 use anyhow::Context;
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -31,6 +32,10 @@ pub struct Args {
     /// Lanes (default: the largest level).
     #[arg(long)]
     parallel: Option<usize>,
+    /// Memory admission's budget in GiB (default: 8 on the CPU; on a GPU what `serve` takes by default, 0.9 of the
+    /// device memory free after the weights, less the prompt cache and one round's activations).
+    #[arg(long)]
+    memory_gib: Option<f64>,
     /// One forward over all streams' rows a round (true) or one forward per stream (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     shared_rounds: bool,
@@ -125,7 +130,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
     let (vocab, context) = (loaded.model.cfg.vocab as u64, loaded.model.cfg.max_positions);
     let max_level = a.grid.levels.iter().copied().max().unwrap_or(1);
     let parallel = a.parallel.unwrap_or(max_level).max(1);
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         parallel,
         round_rows: EngineConfig::default_round_rows(parallel, EngineConfig::default().prefill_chunk),
         queue_capacity: max_level.max(64),
@@ -166,12 +171,22 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
     let chunk = cfg.prefill_chunk;
     // Plain runs: the solo runs share the engine's weights (the engine is idle while they run), one copy on the
     // device. Drafted runs: the solo reference is a second copy without the drafter, independent of its code path.
+    let ask = BudgetAsk {
+        gib: a.memory_gib,
+        host_gib: 8.0,
+        prompt_cache_bytes: cfg.prompt_cache_bytes,
+        round_rows: cfg.round_rows,
+    };
+    let budget = stream_budget(&loaded.model, &ask)?;
+    cfg.memory_bytes = budget.bytes;
+    println!("memory admission: {}", budget.how);
     let model = std::sync::Arc::new(loaded.model);
     let solo_model = if drafting {
         std::sync::Arc::new(dev.open(&src).context("opening the model for the solo runs")?.model)
     } else {
         model.clone()
     };
+    let profiled = model.clone();
     let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
     println!("sampled requests: top_k {} top_p {} (greedy ones: off)", a.top_k, a.top_p);
@@ -201,6 +216,10 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                         .collect::<Result<Vec<_>, _>>()?;
                     let replies = rxs.into_iter().map(collect).collect::<anyhow::Result<Vec<_>>>()?;
                     rows[m].add(&replies, t0.elapsed().as_secs_f64());
+                    // A kernel profile (TENSORFOLD_CUDA_PROFILE) of the concurrent run alone, apart from its checks.
+                    if let Some(p) = profiled.backend.take_profile() {
+                        println!("level {level} temp {temp} rep {rep}: the concurrent run's kernels: {p}");
+                    }
                     let m1 = h.metrics();
                     rows[m].round_s += m1.round_seconds - m0.round_seconds;
                     rows[m].forward_s += m1.forward_seconds - m0.forward_seconds;
@@ -234,6 +253,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
                         }
                         rows[m].total += 1;
                     }
+                    let _solo_runs = (profiled.backend.take_profile(), solo_model.backend.take_profile());
                 }
             }
             let mut figures = Vec::new();

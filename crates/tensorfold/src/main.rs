@@ -10,6 +10,7 @@ mod exact;
 mod generate;
 mod hub;
 mod inspect;
+mod memory_budget;
 mod serve;
 
 use anyhow::Context;

@@ -2,6 +2,7 @@
 //! Face hub id (`hub.rs`).
 
 use crate::devices::{self, Devices};
+use crate::memory_budget::{BudgetAsk, stream_budget};
 use crate::{Device, Verify, check_device, default_model};
 use anyhow::{Context, bail};
 use std::path::PathBuf;
@@ -44,9 +45,10 @@ pub struct Args {
     /// Prompt cache size in GiB (0 turns it off).
     #[arg(long, default_value_t = 1.0, env = "TENSORFOLD_PROMPT_CACHE_GIB")]
     prompt_cache_gib: f64,
-    /// Memory budget for the streams' KV rows, conv states and scratch, in GiB.
-    #[arg(long, default_value_t = 4.0, env = "TENSORFOLD_MEMORY_GIB")]
-    memory_gib: f64,
+    /// Memory budget for the streams' KV rows, conv states and scratch, in GiB [default: 4 on the CPU; on a GPU 0.9
+    /// of the device memory free after the weights, less the prompt cache and one round's activations]
+    #[arg(long, env = "TENSORFOLD_MEMORY_GIB")]
+    memory_gib: Option<f64>,
     /// Rows a shared round may hold (decode rows first, then prompt chunks) [default: --parallel plus
     /// --prefill-chunk, at least 512]
     #[arg(long, env = "TENSORFOLD_ROUND_ROWS")]
@@ -146,7 +148,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     if a.context == Some(0) {
         bail!("--context must be at least 1");
     }
-    if a.memory_gib <= 0.0 {
+    if a.memory_gib.is_some_and(|g| !(g > 0.0 && g.is_finite())) {
         bail!("--memory-gib must be positive: every request would be refused");
     }
     let (model, hub_name) = model_dir(a.model.take())?;
@@ -188,7 +190,8 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         queue_capacity: a.queue,
         round_rows,
         prefill_chunk: a.prefill_chunk,
-        memory_bytes: gib(a.memory_gib),
+        // Set once the model is loaded (`memory_budget`): on a GPU it depends on what the weights left.
+        memory_bytes: 0,
         prompt_cache_bytes: gib(a.prompt_cache_gib),
         copy_min: a.copy_min,
         max_draft: if a.no_drafts { 0 } else { a.max_draft },
@@ -207,6 +210,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         max_tokens: a.max_tokens,
         verify: a.verify,
         cfg,
+        memory_gib: a.memory_gib,
         dev: a.dev,
     };
     render_workers(a.template_in_process)?;
@@ -296,6 +300,7 @@ struct LoadPlan {
     max_tokens: usize,
     verify: Verify,
     cfg: EngineConfig,
+    memory_gib: Option<f64>,
     dev: devices::DeviceArgs,
 }
 
@@ -320,7 +325,7 @@ impl LoadPlan {
         }
     }
 
-    fn load_on<B: devices::Ranks>(self, dev: Devices<B>) -> Result<(Ready, Engine), String> {
+    fn load_on<B: devices::Ranks>(mut self, dev: Devices<B>) -> Result<(Ready, Engine), String> {
         let src = &self.src;
         tracing::info!("loading {} on {} x{} ...", src.describe(), dev.backend.name(), dev.world());
         let mut loaded = dev.open(src).map_err(|e| format!("{e:#}"))?;
@@ -342,6 +347,15 @@ impl LoadPlan {
             self.cfg.parallel,
             self.cfg.round_rows
         );
+        let ask = BudgetAsk {
+            gib: self.memory_gib,
+            host_gib: 4.0,
+            prompt_cache_bytes: self.cfg.prompt_cache_bytes,
+            round_rows: self.cfg.round_rows,
+        };
+        let budget = stream_budget(&loaded.model, &ask).map_err(|e| format!("{e:#}"))?;
+        tracing::info!("memory admission: {}", budget.how);
+        self.cfg.memory_bytes = budget.bytes;
         let text = loaded.text.map(Arc::new);
         let model = Arc::new(loaded.model);
         let m = model.clone();

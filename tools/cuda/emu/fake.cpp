@@ -42,6 +42,7 @@ API CUresult cuCtxSynchronize() { return 0; }
 API CUresult cuDeviceGetAttribute(int* v, int a, int) { *v = a == 75 ? 9 : a == 76 ? 0 : a == 115 ? 1 : a == 16 ? 4 : a == 97 ? 232448 : 0; return 0; }
 API CUresult cuDeviceGetName(char* s, int len, int) { snprintf(s, len, "TensorFold CPU emulator"); return 0; }
 API CUresult cuDeviceTotalMem_v2(size_t* b, int) { *b = 1ull << 34; return 0; }
+API CUresult cuMemGetInfo_v2(size_t* f, size_t* t) { *f = 1ull << 33; *t = 1ull << 34; return 0; }  // 8 of 16 GiB free
 API CUresult cuStreamCreate(void** s, unsigned) { *s = (void*)0x5678; return 0; }
 API CUresult cuStreamDestroy_v2(void*) { return 0; }
 API CUresult cuStreamDestroy(void*) { return 0; }

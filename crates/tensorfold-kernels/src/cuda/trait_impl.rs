@@ -456,6 +456,10 @@ impl Diagnostics for CudaBackend {
         self.dev.pool_high().ok()
     }
 
+    fn memory_free(&self) -> Option<usize> {
+        self.dev.mem_free().ok()
+    }
+
     fn take_profile(&self) -> Option<String> {
         self.dev.take_profile()
     }

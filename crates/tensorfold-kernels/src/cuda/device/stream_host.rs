@@ -413,21 +413,33 @@ impl Dev {
     /// The default pool's high-water marks: `(used, reserved)` bytes.
     pub fn pool_high(&self) -> Result<(usize, usize), CudaError> {
         self.bind()?;
-        let attr = |a: sys::CUmemPool_attribute| -> Result<usize, CudaError> {
-            let mut v = 0u64;
-            // SAFETY: the device handle belongs to a live context; both attributes are u64.
-            unsafe {
-                let pool = result::device::get_default_mem_pool(self.ctx.cu_device())
-                    .map_err(|e| driver("cuDeviceGetDefaultMemPool", e))?;
-                result::mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut c_void)
-                    .map_err(|e| driver("cuMemPoolGetAttribute", e))?;
-            }
-            Ok(v as usize)
-        };
         Ok((
-            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-            attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            self.pool_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            self.pool_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
         ))
+    }
+
+    /// Bytes new allocations can still take: the driver's free device memory plus what the default pool holds
+    /// reserved but unused (`cuMemGetInfo`, `cuMemPoolGetAttribute`).
+    pub fn mem_free(&self) -> Result<usize, CudaError> {
+        self.bind()?;
+        let (free, _total) = result::mem_get_info().map_err(|e| driver("cuMemGetInfo", e))?;
+        let reserved = self.pool_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = self.pool_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        Ok(free + reserved.saturating_sub(used))
+    }
+
+    /// One u64 attribute of the device's default pool (the context bound).
+    fn pool_attr(&self, a: sys::CUmemPool_attribute) -> Result<usize, CudaError> {
+        let mut v = 0u64;
+        // SAFETY: the device handle belongs to a live context; the attributes read here are u64.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(self.ctx.cu_device())
+                .map_err(|e| driver("cuDeviceGetDefaultMemPool", e))?;
+            result::mem_pool::get_attribute(pool, a, &mut v as *mut u64 as *mut c_void)
+                .map_err(|e| driver("cuMemPoolGetAttribute", e))?;
+        }
+        Ok(v as usize)
     }
 }
 
