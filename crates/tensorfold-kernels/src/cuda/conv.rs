@@ -105,7 +105,11 @@ fn launch(
         Arg::P(out.ptr()?),
     ];
     be.dev.launch(&f, (blocks(mul(c.rows, width)?)?, 1, 1), BLOCK, 0, &args)?;
-    let spans = [("conv_window", blocks(most)?.clamp(1, 1024)), ("conv_state", blocks(hist * width)?.clamp(1, 1024))];
+    // Both kernels stride over their segment, so the blocks a segment gets change no value: at most
+    // SPAN_BLOCKS / segments of them, or a round of a thousand decode rows beside one prompt chunk sized every
+    // segment's grid by the chunk's window (400k mostly idle blocks, 0.4 ms a layer on an H100).
+    let cap = (SPAN_BLOCKS / segs.len().max(1)).clamp(4, 1024) as u32;
+    let spans = [("conv_window", blocks(most)?.clamp(1, cap)), ("conv_state", blocks(hist * width)?.clamp(1, cap))];
     for (name, span) in spans {
         let f = be.func(Src::Conv, name)?;
         for (i, chunk) in table.chunks(4 * GRID_YZ).enumerate() {
@@ -115,6 +119,9 @@ fn launch(
     }
     finish(segs, states, temps)
 }
+
+/// Blocks the window and state launches spread over a call's segments (each segment gets at least 4).
+const SPAN_BLOCKS: usize = 8192;
 
 /// Segments of at most this many rows each (decode and verify rounds) make the call one `conv_fused` launch: a
 /// thread loops over its segment's rows, so long prefill segments keep the three wide launches.
