@@ -492,6 +492,13 @@ pub trait Diagnostics: Memory {
     fn memory_high(&self) -> Option<(usize, usize)> {
         None
     }
+    /// Refuses, by name, an attention shape (`heads` query heads over `kv_heads` KV heads of `head_dim`) this
+    /// backend's attention kernels cannot serve, so a model is refused at open instead of at its first request;
+    /// `Ok` where every shape the config admission lets through is served.
+    fn check_attention(&self, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), KernelError> {
+        let _ = (heads, kv_heads, head_dim);
+        Ok(())
+    }
     /// Bytes of device memory new allocations can still take (free memory plus the pool's unused reserve), for
     /// memory admission's default budget; `None` where memory is the host's or the device cannot say.
     fn memory_free(&self) -> Option<usize> {

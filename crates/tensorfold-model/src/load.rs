@@ -26,6 +26,9 @@ pub enum OpenError {
     /// Expert parallelism cannot split this model over these devices.
     #[error("expert parallelism: {0}")]
     ExpertParallel(String),
+    /// The backend's kernels cannot serve the model's attention shape (refused before any weight is bound).
+    #[error("the device cannot serve this model's attention: {0}")]
+    Unserved(tensorfold_kernels::KernelError),
     /// `generation_config.json` is unreadable.
     #[error("generation_config.json is invalid: {0}")]
     Generation(String),
@@ -167,6 +170,9 @@ pub(crate) fn open_table<B: Backend>(
     backend: B,
     owned: std::ops::Range<usize>,
 ) -> Result<Loaded<B>, OpenError> {
+    if cfg.layers.contains(&Mixer::Attention) {
+        backend.check_attention(cfg.heads, cfg.kv_heads, cfg.head_dim).map_err(OpenError::Unserved)?;
+    }
     let weights = bind_owning(&cfg, table, &backend, owned)?;
     let text = open_text(src)?;
     let mut eos_ids = generation_eos(src)?;

@@ -73,4 +73,22 @@ else
     echo "FAIL: generate --device cuda"; tail -5 "$DIR/drafted.log" "$DIR/plain.log"
     status=1
 fi
+# A model whose attention the tensor-core form cannot serve (head_dim 72 > 64) is refused by name at open, before any
+# weight is bound; the default mode serves it.
+python3 - "$DIR/hd72.json" <<'PY'
+import json, sys
+c = json.load(open("tests/fixtures/lfm2-dense-f32/config.json"))
+c.update(hidden_size=288, block_dim=288, conv_dim=288, conv_dim_out=288)
+json.dump(c, open(sys.argv[1], "w"))
+PY
+hd72() { "$TENSORFOLD_BIN" generate --device cuda --model "synthetic:$DIR/hd72.json" --prompt-ids 1,2,3 --max-tokens 2 --no-drafts; }
+if TENSORFOLD_CUDA_TENSOR_CORES=1 hd72 >"$DIR/hd72-tc.log" 2>&1; then
+    echo "FAIL: a head_dim-72 model opened with tensor cores"; status=1
+elif ! grep -q "cannot serve this model's attention" "$DIR/hd72-tc.log"; then
+    echo "FAIL: the head_dim-72 refusal is not named"; tail -3 "$DIR/hd72-tc.log"; status=1
+elif ! hd72 >"$DIR/hd72.log" 2>&1; then
+    echo "FAIL: the default mode refused head_dim 72"; tail -3 "$DIR/hd72.log"; status=1
+else
+    echo "ok: head_dim 72 refused at open with tensor cores ($(grep -o 'head_dim on the tensor cores[^)]*)' "$DIR/hd72-tc.log" | head -1)), served without"
+fi
 exit $status

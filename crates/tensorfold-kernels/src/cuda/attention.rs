@@ -111,6 +111,14 @@ fn mma_shape(kernel: &'static str, hd: usize, group: usize) -> Result<(), Kernel
     Ok(())
 }
 
+/// What open checks of a model's attention (`Backend::check_attention`): the geometry every form needs, then, in the
+/// tensor-core mode, the tensor-core form's shapes.
+pub(crate) fn check_shape(be: &CudaBackend, heads: usize, kv_heads: usize, hd: usize) -> Result<(), KernelError> {
+    let width = kv_heads.saturating_mul(hd);
+    let (hd, group) = geometry("attention", heads, kv_heads, width)?;
+    mma_form(be, "attention", hd, group).map(drop)
+}
+
 /// The rows of a tile of the form `mma` names (see [`mma_form`]).
 fn tile_rows(mma: bool, group: usize) -> usize {
     if mma { MMA_PAIRS / group.max(1) } else { ATTN_TILE }

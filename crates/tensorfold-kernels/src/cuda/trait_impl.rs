@@ -456,6 +456,10 @@ impl Diagnostics for CudaBackend {
         self.dev.pool_high().ok()
     }
 
+    fn check_attention(&self, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), KernelError> {
+        super::attention::check_shape(self, heads, kv_heads, head_dim)
+    }
+
     fn memory_free(&self) -> Option<usize> {
         self.dev.mem_free().ok()
     }

@@ -33,6 +33,9 @@ pub enum DrafterError {
     /// A tensor does not fit the config.
     #[error("drafter: {0}")]
     Weights(#[from] WeightError),
+    /// The backend's kernels cannot serve the drafter's attention shape (refused before any weight is bound).
+    #[error("drafter: the device cannot serve its attention: {0}")]
+    Unserved(tensorfold_kernels::KernelError),
 }
 
 /// A loaded drafter on a backend (its embedding and head are the target's).
@@ -96,6 +99,7 @@ pub fn open_drafter_with<B: Backend>(
         .read("config.json")?
         .ok_or_else(|| CheckpointError::Missing { dir: src.describe(), file: "config.json".into() })?;
     let cfg = DrafterConfig::parse(&bytes, target)?;
+    backend.check_attention(cfg.heads, cfg.kv_heads, cfg.head_dim).map_err(DrafterError::Unserved)?;
     let table = TensorTable::open(src)?;
     let weights = weights::bind(&cfg, &table, backend, bits)?;
     Ok(Drafter { cfg, weights })
