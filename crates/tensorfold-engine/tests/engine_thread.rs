@@ -204,3 +204,21 @@ fn submit_all_queues_every_request_before_the_next_round_and_refuses_each_on_its
     // queues one request a round and takes at least 12.
     assert_eq!(settled(&h, 40).rounds, 5);
 }
+
+#[test]
+fn submit_all_on_a_stopped_engine_refuses_every_request_as_stopped() {
+    let engine = Engine::start(FakeTarget::new(), EngineConfig::default());
+    let h = engine.handle();
+    drop(engine);
+    let reqs: Vec<Request> = (0..3).map(|i| Request::greedy(vec![1, 2 + i], 4)).collect();
+    let got = h.submit_all(reqs);
+    assert_eq!(got.len(), 3, "one result a request");
+    assert!(got.iter().all(|r| matches!(r, Err(tensorfold_engine::SubmitError::Stopped))));
+}
+
+#[test]
+fn the_default_round_budget_holds_every_lane_and_a_prompt_chunk() {
+    assert_eq!(EngineConfig::default_round_rows(8, 256), 512);
+    assert_eq!(EngineConfig::default_round_rows(1024, 256), 1280);
+    assert_eq!(EngineConfig::default_round_rows(usize::MAX, 256), usize::MAX, "saturates");
+}

@@ -499,8 +499,9 @@ pub trait Diagnostics: Memory {
         let _ = (heads, kv_heads, head_dim);
         Ok(())
     }
-    /// Bytes of device memory new allocations can still take (free memory plus the pool's unused reserve), for
-    /// memory admission's default budget; `None` where memory is the host's or the device cannot say.
+    /// Bytes of device memory streams and rounds can still take (free memory plus the pool's unused reserve, less
+    /// what the backend may still take for itself at its caps), for memory admission's default budget; `None` where
+    /// memory is the host's or the device cannot say.
     fn memory_free(&self) -> Option<usize> {
         None
     }

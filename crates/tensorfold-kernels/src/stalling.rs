@@ -301,6 +301,12 @@ impl<B: Diagnostics> Diagnostics for StallingBackend<B> {
     fn memory_high(&self) -> Option<(usize, usize)> {
         self.inner.memory_high()
     }
+    fn check_attention(&self, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), KernelError> {
+        self.inner.check_attention(heads, kv_heads, head_dim)
+    }
+    fn memory_free(&self) -> Option<usize> {
+        self.inner.memory_free()
+    }
     fn take_profile(&self) -> Option<String> {
         self.inner.take_profile()
     }

@@ -151,6 +151,11 @@ pub fn open_expert_parallel<B: Backend>(
     }
     let ranges = expert_ranges(experts, backends.len()).map_err(OpenError::ExpertParallel)?;
     let table = TensorTable::open(src)?;
+    // Before any rank binds its experts (open_table checks rank 0 again, which costs nothing).
+    if cfg.layers.contains(&crate::config::Mixer::Attention) {
+        let b = backends.first().expect("one backend at least: expert_ranges refused 0");
+        b.check_attention(cfg.heads, cfg.kv_heads, cfg.head_dim).map_err(OpenError::Unserved)?;
+    }
     let rest = backends.split_off(1);
     let ranks = rest
         .into_iter()

@@ -171,22 +171,26 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
     let chunk = cfg.prefill_chunk;
     // Plain runs: the solo runs share the engine's weights (the engine is idle while they run), one copy on the
     // device. Drafted runs: the solo reference is a second copy without the drafter, independent of its code path.
-    let ask = BudgetAsk {
-        gib: a.memory_gib,
-        host_gib: 8.0,
-        prompt_cache_bytes: cfg.prompt_cache_bytes,
-        round_rows: cfg.round_rows,
-    };
-    let budget = stream_budget(&loaded.model, &ask)?;
-    cfg.memory_bytes = budget.bytes;
-    println!("memory admission: {}", budget.how);
     let model = std::sync::Arc::new(loaded.model);
     let solo_model = if drafting {
         std::sync::Arc::new(dev.open(&src).context("opening the model for the solo runs")?.model)
     } else {
         model.clone()
     };
+    // After the solo copy is loaded: on a GPU the budget is what the weights leave.
+    let ask = BudgetAsk {
+        gib: a.memory_gib,
+        host_gib: 8.0,
+        prompt_cache_bytes: cfg.prompt_cache_bytes,
+        round_rows: cfg.round_rows,
+        parallel: cfg.parallel,
+    };
+    let budget = stream_budget(&model, &ask)?;
+    cfg.memory_bytes = budget.bytes;
+    println!("memory admission: {}", budget.how);
     let profiled = model.clone();
+    // The first report would hold the loads' and warm-ups' kernels too.
+    let _loads = (profiled.backend.take_profile(), solo_model.backend.take_profile());
     let engine = Engine::start(ModelTarget { model, eos: loaded.eos_ids }, cfg);
     let h = engine.handle();
     println!("sampled requests: top_k {} top_p {} (greedy ones: off)", a.top_k, a.top_p);

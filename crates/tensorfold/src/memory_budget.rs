@@ -17,8 +17,10 @@ pub struct BudgetAsk {
     pub host_gib: f64,
     /// Bytes the prompt cache may hold (on the device with the streams' states).
     pub prompt_cache_bytes: usize,
-    /// Rows of the widest round (its activations are the round's, not a stream's).
+    /// The row budget of a round (`EngineConfig::round_rows`).
     pub round_rows: usize,
+    /// Lanes: every one may add a decode row past the budget, and a drafter's block pass runs a block for each.
+    pub parallel: usize,
 }
 
 /// The budget and how it was chosen.
@@ -29,25 +31,31 @@ pub struct Budget {
     pub how: String,
 }
 
-/// The streams' budget: `gib` when given; on the host `host_gib`; on a device `DEVICE_SHARE` of its free memory, less
-/// the prompt cache and one round's activations (`Model::round_bytes`). Errors: a given value that is not positive,
-/// or a device with no room left for one stream of one token.
+/// The streams' budget: `gib` when given; on the host `host_gib`; on a device `DEVICE_SHARE` of what the backend
+/// says streams and rounds can still take (`Backend::memory_free`), less the prompt cache and the activations of the
+/// widest round and of a drafter's block pass over every lane (`Model::round_bytes`; each stream's estimate also
+/// counts a decode row of its own, so a lane's row is counted twice: on the safe side). Errors: a given value that
+/// is not positive or leaves no room for one stream of one token, or a device with no such room.
 pub fn stream_budget<B: Backend>(model: &Model<B>, ask: &BudgetAsk) -> anyhow::Result<Budget> {
     if let Some(g) = ask.gib {
-        if !(g > 0.0 && g.is_finite()) {
-            bail!("--memory-gib must be a positive number of GiB, not {g}: every request would be refused");
+        let bytes = (g * (1u64 << 30) as f64) as usize;
+        if !(g > 0.0 && g.is_finite()) || bytes < model.stream_bytes(1) {
+            bail!("--memory-gib {g} leaves no room for one stream of this model: every request would be refused");
         }
-        return Ok(Budget { bytes: (g * (1u64 << 30) as f64) as usize, how: format!("{g} GiB (--memory-gib)") });
+        return Ok(Budget { bytes, how: format!("{g} GiB (--memory-gib)") });
     }
     let Some(free) = model.backend.memory_free() else {
         let bytes = (ask.host_gib * (1u64 << 30) as f64) as usize;
         return Ok(Budget { bytes, how: format!("{} GiB (the host's default; --memory-gib sets it)", ask.host_gib) });
     };
-    on_device(free, ask, model.round_bytes(ask.round_rows), model.stream_bytes(1))
+    // Decode rows are never cut to the budget, and at least one prompt row joins them (`scheduler::plan`).
+    let rows = ask.round_rows.max(ask.parallel).saturating_add(1);
+    let draft = model.drafter.as_ref().map_or(0, |d| model.round_bytes(ask.parallel.saturating_mul(d.cfg.block)));
+    on_device(free, ask, model.round_bytes(rows).saturating_add(draft), model.stream_bytes(1))
 }
 
-/// The device's budget from its `free` bytes: `DEVICE_SHARE` of them less the prompt cache and `round` bytes of one
-/// round's activations; an error when that leaves less than `one_stream` bytes.
+/// The device's budget from its `free` bytes: `DEVICE_SHARE` of them less the prompt cache and `round` bytes of
+/// activations; an error when that leaves less than `one_stream` bytes.
 fn on_device(free: usize, ask: &BudgetAsk, round: usize, one_stream: usize) -> anyhow::Result<Budget> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let share = (free as f64 * DEVICE_SHARE) as usize;
@@ -55,21 +63,20 @@ fn on_device(free: usize, ask: &BudgetAsk, round: usize, one_stream: usize) -> a
     if bytes < one_stream {
         bail!(
             "no device memory is left for streams: {:.2} GiB free after the weights, {:.2} GiB of it for the prompt \
-             cache and {:.2} GiB for a round of {} rows; lower --prompt-cache-gib or --round-rows, or set --memory-gib",
+             cache and {:.2} GiB for a round's activations; make the prompt cache or the rounds smaller, or set \
+             --memory-gib",
             gib(free),
             gib(ask.prompt_cache_bytes),
-            gib(round),
-            ask.round_rows
+            gib(round)
         );
     }
     let how = format!(
         "{:.2} GiB: {DEVICE_SHARE} of the {:.2} GiB free on the device after the weights, less {:.2} GiB of prompt \
-         cache and {:.2} GiB for a round of {} rows (--memory-gib sets it)",
+         cache and {:.2} GiB for a round's activations (--memory-gib sets it)",
         gib(bytes),
         gib(free),
         gib(ask.prompt_cache_bytes),
-        gib(round),
-        ask.round_rows
+        gib(round)
     );
     Ok(Budget { bytes, how })
 }
@@ -81,7 +88,7 @@ mod tests {
     const GIB: usize = 1 << 30;
 
     fn ask(gib: Option<f64>) -> BudgetAsk {
-        BudgetAsk { gib, host_gib: 8.0, prompt_cache_bytes: GIB, round_rows: 1280 }
+        BudgetAsk { gib, host_gib: 8.0, prompt_cache_bytes: GIB, round_rows: 1280, parallel: 1024 }
     }
 
     #[test]
@@ -104,7 +111,7 @@ mod tests {
         let m = tensorfold_model::open(&src, tensorfold_kernels::CpuBackend).expect("the fixture opens").model;
         assert_eq!(stream_budget(&m, &ask(Some(2.5))).expect("given").bytes, 5 * GIB / 2);
         assert_eq!(stream_budget(&m, &ask(None)).expect("host").bytes, 8 * GIB, "the CPU has no free-memory query");
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-12] {
             assert!(stream_budget(&m, &ask(Some(bad))).is_err(), "{bad} refused");
         }
     }

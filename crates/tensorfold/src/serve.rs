@@ -352,6 +352,7 @@ impl LoadPlan {
             host_gib: 4.0,
             prompt_cache_bytes: self.cfg.prompt_cache_bytes,
             round_rows: self.cfg.round_rows,
+            parallel: self.cfg.parallel,
         };
         let budget = stream_budget(&loaded.model, &ask).map_err(|e| format!("{e:#}"))?;
         tracing::info!("memory admission: {}", budget.how);

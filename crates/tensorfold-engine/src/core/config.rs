@@ -43,8 +43,8 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// The default row budget for `parallel` lanes: a decode row for every lane plus one prompt chunk, and at least
-    /// 512, so prefill keeps a chunk a round however many streams decode (vLLM likewise keeps its token budget
-    /// above `max_num_seqs`).
+    /// 512, so plain rounds keep a prompt chunk however many streams decode (drafts fill the budget before prompt
+    /// chunks do, so drafted rounds may leave less; vLLM likewise keeps its token budget above `max_num_seqs`).
     pub fn default_round_rows(parallel: usize, prefill_chunk: usize) -> usize {
         parallel.saturating_add(prefill_chunk).max(512)
     }

@@ -14,7 +14,7 @@ const MMA_THREADS: u32 = 128;
 
 /// Scratch floats one launch of the partial kernel may fill (256 MiB): a call whose rows need more is split into
 /// launches of fewer rows, which changes no row's arithmetic.
-const SCRATCH_FLOATS: usize = 1 << 26;
+pub(crate) const SCRATCH_FLOATS: usize = 1 << 26;
 
 /// Largest head_dim: the partial kernel keeps the query head and two chunk-sized arrays in shared memory.
 const MAX_HEAD_DIM: usize = 4096;

@@ -61,6 +61,8 @@ mod stream_host;
 use settings::rows_setting;
 pub(crate) use settings::{attn_mma_setting, one_row, tensor_cores_setting, wide};
 pub use sources::Src;
+/// Device memory the block cache may keep and hold back at its caps (memory admission leaves it out).
+pub(crate) const OWN_RESERVE: usize = blocks::CACHE_MAX + blocks::HELD_MAX;
 
 use stream_host::{Staging, StreamHost, keep_pool_memory};
 pub(crate) use stream_host::{graphs_setting, part_setting, pdl_setting};

@@ -461,7 +461,9 @@ impl Diagnostics for CudaBackend {
     }
 
     fn memory_free(&self) -> Option<usize> {
-        self.dev.mem_free().ok()
+        // Less what this backend may still take for itself at its caps: kept blocks, held frees, attention scratch.
+        let own = super::device::OWN_RESERVE + 4 * super::attention::SCRATCH_FLOATS;
+        self.dev.mem_free().ok().map(|f| f.saturating_sub(own))
     }
 
     fn take_profile(&self) -> Option<String> {

@@ -34,7 +34,7 @@ pub enum DrafterError {
     #[error("drafter: {0}")]
     Weights(#[from] WeightError),
     /// The backend's kernels cannot serve the drafter's attention shape (refused before any weight is bound).
-    #[error("drafter: the device cannot serve its attention: {0}")]
+    #[error("drafter: the device cannot serve its attention: {0} (serve without it: --no-drafts)")]
     Unserved(tensorfold_kernels::KernelError),
 }
 
