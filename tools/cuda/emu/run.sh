@@ -73,6 +73,15 @@ else
     echo "FAIL: generate --device cuda"; tail -5 "$DIR/drafted.log" "$DIR/plain.log"
     status=1
 fi
+# The engine on the device path: memory admission's default from the device's free memory (the fake driver's
+# cuMemGetInfo), two streams sharing rounds, each equal to its solo run.
+eng() { "$TENSORFOLD_BIN" bench engine --device cuda --model tests/fixtures/lfm2-moe-f32 --levels 2 --tokens 3 --reps 1 --temperatures 0; }
+if eng >"$DIR/engine.log" 2>&1 && grep -q "^memory admission: .* free on the device" "$DIR/engine.log" \
+    && grep -q "^equal: 2 of 2" "$DIR/engine.log"; then
+    echo "ok: bench engine --device cuda: $(grep -o '^memory admission: [0-9.]* GiB' "$DIR/engine.log"), 2 of 2 equal"
+else
+    echo "FAIL: bench engine --device cuda"; tail -5 "$DIR/engine.log"; status=1
+fi
 # A model whose attention the tensor-core form cannot serve (head_dim 72 > 64) is refused by name at open, before any
 # weight is bound; the default mode serves it.
 python3 - "$DIR/hd72.json" <<'PY'
