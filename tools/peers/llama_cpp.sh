@@ -67,26 +67,23 @@ import sys, pathlib
 root = pathlib.Path(sys.argv[1]) / "conversion"
 base = root / "base.py"
 s = base.read_text()
-tag = "TensorFold test tokenizer"
-if tag not in s:
-    anchor = "        if res is None:\n            logger.warning(\"\\n\")"
+anchor = "        if res is None:\n            logger.warning(\"\\n\")"
+for tag, chkhsh, source in [
+    ("TensorFold test tokenizer", "6a6d2eee9872eb38f3a8547fc517984323c6b734a5e5e0a264dfe217cd17ff9e",
+     "tests/fixtures/lfm2-moe-f32/tokenizer.json, 512-token"),
+    ("TensorFold default pair tokenizer", "5777db4b50670bf8b139ce8d4fc1be5c7bbaf3ce5a5036a2973d56d56a26eb25",
+     "models/lfm2-moe-pycode/tokenizer.json, 8,192-token"),
+]:
+    if tag in s:
+        continue
     assert s.count(anchor) == 1, "base.py anchor not found"
+    # HF ByteLevel pre-tokenizer with use_regex=true is the GPT-2 split regex.
     s = s.replace(anchor,
-        '        if chkhsh == "6a6d2eee9872eb38f3a8547fc517984323c6b734a5e5e0a264dfe217cd17ff9e":\n'
-        f'            # {tag} (tests/fixtures/lfm2-moe-f32/tokenizer.json): HF ByteLevel\n'
-        '            # pre-tokenizer with use_regex=true = the GPT-2 split regex\n'
+        f'        if chkhsh == "{chkhsh}":\n'
+        f'            # {tag} ({source} byte-level BPE): ByteLevel with use_regex=true,\n'
+        '            # the GPT-2 split regex\n'
         '            res = "gpt-2"\n' + anchor)
-    base.write_text(s)
-tag = "TensorFold default pair tokenizer"
-if tag not in s:
-    anchor = "        if res is None:\n            logger.warning(\"\\n\")"
-    assert s.count(anchor) == 1, "base.py anchor not found"
-    s = s.replace(anchor,
-        '        if chkhsh == "5777db4b50670bf8b139ce8d4fc1be5c7bbaf3ce5a5036a2973d56d56a26eb25":\n'
-        f'            # {tag} (models/lfm2-moe-pycode/tokenizer.json, 8,192-token\n'
-        '            # byte-level BPE): ByteLevel with use_regex=true, the GPT-2 split as above\n'
-        '            res = "gpt-2"\n' + anchor)
-    base.write_text(s)
+base.write_text(s)
 lf = root / "lfm2.py"
 s = lf.read_text()
 tag = "TensorFold: fold routed_scaling_factor"
