@@ -120,7 +120,7 @@ impl Target for FakeTarget {
         s.len() * self.bytes_per_token
     }
 
-    fn stream_bytes(&self, tokens: usize) -> usize {
+    fn stream_bytes(&self, tokens: usize, _verify_rows: usize) -> usize {
         tokens.saturating_mul(self.bytes_per_token)
     }
 

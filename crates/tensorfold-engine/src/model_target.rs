@@ -57,8 +57,8 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         self.model.state_bytes(s)
     }
 
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.model.stream_bytes(tokens)
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.model.stream_bytes(tokens, verify_rows)
     }
 
     fn forward(
@@ -97,8 +97,8 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         self.model.keep(s, pos)
     }
 
-    fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
-        self.model.reserve(s, tokens)
+    fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) {
+        self.model.reserve(s, tokens, verify_rows)
     }
 
     fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {

@@ -115,8 +115,9 @@ pub trait Target: Send + 'static {
     fn pos(&self, s: &Self::State) -> usize;
     /// Bytes a state holds now.
     fn state_bytes(&self, s: &Self::State) -> usize;
-    /// Bytes a stream of `tokens` positions needs at most (memory admission).
-    fn stream_bytes(&self, tokens: usize) -> usize;
+    /// Bytes a stream of `tokens` positions needs at most (memory admission), with verify windows of at most
+    /// `verify_rows` rows (the engine's most drafts + 1).
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize;
     /// One forward over every row of the call, serving each segment's [`SegWant`]: the draws where the logits live,
     /// logits copied only where asked, in segment order. A bad `wants` (a draw count that is not the row count) is
     /// refused, and so is a held row on a target that holds no drafts. An error leaves states unchanged.
@@ -128,8 +129,9 @@ pub trait Target: Send + 'static {
     /// Rolls a state back to `pos` positions (at least its last call's first row): the kept path of a
     /// verify window. Refuses a position outside the last call.
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;
-    /// Reserves room for `tokens` positions, so the stream holds what memory admission counted.
-    fn reserve(&self, _s: &mut Self::State, _tokens: usize) {}
+    /// Reserves room for `tokens` positions and verify windows of `verify_rows` rows, so the stream holds what
+    /// memory admission counted.
+    fn reserve(&self, _s: &mut Self::State, _tokens: usize, _verify_rows: usize) {}
     /// A copy of a state to keep in the prompt cache (no rollback window; exact capacity).
     fn snapshot(&self, s: &Self::State) -> Self::State {
         s.clone()

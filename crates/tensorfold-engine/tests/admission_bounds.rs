@@ -30,9 +30,9 @@ impl Target for Counting {
     fn state_bytes(&self, s: &Vec<u32>) -> usize {
         self.inner.state_bytes(s)
     }
-    fn stream_bytes(&self, tokens: usize) -> usize {
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
         self.estimates.fetch_add(1, Ordering::Relaxed);
-        self.inner.stream_bytes(tokens)
+        self.inner.stream_bytes(tokens, verify_rows)
     }
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
         self.inner.forward(call, states)
@@ -72,7 +72,7 @@ fn a_max_tokens_of_usize_max_is_refused_as_past_the_context_without_overflow() {
 fn a_saturating_estimate_never_wraps_into_a_fit() {
     // 2^62 bytes a position: 4 positions are 2^64 bytes, which wraps to 0 in unchecked arithmetic.
     let t = FakeTarget { bytes_per_token: 1 << 62, ..FakeTarget::new() };
-    assert_eq!(t.stream_bytes(4), usize::MAX);
+    assert_eq!(t.stream_bytes(4, 1), usize::MAX);
     let (mut c, _) = core_over(t, 1 << 63);
     let e = c.submit(Request::greedy(vec![1], 3), channel().0).expect_err("never fits");
     assert_eq!(e, SubmitError::NeverFits { needed: usize::MAX, tokens: 4, budget: 1 << 63, fits: 2 });

@@ -394,3 +394,17 @@ fn a_drafter_failure_in_a_batched_block_pass_costs_no_stream_a_token() {
         assert_eq!(toks, t.replies[i].1, "request {i} is untouched by request 2's drafter failure");
     }
 }
+
+#[test]
+fn full_verify_windows_roll_back_within_the_conv_windows_admission_reserved() {
+    // Fixed depth: windows carry `max_draft` drafts, the most rows a lane's conv windows were reserved for
+    // (`Target::reserve`'s `verify_rows`); a rejected draft in one rolls the conv states back inside them.
+    let reqs = requests(512, 11);
+    let c = EngineConfig { verify: VerifyMode::Fixed, max_draft: 3, ..cfg() };
+    let (undrafted, _) = run(fixture_target(), c.clone(), &plain(&reqs));
+    let (drafted, stats) = run(fixture_target(), c, &reqs);
+    assert_eq!(drafted, undrafted);
+    let (d, a, w) = stats.iter().fold((0, 0, 0), |(d, a, w), s| (d + s.drafted, a + s.accepted, w + s.windows));
+    assert!(d > a && a > 0, "drafts were both accepted and rejected: {a} of {d}");
+    assert!(stats.iter().all(|s| s.accepted_at.len() <= 3) && d > 2 * w, "windows were full: {d} drafts in {w}");
+}

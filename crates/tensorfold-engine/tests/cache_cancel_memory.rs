@@ -183,7 +183,7 @@ fn cancelling_a_running_stream_finishes_it_and_frees_its_lane_and_memory_at_once
     assert!(c.cancel(w[1].id));
     let m = c.metrics();
     assert_eq!(m.running, 2);
-    assert_eq!(m.reserved_bytes, t.stream_bytes(7 + 20) + t.stream_bytes(25 + 20));
+    assert_eq!(m.reserved_bytes, t.stream_bytes(7 + 20, 1) + t.stream_bytes(25 + 20, 1));
     w[1].drain(0);
     assert_eq!(w[1].seen.reason, Some(FinishReason::Cancelled));
     assert_eq!(w[1].seen.stats.generated_tokens, w[1].seen.tokens.len());
@@ -230,7 +230,7 @@ fn dropping_the_receiver_of_a_running_stream_cancels_it_at_its_next_token() {
     assert_eq!(c.metrics().running, 2);
     assert!(c.step());
     let m = c.metrics();
-    assert_eq!((m.running, m.reserved_bytes), (1, t.stream_bytes(10 + 30)));
+    assert_eq!((m.running, m.reserved_bytes), (1, t.stream_bytes(10 + 30, 1)));
     assert!(!c.cancel(w[0].id), "the dropped stream already left");
     let mut refs: Vec<&mut Watch> = w.iter_mut().collect();
     step_until(&mut c, &mut refs, |w| w[1].seen.reason.is_some());
@@ -243,16 +243,18 @@ fn a_request_that_can_never_fit_is_refused_with_what_would_fit() {
     let mut c = core(t.clone(), EngineConfig { memory_bytes: 10_000, ..cfg() });
     let e = c.submit(Request::greedy(vec![1; 5], 10), channel().0).expect_err("never fits");
     assert_eq!(e, SubmitError::NeverFits { needed: 15 * 1024, tokens: 15, budget: 10_000, fits: 9 });
-    assert!(t.stream_bytes(9) <= 10_000 && t.stream_bytes(10) > 10_000);
+    assert!(t.stream_bytes(9, 1) <= 10_000 && t.stream_bytes(10, 1) > 10_000);
     assert!(e.to_string().contains("at most 9 positions (prompt plus max_tokens) fit"), "{e}");
     assert!(c.submit(Request::greedy(vec![1; 5], 4), channel().0).is_ok(), "9 positions fit");
 
     let m = fixture();
-    let budget = m.stream_bytes(100) + 1;
+    // The engine's verify windows: the pending token and at most `max_draft` drafts.
+    let v = cfg().max_draft + 1;
+    let budget = m.stream_bytes(100, v) + 1;
     let mut c = core(m, EngineConfig { memory_bytes: budget, ..cfg() });
     match c.submit(Request::greedy(vec![1; 50], 60), channel().0) {
         Err(SubmitError::NeverFits { tokens: 110, fits: 100, budget: b, needed }) => {
-            assert_eq!((b, needed), (budget, c.target().stream_bytes(110)));
+            assert_eq!((b, needed), (budget, c.target().stream_bytes(110, v)));
         }
         other => panic!("expected NeverFits with fits 100, got {other:?}"),
     }

@@ -18,7 +18,7 @@ pub mod simd;
 #[cfg(feature = "planted-faults")]
 pub mod stalling;
 
-pub use backend::{Backend, KernelError, MoeParams, Pick, RopeParams, Segment};
+pub use backend::{Backend, KEEP_ROWS, KernelError, MoeParams, Pick, RopeParams, Segment};
 
 /// The backend traits by concern ([`Backend`] and its five parts), to call their methods on a concrete backend:
 /// `use tensorfold_kernels::prelude::*;`.

@@ -94,6 +94,9 @@ impl<B: StreamState> StreamState for StallingBackend<B> {
     fn conv_drop_window(&self, c: &mut B::Conv) {
         self.inner.conv_drop_window(c)
     }
+    fn conv_reserve(&self, c: &mut B::Conv, rows: usize) {
+        self.inner.conv_reserve(c, rows)
+    }
 }
 
 type Buf<B> = <B as Memory>::Buf;

@@ -135,12 +135,15 @@ impl<B: Backend> Model<B> {
             + draft
     }
 
-    /// Reserves KV room for `tokens` positions, so the stream never reallocates (memory admission).
-    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize) {
+    /// Reserves KV room for `tokens` positions and conv windows for verify windows of at most `verify_rows` rows
+    /// (the engine's most drafts + 1; 1 without drafts), so the stream never reallocates and holds what
+    /// [`Model::stream_bytes`] counted (memory admission). A call past `verify_rows` rows then keeps no window.
+    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) {
         let _waiting = self.watch.enter(STATE);
         for l in &mut s.layers {
-            if let LayerState::Kv(k) = l {
-                self.backend.kv_reserve(k, tokens);
+            match l {
+                LayerState::Kv(k) => self.backend.kv_reserve(k, tokens),
+                LayerState::Conv(c) => self.backend.conv_reserve(c, verify_rows),
             }
         }
         for k in s.draft.iter_mut().flat_map(|d| d.kv.iter_mut()) {
@@ -162,17 +165,19 @@ impl<B: Backend> Model<B> {
     }
 
     /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv
-    /// states, and the activations of one decode row (memory admission's per-stream estimate). Saturating
-    /// arithmetic: an absurd `tokens` gives `usize::MAX` (never fits), never a wrapped small number; monotone in
-    /// `tokens`, which admission's bisection relies on.
-    pub fn stream_bytes(&self, tokens: usize) -> usize {
+    /// states with a window for verify windows of `verify_rows` rows ([`Model::reserve`]), and the activations of
+    /// one decode row (memory admission's per-stream estimate). Saturating arithmetic: an absurd `tokens` gives
+    /// `usize::MAX` (never fits), never a wrapped small number; monotone in `tokens`, which admission's bisection
+    /// relies on.
+    pub fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
         let c = &self.cfg;
         let attn = c.layers.iter().filter(|m| **m == Mixer::Attention).count();
         let conv = c.layers.len() - attn;
         let per_token = [attn, 2, c.kv_heads, c.head_dim, 4].into_iter().fold(1usize, usize::saturating_mul);
         let kv = per_token.saturating_mul(tokens);
-        // Each conv layer keeps its state and the rows of its last call of at most 64 rows (a verify window).
-        let window = (c.conv_taps.saturating_sub(1).saturating_mul(2) + 64).saturating_mul(c.hidden);
+        // Each conv layer keeps its state, and a window of the state's rows and the last call's (a verify window).
+        let keep = verify_rows.clamp(1, tensorfold_kernels::KEEP_ROWS);
+        let window = c.conv_taps.saturating_sub(1).saturating_mul(2).saturating_add(keep).saturating_mul(c.hidden);
         let draft = self.drafter.as_ref().map_or(0, |d| d.context_bytes(tokens));
         kv.saturating_add(conv.saturating_mul(window).saturating_mul(4))
             .saturating_add(self.round_bytes(1))

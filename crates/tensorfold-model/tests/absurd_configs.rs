@@ -96,10 +96,13 @@ fn a_product_past_any_device_is_refused_though_each_width_is_served() {
 fn the_per_stream_estimate_saturates_and_stays_monotone() {
     let loaded = open(&Source::Dir(fixture("lfm2-dense-f32")), CpuBackend).expect("the fixture opens");
     let m = &loaded.model;
-    assert_eq!(m.stream_bytes(usize::MAX), usize::MAX);
-    assert_eq!(m.stream_bytes(1 << 62), usize::MAX, "2^62 positions of KV rows are past usize");
+    assert_eq!(m.stream_bytes(usize::MAX, 1), usize::MAX);
+    assert_eq!(m.stream_bytes(1 << 62, 1), usize::MAX, "2^62 positions of KV rows are past usize");
+    assert_eq!(m.stream_bytes(1, usize::MAX), m.stream_bytes(1, 64), "verify windows past 64 rows keep none");
     let at = [0usize, 1, 2, 100, 1 << 20, 1 << 40, 1 << 58, 1 << 61, usize::MAX];
-    assert!(at.windows(2).all(|w| m.stream_bytes(w[0]) <= m.stream_bytes(w[1])), "monotone in positions");
+    assert!(at.windows(2).all(|w| m.stream_bytes(w[0], 9) <= m.stream_bytes(w[1], 9)), "monotone in positions");
     // Two attention layers, two KV heads of 16 dims, f32 K and V: 512 bytes a position.
-    assert_eq!(m.stream_bytes(101) - m.stream_bytes(100), 512);
+    assert_eq!(m.stream_bytes(101, 1) - m.stream_bytes(100, 1), 512);
+    // Four conv layers of 64 channels keep a window of the verify window's rows: 1,024 bytes a row.
+    assert_eq!(m.stream_bytes(100, 9) - m.stream_bytes(100, 1), 8 * 1024);
 }

@@ -27,8 +27,8 @@ impl Target for Lost {
     fn state_bytes(&self, s: &Vec<u32>) -> usize {
         self.0.state_bytes(s)
     }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.0.stream_bytes(tokens)
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.0.stream_bytes(tokens, verify_rows)
     }
     fn forward(&self, _: &ForwardCall<'_, ()>, _: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
         let message = "planted: GPU 1 stopped answering".to_string();

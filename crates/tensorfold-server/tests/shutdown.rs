@@ -48,8 +48,8 @@ impl Target for Slow {
     fn state_bytes(&self, s: &SlowDrop) -> usize {
         self.inner.state_bytes(&s.0)
     }
-    fn stream_bytes(&self, tokens: usize) -> usize {
-        self.inner.stream_bytes(tokens)
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.inner.stream_bytes(tokens, verify_rows)
     }
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut SlowDrop]) -> Result<Vec<SegOut>, ForwardError> {
         self.entered.store(true, Ordering::Release);

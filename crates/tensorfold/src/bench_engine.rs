@@ -16,6 +16,7 @@ use std::sync::mpsc::Receiver;
 use std::time::Instant;
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::keyed::{SamplingParams, token_sha256};
+use tensorfold_engine::model_target::MAX_DRAFT;
 use tensorfold_engine::single::{GenerateOptions, generate};
 use tensorfold_engine::{Engine, Event, FinishReason, ModelTarget, Request, Stats};
 
@@ -64,8 +65,12 @@ pub struct Args {
     dev: crate::devices::DeviceArgs,
     /// Prompts as JSON lines (one JSON string a line), tokenized with the model's tokenizer; request i
     /// takes line i mod n (default: random token ids).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompt_tokens")]
     prompts: Option<std::path::PathBuf>,
+    /// Random prompts of exactly this many tokens (default: 32 to 64), e.g. 1920 with `--tokens 128` for streams of
+    /// 2,048-token contexts.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    prompt_tokens: Option<u32>,
     /// Replies of each run checked against their solo runs (default: all); the summary says how many were.
     #[arg(long)]
     check: Option<usize>,
@@ -125,7 +130,10 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         default_model::attach_drafter(&mut loaded.model, d, a.drafter_bits.unwrap_or_default())?;
         crate::check_verify(a.verify, &loaded.model)?;
     }
-    let prompts = read_prompts(a.prompts.as_deref(), loaded.text.as_ref())?;
+    let prompts = match a.prompts.as_deref() {
+        Some(path) => Prompts::Lines(read_prompts(path, loaded.text.as_ref())?),
+        None => Prompts::Random(a.prompt_tokens.map(|n| n as usize)),
+    };
     let drafting = a.max_draft > 0;
     let (vocab, context) = (loaded.model.cfg.vocab as u64, loaded.model.cfg.max_positions);
     let max_level = a.grid.levels.iter().copied().max().unwrap_or(1);
@@ -184,6 +192,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         prompt_cache_bytes: cfg.prompt_cache_bytes,
         round_rows: cfg.round_rows,
         parallel: cfg.parallel,
+        verify_rows: cfg.max_draft.min(MAX_DRAFT) + 1,
     };
     let budget = stream_budget(&model, &ask)?;
     cfg.memory_bytes = budget.bytes;
@@ -384,6 +393,14 @@ impl Row {
     }
 }
 
+/// Where the requests' prompts come from.
+enum Prompts {
+    /// Seeded random token ids, of this many tokens (default: 32 to 64).
+    Random(Option<usize>),
+    /// The prompt file's lines, tokenized (at least one).
+    Lines(Vec<Vec<u32>>),
+}
+
 /// `level` requests with distinct seeds: random token prompts, or line `i mod n` of the prompt file.
 fn requests(
     key: u64,
@@ -391,17 +408,18 @@ fn requests(
     filters: (f32, usize, f32),
     tokens: usize,
     vocab: u64,
-    prompts: &[Vec<u32>],
+    prompts: &Prompts,
 ) -> Vec<Request> {
     let (temp, top_k, top_p) = filters;
     (0..level as u64)
         .map(|i| {
             let seed = splitmix(key ^ i.wrapping_mul(0x9e37_79b9));
-            let prompt = if prompts.is_empty() {
-                let len = 32 + (seed % 33) as usize;
-                (0..len as u64).map(|j| (10 + splitmix(seed ^ j) % (vocab - 10)) as u32).collect()
-            } else {
-                prompts[(key as usize).wrapping_add(i as usize) % prompts.len()].clone()
+            let prompt = match prompts {
+                Prompts::Random(len) => {
+                    let len = len.unwrap_or(32 + (seed % 33) as usize);
+                    (0..len as u64).map(|j| (10 + splitmix(seed ^ j) % (vocab - 10)) as u32).collect()
+                }
+                Prompts::Lines(lines) => lines[(key as usize).wrapping_add(i as usize) % lines.len()].clone(),
             };
             let (top_k, top_p) = if temp > 0.0 { (top_k, top_p) } else { (0, 1.0) };
             let params = SamplingParams { temperature: temp, seed, top_k, top_p, ..SamplingParams::greedy() };
@@ -411,8 +429,7 @@ fn requests(
 }
 
 /// Reads a JSON-lines prompt file (one JSON string a line) and tokenizes each line.
-fn read_prompts(path: Option<&std::path::Path>, text: Option<&tensorfold_text::Text>) -> anyhow::Result<Vec<Vec<u32>>> {
-    let Some(path) = path else { return Ok(Vec::new()) };
+fn read_prompts(path: &std::path::Path, text: Option<&tensorfold_text::Text>) -> anyhow::Result<Vec<Vec<u32>>> {
     let text = text.ok_or_else(|| anyhow::anyhow!("--prompts needs a model with tokenizer files"))?;
     let body = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();

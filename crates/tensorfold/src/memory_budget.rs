@@ -21,6 +21,8 @@ pub struct BudgetAsk {
     pub round_rows: usize,
     /// Lanes: every one may add a decode row past the budget, and a drafter's block pass runs a block for each.
     pub parallel: usize,
+    /// Rows of the longest verify window (`EngineConfig::max_draft` + 1): the conv window each stream keeps.
+    pub verify_rows: usize,
 }
 
 /// The budget and how it was chosen.
@@ -39,7 +41,7 @@ pub struct Budget {
 pub fn stream_budget<B: Backend>(model: &Model<B>, ask: &BudgetAsk) -> anyhow::Result<Budget> {
     if let Some(g) = ask.gib {
         let bytes = (g * (1u64 << 30) as f64) as usize;
-        if !(g > 0.0 && g.is_finite()) || bytes < model.stream_bytes(1) {
+        if !(g > 0.0 && g.is_finite()) || bytes < model.stream_bytes(1, ask.verify_rows) {
             bail!("--memory-gib {g} leaves no room for one stream of this model: every request would be refused");
         }
         return Ok(Budget { bytes, how: format!("{g} GiB (--memory-gib)") });
@@ -51,7 +53,7 @@ pub fn stream_budget<B: Backend>(model: &Model<B>, ask: &BudgetAsk) -> anyhow::R
     // Decode rows are never cut to the budget, and at least one prompt row joins them (`scheduler::plan`).
     let rows = ask.round_rows.max(ask.parallel).saturating_add(1);
     let draft = model.drafter.as_ref().map_or(0, |d| model.round_bytes(ask.parallel.saturating_mul(d.cfg.block)));
-    on_device(free, ask, model.round_bytes(rows).saturating_add(draft), model.stream_bytes(1))
+    on_device(free, ask, model.round_bytes(rows).saturating_add(draft), model.stream_bytes(1, ask.verify_rows))
 }
 
 /// The device's budget from its `free` bytes: `DEVICE_SHARE` of them less the prompt cache and `round` bytes of
@@ -88,7 +90,7 @@ mod tests {
     const GIB: usize = 1 << 30;
 
     fn ask(gib: Option<f64>) -> BudgetAsk {
-        BudgetAsk { gib, host_gib: 8.0, prompt_cache_bytes: GIB, round_rows: 1280, parallel: 1024 }
+        BudgetAsk { gib, host_gib: 8.0, prompt_cache_bytes: GIB, round_rows: 1280, parallel: 1024, verify_rows: 9 }
     }
 
     #[test]

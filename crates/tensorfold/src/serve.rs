@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use tensorfold_engine::model_target::MAX_DRAFT;
 use tensorfold_engine::{Engine, EngineConfig, ModelTarget};
 use tensorfold_server::access_log::AccessLog;
 use tensorfold_server::{ServeOptions, state::Ready};
@@ -353,6 +354,7 @@ impl LoadPlan {
             prompt_cache_bytes: self.cfg.prompt_cache_bytes,
             round_rows: self.cfg.round_rows,
             parallel: self.cfg.parallel,
+            verify_rows: self.cfg.max_draft.min(MAX_DRAFT) + 1,
         };
         let budget = stream_budget(&loaded.model, &ask).map_err(|e| format!("{e:#}"))?;
         tracing::info!("memory admission: {}", budget.how);

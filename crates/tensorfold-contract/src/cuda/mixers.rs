@@ -364,14 +364,32 @@ impl ShortConv {
         let (s5, s2) = (be.conv_to_host(&w5[0]).unwrap_or_default(), be.conv_to_host(&w2[0]).unwrap_or_default());
         let rolled = ran && kept.is_ok() && !s5.is_empty() && bit_diffs(&s5, &s2) == 0;
         let too_far = be.conv_keep(&mut w5[0], 3).is_err();
+        let reserved = reserved_window(be, case);
         Gate::new(
             "edges",
-            refused && advanced && rolled && too_far,
+            refused && advanced && rolled && too_far && reserved,
             format!(
                 "mismatched state refused: {refused}; states hold the last {} rows of B*x: {advanced}; a 5-row window \
-                 kept to 2 rows equals a 2-row call: {rolled}; keeping past the kept rows refused: {too_far}",
+                 kept to 2 rows equals a 2-row call: {rolled}; keeping past the kept rows refused: {too_far}; a state \
+                 reserved for 2-row windows keeps none of a 5-row call, keeps a 2-row one, in the room reserved: \
+                 {reserved}",
                 case.taps - 1
             ),
         )
     }
+}
+
+/// A state reserved for verify windows of 2 rows (`conv_reserve`) holds the state and a window of `taps - 1 + 2` rows
+/// from the start; a 5-row call keeps no window (rolling it back is refused) and leaves the room as it was; a 2-row
+/// call keeps its window in that room.
+fn reserved_window(be: &CudaBackend, case: &ConvCase) -> bool {
+    let seg = |rows| [Segment { first_row: 0, rows, start_pos: 0, cache: 0 }];
+    let hist = case.taps - 1;
+    let room = (2 * hist + 2) * case.width * 4;
+    let mut r = vec![case.states(be).swap_remove(0)];
+    be.conv_reserve(&mut r[0], 2);
+    let at_reserve = be.conv_bytes(&r[0]) == room;
+    let long = case.call(be, 0, &seg(5), &mut r).is_ok() && be.conv_keep(&mut r[0], 2).is_err();
+    let short = case.call(be, 0, &seg(2), &mut r).is_ok() && be.conv_keep(&mut r[0], 1).is_ok();
+    at_reserve && long && short && be.conv_bytes(&r[0]) == room
 }

@@ -31,11 +31,13 @@ impl<T: Target> Core<T> {
         }
         let limits = Limits { vocab: self.caps.vocab, context: self.caps.context };
         reqs.iter().try_for_each(|r| r.validate(limits))?;
-        let bytes: Vec<usize> = reqs.iter().map(|r| self.target.stream_bytes(r.prompt.len() + r.max_tokens)).collect();
+        let v = self.verify_rows();
+        let bytes: Vec<usize> =
+            reqs.iter().map(|r| self.target.stream_bytes(r.prompt.len() + r.max_tokens, v)).collect();
         let (needed, budget) = (bytes.iter().sum::<usize>(), self.cfg.memory_bytes);
         if needed > budget {
             let tokens = reqs.iter().map(|r| r.prompt.len() + r.max_tokens).sum();
-            let fits = (0..=tokens).rev().find(|&t| self.target.stream_bytes(t) * n <= budget).unwrap_or(0);
+            let fits = (0..=tokens).rev().find(|&t| self.target.stream_bytes(t, v) * n <= budget).unwrap_or(0);
             return Err(SubmitError::NeverFits { needed, tokens, budget, fits });
         }
         let free_lanes = self.cfg.parallel.saturating_sub(self.lanes.len());
@@ -69,14 +71,14 @@ impl<T: Target> Core<T> {
     /// At lane `i`'s prompt end (`logits`: its last row): each follower takes a copy of its state and commits its
     /// first token, drawn from those logits with its own parameters (and logit controls).
     pub(super) fn fan_out(&mut self, i: usize, logits: &[f32]) {
-        let (id, pos) = (self.lanes[i].id, self.target.pos(&self.lanes[i].state));
+        let (id, pos, v) = (self.lanes[i].id, self.target.pos(&self.lanes[i].state), self.verify_rows());
         let followers: Vec<RequestId> = self.lanes.iter().filter(|s| s.leader == Some(id)).map(|s| s.id).collect();
         for f in followers {
             let Some(l) = self.lanes.iter().position(|s| s.id == id) else { return };
             let Some(j) = self.lanes.iter().position(|s| s.id == f) else { continue };
             let mut state = self.target.snapshot(&self.lanes[l].state);
             let s = &mut self.lanes[j];
-            self.target.reserve(&mut state, s.req.prompt.len() + s.req.max_tokens);
+            self.target.reserve(&mut state, s.req.prompt.len() + s.req.max_tokens, v);
             s.state = state;
             s.leader = None;
             s.stats.cached_tokens = pos;
@@ -97,9 +99,10 @@ impl<T: Target> Core<T> {
 
     /// A lane that finished before its prompt was in leaves its followers to prefill on their own.
     pub(super) fn release_followers(&mut self, id: RequestId) {
+        let v = self.verify_rows();
         for s in self.lanes.iter_mut().filter(|s| s.leader == Some(id)) {
             s.leader = None;
-            self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens);
+            self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens, v);
         }
     }
 

@@ -13,6 +13,12 @@ use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
 
 impl<T: Target> Core<T> {
+    /// Rows of the longest verify window a stream runs (the pending token and at most `max_draft` drafts): the conv
+    /// window memory admission counts and reserves a stream.
+    pub(super) fn verify_rows(&self) -> usize {
+        self.cfg.max_draft + 1
+    }
+
     /// Checks and queues a request; events go to `sink`. Refusals queue nothing.
     pub fn submit(&mut self, req: Request, sink: impl Into<Sink>) -> Result<RequestId, SubmitError> {
         let sink = sink.into();
@@ -22,9 +28,10 @@ impl<T: Target> Core<T> {
         req.validate(Limits { vocab: self.caps.vocab, context: self.caps.context })?;
         // The sum is checked by `validate` (at most the context).
         let tokens = req.prompt.len() + req.max_tokens;
-        let bytes = self.target.stream_bytes(tokens);
+        let v = self.verify_rows();
+        let bytes = self.target.stream_bytes(tokens, v);
         if bytes > self.cfg.memory_bytes {
-            let fits = largest_fitting(tokens, self.cfg.memory_bytes, |t| self.target.stream_bytes(t));
+            let fits = largest_fitting(tokens, self.cfg.memory_bytes, |t| self.target.stream_bytes(t, v));
             return Err(SubmitError::NeverFits { needed: bytes, tokens, budget: self.cfg.memory_bytes, fits });
         }
         // A request that a free lane takes at the next round does not wait in the queue.
@@ -84,7 +91,7 @@ impl<T: Target> Core<T> {
         };
         let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
         if leader.is_none() {
-            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens);
+            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens, self.verify_rows());
         }
         self.reserved += w.bytes;
         self.counters.prompt_tokens += w.req.prompt.len() as u64;

@@ -31,11 +31,11 @@ macro_rules! delegate_target {
         fn state_bytes(&self, s: &Self::State) -> usize {
             self.inner.state_bytes(s)
         }
-        fn stream_bytes(&self, tokens: usize) -> usize {
-            self.inner.stream_bytes(tokens)
+        fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+            self.inner.stream_bytes(tokens, verify_rows)
         }
-        fn reserve(&self, s: &mut Self::State, tokens: usize) {
-            self.inner.reserve(s, tokens)
+        fn reserve(&self, s: &mut Self::State, tokens: usize, verify_rows: usize) {
+            self.inner.reserve(s, tokens, verify_rows)
         }
         fn snapshot(&self, s: &Self::State) -> Self::State {
             self.inner.snapshot(s)

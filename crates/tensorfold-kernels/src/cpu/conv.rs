@@ -16,14 +16,17 @@ pub struct CpuConv {
     /// `[taps - 1, width]`, oldest row first.
     pub state: Vec<f32>,
     /// The last call's window (`taps - 1` state rows then its rows of `B * x`), kept for calls of at most
-    /// [`KEEP_ROWS`] rows so [`CpuConv::keep`] can restore the state at any of its rows; empty otherwise.
+    /// `keep_rows` rows so [`CpuConv::keep`] can restore the state at any of its rows; empty otherwise.
     pub window: Vec<f32>,
+    /// Longest call whose window is kept (at most [`KEEP_ROWS`]; the engine's longest verify window once reserved).
+    pub keep_rows: usize,
 }
 
 impl CpuConv {
     /// A zeroed state.
     pub fn new(width: usize, taps: usize) -> Self {
-        Self { width, taps, state: vec![0.0; taps.saturating_sub(1) * width], window: Vec::new() }
+        let state = vec![0.0; taps.saturating_sub(1) * width];
+        Self { width, taps, state, window: Vec::new(), keep_rows: KEEP_ROWS }
     }
 
     /// Rolls the state back to just after the first `rows` rows of the last call (a verify window whose
@@ -87,7 +90,11 @@ pub fn short_conv(
         }
         let n = bx.len();
         st.state.copy_from_slice(&bx[n - hist * width..]);
-        st.window = if s.rows <= KEEP_ROWS { bx } else { Vec::new() };
+        // Into the kept allocation (reserved once), not a fresh one a call; empty: no window to roll back in.
+        st.window.clear();
+        if s.rows <= st.keep_rows {
+            st.window.extend_from_slice(&bx);
+        }
     }
     Ok(())
 }

@@ -5,13 +5,12 @@ use super::device::{Arg, BLOCK, GRID_YZ, Mem, Src};
 use super::ops::{blocks, int, mul};
 use super::types::{CudaBuf, CudaConv, f32_bytes};
 use super::{CudaBackend, CudaError};
-use crate::backend::KEEP_ROWS;
 use crate::backend::{KernelError, Segment};
 use crate::shape::{ConvLens, check_conv};
 
 /// `out[t, c] = C[t, c] * (sum_i w[c, i] * Bx[t - taps + 1 + i, c] + bias[c])` for each segment's rows, rows before
 /// the segment from its stream's state; then each state holds its segment's last `taps - 1` rows of `B * x`, and a
-/// segment of at most [`KEEP_ROWS`] rows keeps its window for [`conv_keep`].
+/// segment of at most its state's `keep_rows` rows (at most `KEEP_ROWS`) keeps its window for [`conv_keep`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn short_conv(
     be: &CudaBackend,
@@ -58,7 +57,7 @@ fn launch(
     let mut most = 0;
     for (i, s) in segs.iter().enumerate() {
         let st = &mut states[s.cache];
-        let window = if s.rows <= KEEP_ROWS {
+        let window = if s.rows <= st.keep_rows {
             st.ensure_window(s.rows)?
         } else if s.rows < hist {
             // Too long to keep, yet shorter than the state: the new state still comes from a window.
@@ -132,12 +131,8 @@ const FUSED_ROWS: usize = 16;
 fn finish(segs: &[Segment], states: &mut [&mut CudaConv], temps: Vec<Option<Mem>>) -> Result<(), CudaError> {
     for s in segs {
         let st = &mut states[s.cache];
-        if s.rows <= KEEP_ROWS {
-            st.window_rows = Some(s.rows);
-        } else {
-            // As the CPU: a call too long to roll back frees its window.
-            (st.window, st.window_rows) = (None, None);
-        }
+        // As the CPU: a call too long to roll back keeps no window (its room stays for the next verify window).
+        st.window_rows = (s.rows <= st.keep_rows).then_some(s.rows);
     }
     drop(temps);
     Ok(())

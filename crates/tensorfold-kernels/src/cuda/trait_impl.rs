@@ -152,6 +152,13 @@ impl StreamState for CudaBackend {
     fn conv_drop_window(&self, c: &mut CudaConv) {
         (c.window, c.window_rows) = (None, None);
     }
+
+    fn conv_reserve(&self, c: &mut CudaConv, rows: usize) {
+        if let Err(e) = c.reserve(rows) {
+            // As `kv_reserve`: a failed allocation is recorded, and the window allocated again when a call needs it.
+            self.dev.note("reserving a conv window", Err(e));
+        }
+    }
 }
 
 impl Ops for CudaBackend {

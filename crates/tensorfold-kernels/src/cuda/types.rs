@@ -209,7 +209,7 @@ impl Clone for CudaKv {
 }
 
 /// One conv layer's state of one stream on the device: the last `taps - 1` rows of `B * x` (oldest first), and the
-/// last call's window (the state's rows then the call's rows) when that call had at most [`KEEP_ROWS`] rows, so
+/// last call's window (the state's rows then the call's rows) when that call had at most `keep_rows` rows, so
 /// the state can be rolled back to any of its rows, as the CPU's `CpuConv`.
 pub struct CudaConv {
     pub(crate) dev: Arc<Dev>,
@@ -219,6 +219,8 @@ pub struct CudaConv {
     pub(crate) window: Option<Mem>,
     /// Rows of the last call the window holds after the state's rows; `None`: no window is kept.
     pub(crate) window_rows: Option<usize>,
+    /// Longest call whose window is kept: [`KEEP_ROWS`], or the engine's longest verify window once reserved.
+    pub(crate) keep_rows: usize,
 }
 
 impl CudaConv {
@@ -239,7 +241,7 @@ impl CudaConv {
                 None
             }
         };
-        Self { dev, width, taps, state, window: None, window_rows: None }
+        Self { dev, width, taps, state, window: None, window_rows: None, keep_rows: KEEP_ROWS }
     }
 
     /// Rows of `B * x` the state holds (`taps - 1`).
@@ -256,14 +258,22 @@ impl CudaConv {
         }
     }
 
-    /// A window able to hold a call of `rows` rows (allocated for [`KEEP_ROWS`] rows, so verify windows reuse it).
+    /// A window able to hold a call of `rows` rows, grown to exactly that when it is smaller: a reserved state
+    /// ([`CudaConv::reserve`]) holds its longest verify window's from the start, and a stream of decode rows holds
+    /// `taps` rows, not the 64 a verify window may take (16.7 MB a stream of the 24B shape when it did).
     pub(crate) fn ensure_window(&mut self, rows: usize) -> Result<u64, CudaError> {
-        let need = f32_bytes((self.hist() + rows) * self.width)?;
+        let need = f32_bytes(self.hist().saturating_add(rows).saturating_mul(self.width))?;
         if self.window.as_ref().is_none_or(|w| w.bytes < need) {
             self.window = None;
-            self.window = self.dev.alloc(f32_bytes((self.hist() + rows.max(KEEP_ROWS)) * self.width)?)?;
+            self.window = self.dev.alloc(need)?;
         }
         Ok(self.window.as_ref().map_or(0, |w| w.ptr))
+    }
+
+    /// Keeps windows for calls of at most `rows` rows (capped at [`KEEP_ROWS`]) and allocates room for one now.
+    pub(crate) fn reserve(&mut self, rows: usize) -> Result<(), CudaError> {
+        self.keep_rows = rows.min(KEEP_ROWS);
+        self.ensure_window(self.keep_rows).map(drop)
     }
 
     /// Bytes held (state and window).
@@ -284,7 +294,8 @@ impl CudaConv {
         let rows = self.window_rows.unwrap_or(0);
         let window = dup(&self.window, f32_bytes((self.hist() + rows) * self.width)?)?;
         let window_rows = self.window_rows.filter(|_| window.is_some() || (self.hist() + rows) * self.width == 0);
-        Ok(Self { dev: self.dev.clone(), width: self.width, taps: self.taps, state, window, window_rows })
+        let (dev, width, taps, keep_rows) = (self.dev.clone(), self.width, self.taps, self.keep_rows);
+        Ok(Self { dev, width, taps, state, window, window_rows, keep_rows })
     }
 }
 
