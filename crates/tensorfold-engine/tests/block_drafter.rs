@@ -397,8 +397,8 @@ fn a_drafter_failure_in_a_batched_block_pass_costs_no_stream_a_token() {
 
 #[test]
 fn full_verify_windows_roll_back_within_the_conv_windows_admission_reserved() {
-    // Fixed depth: windows carry `max_draft` drafts, the most rows a lane's conv windows were reserved for
-    // (`Target::reserve`'s `verify_rows`); a rejected draft in one rolls the conv states back inside them.
+    // Fixed depth: windows carry `max_draft` drafts, `max_draft + 1` rows, the most a lane's conv windows were
+    // reserved for (`Target::reserve`'s `verify_rows`); a rejected draft in one rolls the conv states back inside them.
     let reqs = requests(512, 11);
     let c = EngineConfig { verify: VerifyMode::Fixed, max_draft: 3, ..cfg() };
     let (undrafted, _) = run(fixture_target(), c.clone(), &plain(&reqs));

@@ -64,8 +64,9 @@ pub fn rope_inv_freq(theta: f64, head_dim: usize, i: usize) -> f32 {
     1.0 / ((theta as f32) as f64).powf(e as f64) as f32
 }
 
-/// Longest segment whose `B * x` rows every backend keeps so a conv state can be rolled back (verify windows): a
-/// window of at most this many rows can be kept to any prefix ([`StreamState::conv_keep`]).
+/// Longest segment whose `B * x` rows a backend keeps so a conv state can be rolled back (verify windows): a window
+/// of at most this many rows can be kept to any prefix ([`StreamState::conv_keep`]); a state reserved for shorter
+/// verify windows ([`StreamState::conv_reserve`]) keeps fewer.
 pub const KEEP_ROWS: usize = 64;
 
 /// MoE routing settings (transformers `Lfm2MoeSparseMoeBlock`).

@@ -79,7 +79,8 @@ fn weight_count(c: &ModelConfig) -> u128 {
     v * h * if c.tied { 1 } else { 2 } + layers
 }
 
-/// The per-stream estimate at the full context, in u128 (`Model::stream_bytes`' formula without a drafter).
+/// The per-stream estimate at the full context, in u128: `Model::stream_bytes`' formula without a drafter, with
+/// verify windows of `KEEP_ROWS` rows (the most a stream keeps: an upper bound).
 fn full_stream_bytes(c: &ModelConfig) -> u128 {
     let w = |x: usize| x as u128;
     let attn = w(c.layers.iter().filter(|m| **m == Mixer::Attention).count());

@@ -105,4 +105,10 @@ fn the_per_stream_estimate_saturates_and_stays_monotone() {
     assert_eq!(m.stream_bytes(101, 1) - m.stream_bytes(100, 1), 512);
     // Four conv layers of 64 channels keep a window of the verify window's rows: 1,024 bytes a row.
     assert_eq!(m.stream_bytes(100, 9) - m.stream_bytes(100, 1), 8 * 1024);
+    // A reserved state holds what admission counted for it (less the decode row's activations, which rounds hold).
+    for v in [1, 9, 33] {
+        let mut s = m.new_state();
+        m.reserve(&mut s, 100, v);
+        assert_eq!(m.state_bytes(&s) + m.round_bytes(1), m.stream_bytes(100, v), "reserved for {v} rows");
+    }
 }

@@ -192,7 +192,7 @@ fn run_on<B: crate::devices::Ranks>(dev: crate::devices::Devices<B>, a: Args) ->
         prompt_cache_bytes: cfg.prompt_cache_bytes,
         round_rows: cfg.round_rows,
         parallel: cfg.parallel,
-        verify_rows: cfg.max_draft.min(MAX_DRAFT) + 1,
+        verify_rows: cfg.verify_rows(MAX_DRAFT),
     };
     let budget = stream_budget(&model, &ask)?;
     cfg.memory_bytes = budget.bytes;

@@ -354,7 +354,7 @@ impl LoadPlan {
             prompt_cache_bytes: self.cfg.prompt_cache_bytes,
             round_rows: self.cfg.round_rows,
             parallel: self.cfg.parallel,
-            verify_rows: self.cfg.max_draft.min(MAX_DRAFT) + 1,
+            verify_rows: self.cfg.verify_rows(MAX_DRAFT),
         };
         let budget = stream_budget(&loaded.model, &ask).map_err(|e| format!("{e:#}"))?;
         tracing::info!("memory admission: {}", budget.how);

@@ -380,16 +380,33 @@ impl ShortConv {
 }
 
 /// A state reserved for verify windows of 2 rows (`conv_reserve`) holds the state and a window of `taps - 1 + 2` rows
-/// from the start; a 5-row call keeps no window (rolling it back is refused) and leaves the room as it was; a 2-row
-/// call keeps its window in that room.
+/// from the start; a 5-row call keeps no window (rolling it back is refused), leaves the room as it was and the
+/// state an unreserved 5-row call leaves; a 2-row call keeps its window in that room, and kept to 1 row equals a
+/// 1-row call. A kept 1-row window regrown by a later reserve keeps nothing to roll back into.
 fn reserved_window(be: &CudaBackend, case: &ConvCase) -> bool {
     let seg = |rows| [Segment { first_row: 0, rows, start_pos: 0, cache: 0 }];
+    let host = |c: &CudaConv| be.conv_to_host(c).unwrap_or_default();
+    let alone = |rows: usize| {
+        let mut a = vec![case.states(be).swap_remove(0)];
+        let ran = case.call(be, 0, &seg(rows), &mut a).is_ok();
+        if ran { host(&a[0]) } else { Vec::new() }
+    };
     let hist = case.taps - 1;
     let room = (2 * hist + 2) * case.width * 4;
     let mut r = vec![case.states(be).swap_remove(0)];
     be.conv_reserve(&mut r[0], 2);
     let at_reserve = be.conv_bytes(&r[0]) == room;
     let long = case.call(be, 0, &seg(5), &mut r).is_ok() && be.conv_keep(&mut r[0], 2).is_err();
+    let (five, one) = (alone(5), alone(1));
+    let long = long && be.conv_bytes(&r[0]) == room && !five.is_empty() && bit_diffs(&host(&r[0]), &five) == 0;
+    let mut r = vec![case.states(be).swap_remove(0)];
+    be.conv_reserve(&mut r[0], 2);
     let short = case.call(be, 0, &seg(2), &mut r).is_ok() && be.conv_keep(&mut r[0], 1).is_ok();
-    at_reserve && long && short && be.conv_bytes(&r[0]) == room
+    let short = short && be.conv_bytes(&r[0]) == room && !one.is_empty() && bit_diffs(&host(&r[0]), &one) == 0;
+    let mut g = vec![case.states(be).swap_remove(0)];
+    let regrown = case.call(be, 0, &seg(1), &mut g).is_ok() && {
+        be.conv_reserve(&mut g[0], 9);
+        be.conv_keep(&mut g[0], 0).is_err()
+    };
+    at_reserve && long && short && regrown
 }

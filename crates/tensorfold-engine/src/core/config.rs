@@ -42,6 +42,12 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// Rows of the longest verify window a stream runs (the pending token and at most `max_draft` drafts, capped at
+    /// the target's `target_max_draft`): the conv window memory admission counts and reserves a stream.
+    pub fn verify_rows(&self, target_max_draft: usize) -> usize {
+        self.max_draft.min(target_max_draft).saturating_add(1)
+    }
+
     /// The default row budget for `parallel` lanes: a decode row for every lane plus one prompt chunk, and at least
     /// 512, so plain rounds keep a prompt chunk however many streams decode (drafts fill the budget before prompt
     /// chunks do, so drafted rounds may leave less; vLLM likewise keeps its token budget above `max_num_seqs`).

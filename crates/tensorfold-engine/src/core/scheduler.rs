@@ -13,10 +13,9 @@ use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
 
 impl<T: Target> Core<T> {
-    /// Rows of the longest verify window a stream runs (the pending token and at most `max_draft` drafts): the conv
-    /// window memory admission counts and reserves a stream.
+    /// Rows of the longest verify window a stream runs ([`super::EngineConfig::verify_rows`]).
     pub(super) fn verify_rows(&self) -> usize {
-        self.cfg.max_draft + 1
+        self.cfg.verify_rows(self.caps.max_draft)
     }
 
     /// Checks and queues a request; events go to `sink`. Refusals queue nothing.

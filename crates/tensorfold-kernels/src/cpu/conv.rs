@@ -18,7 +18,7 @@ pub struct CpuConv {
     /// The last call's window (`taps - 1` state rows then its rows of `B * x`), kept for calls of at most
     /// `keep_rows` rows so [`CpuConv::keep`] can restore the state at any of its rows; empty otherwise.
     pub window: Vec<f32>,
-    /// Longest call whose window is kept (at most [`KEEP_ROWS`]; the engine's longest verify window once reserved).
+    /// Longest call whose window is kept (1 to [`KEEP_ROWS`]; the engine's longest verify window once reserved).
     pub keep_rows: usize,
 }
 
@@ -67,8 +67,11 @@ pub fn short_conv(
     for s in segs {
         let st = &mut states[s.cache];
         let hist = taps - 1;
-        // Window of B*x: the state's rows then this segment's rows.
-        let mut bx = Vec::with_capacity((hist + s.rows) * width);
+        // Window of B*x: the state's rows then this segment's rows, built in the kept window's room when the call
+        // is short enough to keep it (reserved once), else in a scratch one.
+        let keep = s.rows <= st.keep_rows;
+        let mut bx = if keep { std::mem::take(&mut st.window) } else { Vec::with_capacity((hist + s.rows) * width) };
+        bx.clear();
         bx.extend_from_slice(&st.state);
         for t in 0..s.rows {
             let r = &bcx[(s.first_row + t) * 3 * width..(s.first_row + t + 1) * 3 * width];
@@ -90,10 +93,11 @@ pub fn short_conv(
         }
         let n = bx.len();
         st.state.copy_from_slice(&bx[n - hist * width..]);
-        // Into the kept allocation (reserved once), not a fresh one a call; empty: no window to roll back in.
-        st.window.clear();
-        if s.rows <= st.keep_rows {
-            st.window.extend_from_slice(&bx);
+        if keep {
+            st.window = bx;
+        } else {
+            // Empty: no window to roll back in (its room stays for the next verify window).
+            st.window.clear();
         }
     }
     Ok(())

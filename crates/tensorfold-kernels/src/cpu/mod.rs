@@ -91,7 +91,7 @@ impl StreamState for CpuBackend {
     }
 
     fn conv_reserve(&self, c: &mut CpuConv, rows: usize) {
-        c.keep_rows = rows.min(conv::KEEP_ROWS);
+        c.keep_rows = rows.clamp(1, conv::KEEP_ROWS);
         let want = (c.taps.saturating_sub(1) + c.keep_rows).saturating_mul(c.width);
         c.window.reserve_exact(want.saturating_sub(c.window.len()));
     }

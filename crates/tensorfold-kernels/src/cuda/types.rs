@@ -264,15 +264,16 @@ impl CudaConv {
     pub(crate) fn ensure_window(&mut self, rows: usize) -> Result<u64, CudaError> {
         let need = f32_bytes(self.hist().saturating_add(rows).saturating_mul(self.width))?;
         if self.window.as_ref().is_none_or(|w| w.bytes < need) {
-            self.window = None;
+            // A new block holds none of the kept rows: nothing to roll back into until a call fills it.
+            (self.window, self.window_rows) = (None, None);
             self.window = self.dev.alloc(need)?;
         }
         Ok(self.window.as_ref().map_or(0, |w| w.ptr))
     }
 
-    /// Keeps windows for calls of at most `rows` rows (capped at [`KEEP_ROWS`]) and allocates room for one now.
+    /// Keeps windows for calls of at most `rows` rows (1 to [`KEEP_ROWS`]) and allocates room for one now.
     pub(crate) fn reserve(&mut self, rows: usize) -> Result<(), CudaError> {
-        self.keep_rows = rows.min(KEEP_ROWS);
+        self.keep_rows = rows.clamp(1, KEEP_ROWS);
         self.ensure_window(self.keep_rows).map(drop)
     }
 
@@ -292,7 +293,9 @@ impl CudaConv {
         };
         let state = dup(&self.state, self.state.as_ref().map_or(0, |m| m.bytes))?;
         let rows = self.window_rows.unwrap_or(0);
-        let window = dup(&self.window, f32_bytes((self.hist() + rows) * self.width)?)?;
+        // A window that keeps no rows (the last call was longer than `keep_rows`) is not copied.
+        let kept = if self.window_rows.is_some() { &self.window } else { &None };
+        let window = dup(kept, f32_bytes((self.hist() + rows) * self.width)?)?;
         let window_rows = self.window_rows.filter(|_| window.is_some() || (self.hist() + rows) * self.width == 0);
         let (dev, width, taps, keep_rows) = (self.dev.clone(), self.width, self.taps, self.keep_rows);
         Ok(Self { dev, width, taps, state, window, window_rows, keep_rows })
