@@ -249,7 +249,7 @@ fn a_request_that_can_never_fit_is_refused_with_what_would_fit() {
 
     let m = fixture();
     // The engine's verify windows: the pending token and at most `max_draft` drafts.
-    let v = cfg().max_draft + 1;
+    let v = cfg().verify_rows(tensorfold_engine::model_target::MAX_DRAFT);
     let budget = m.stream_bytes(100, v) + 1;
     let mut c = core(m, EngineConfig { memory_bytes: budget, ..cfg() });
     match c.submit(Request::greedy(vec![1; 50], 60), channel().0) {

@@ -193,7 +193,7 @@ pub trait StreamState: Memory {
     fn conv_bytes(&self, c: &Self::Conv) -> usize;
     /// Frees a conv state's kept window (it can then no longer roll back).
     fn conv_drop_window(&self, c: &mut Self::Conv);
-    /// Keeps windows only for calls of at most `rows` rows (capped at [`KEEP_ROWS`]; a fresh state keeps them up to
+    /// Keeps windows only for calls of at most `rows` rows (1 to [`KEEP_ROWS`]; a fresh state keeps them up to
     /// [`KEEP_ROWS`]) and makes room for such a window now, so the state holds what memory admission counted: the
     /// engine's longest verify window, not a 64-row window a stream of decode rows never rolls back. A longer call
     /// is not rolled back (its `conv_keep` errors), as a call past [`KEEP_ROWS`] today.

@@ -21,7 +21,7 @@ pub struct BudgetAsk {
     pub round_rows: usize,
     /// Lanes: every one may add a decode row past the budget, and a drafter's block pass runs a block for each.
     pub parallel: usize,
-    /// Rows of the longest verify window (`EngineConfig::max_draft` + 1): the conv window each stream keeps.
+    /// Rows of the longest verify window (`EngineConfig::verify_rows`): the conv window each stream keeps.
     pub verify_rows: usize,
 }
 
