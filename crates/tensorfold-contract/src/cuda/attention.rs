@@ -454,7 +454,7 @@ impl Kernel for BlockAttention {
     }
     fn limits(&self) -> Vec<String> {
         let names: &[&str] = if self.1 {
-            &["kv_append", "attn_mma", "attn_combine"]
+            &["kv_append", "attn_mma", "attn_mma_few", "attn_combine"]
         } else {
             &["kv_append", "attn_partial", "attn_tiled", "attn_combine"]
         };

@@ -20,6 +20,7 @@ pub(super) const ATTN_TC_PLANTS: &[Planted<AttentionTcFault>] = &[
     (AttentionTcFault::DroppedPieces, Src::Attention, "FAULT_ATTN_MMA_DROP_LO"),
     (AttentionTcFault::SplitByCount, Src::Attention, "FAULT_ATTN_MMA_SPLIT_COUNT"),
     (AttentionTcFault::RowMix, Src::Attention, "FAULT_ATTN_MMA_ROW"),
+    (AttentionTcFault::SplitSum, Src::Attention, "FAULT_ATTN_MMA_SPLIT_SUM"),
 ];
 
 faults! {
@@ -31,6 +32,10 @@ faults! {
             "a chunk's keys are cut into 4 sub-blocks by the tile's key count, not into 64-key sub-blocks by position",
         ),
         RowMix = ("row-mix", "an M row of the mmas reads the next (row, head) pair's query"),
+        SplitSum = (
+            "split-sum",
+            "a tile of at most 16 (row, head) pairs (decode) sums its probabilities by key group in reverse",
+        ),
     }
 }
 
@@ -60,6 +65,6 @@ impl Kernel for AttentionTc {
         causal_gates(&be, scale, rng, &TC_WIDTHS, true)
     }
     fn limits(&self) -> Vec<String> {
-        limits(&self.0, Src::Attention, &["kv_append", "attn_mma", "attn_combine"])
+        limits(&self.0, Src::Attention, &["kv_append", "attn_mma", "attn_mma_few", "attn_combine"])
     }
 }

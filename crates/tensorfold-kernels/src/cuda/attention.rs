@@ -80,10 +80,12 @@ fn tile_smem(hd: usize) -> usize {
 }
 
 /// Shared memory of a tensor-core block in bytes: three pieces of a sub-block's K rows and of its V columns, each
-/// row padded by 4 words, and each lane's query fragments (attention_mma.cu's `attn_mma`).
+/// row padded by 4 words, each lane's query fragments, and a decode tile's shared scores and probabilities (a
+/// sub-block's 4 words a key group a lane, twice: attention_mma.cu's `attn_mma`, `am_share`).
 fn mma_smem(hd: usize) -> usize {
     let hdp = hd.next_multiple_of(16);
-    4 * 3 * (MMA_SUB * (hdp / 2 + 4) + hdp * (MMA_SUB / 2 + 4) + MMA_THREADS as usize * (hdp / 16) * 4)
+    let pieces = 3 * (MMA_SUB * (hdp / 2 + 4) + hdp * (MMA_SUB / 2 + 4) + MMA_THREADS as usize * (hdp / 16) * 4);
+    4 * (pieces + 2 * (MMA_SUB / 8) * 4 * 32)
 }
 
 /// Whether a call of `(hd, group)` runs on the tensor cores (the mode is on), refusing by name, in the mode, a
@@ -372,9 +374,10 @@ impl Launch {
         be.dev.launch(&f, grid, BLOCK, smem as u32, &self.args(row0, tiles))
     }
 
-    /// attn_mma (the tensor-core form) over the staged tile words `tiles` (`n` of them).
-    fn mma(&self, be: &CudaBackend, row0: i32, n: usize, tiles: u64) -> Result<(), CudaError> {
-        let f = be.func(Src::Attention, "attn_mma")?;
+    /// `entry` (attn_mma, the tensor-core form, or attn_mma_few, its form for decode tiles) over the staged tile
+    /// words `tiles` (`n` of them).
+    fn mma(&self, be: &CudaBackend, entry: &'static str, row0: i32, n: usize, tiles: u64) -> Result<(), CudaError> {
+        let f = be.func(Src::Attention, entry)?;
         let smem = mma_smem(self.hd as usize);
         be.dev.allow_smem(&f, smem)?;
         let grid = (self.chunks as u32, (self.heads / self.group) as u32, n as u32);
@@ -449,9 +452,13 @@ fn run(
         let nl = launch_rows.min(n_rows - row0);
         let r0 = int(row0, "row")?;
         if mma {
-            let words: Vec<u64> = rows.cut(row0, row0 + nl).collect();
-            let tm = be.dev.stage(&words)?;
-            l.mma(be, r0, words.len(), tm.as_ref().map_or(0, |m| m.ptr))?;
+            let (few, tiles) = by_pairs(rows.cut(row0, row0 + nl), group);
+            for (entry, words) in [("attn_mma_few", few), ("attn_mma", tiles)] {
+                if !words.is_empty() {
+                    let tm = be.dev.stage(&words)?;
+                    l.mma(be, entry, r0, words.len(), tm.as_ref().map_or(0, |m| m.ptr))?;
+                }
+            }
         } else if tiled {
             let (tiles, singles) = rows.tile_words(row0, row0 + nl);
             if !tiles.is_empty() {
@@ -470,9 +477,35 @@ fn run(
     Ok(())
 }
 
+/// The tensor-core form's tile words (low 32 bits the first row, high 32 the rows) split into those of at most
+/// [`FEW_PAIRS`] (row, query head) pairs at `group` heads a KV head, for attn_mma_few (decode rows), and the rest,
+/// for attn_mma; each keeps its order. Either entry gives a tile the same bits (gate `invariance` of
+/// `cuda.attention_tc`), so this only picks the faster one.
+fn by_pairs(words: impl Iterator<Item = u64>, group: usize) -> (Vec<u64>, Vec<u64>) {
+    words.partition(|w| (w >> 32) as usize * group <= FEW_PAIRS)
+}
+
+/// Pairs a tile of attn_mma_few holds: one warp's mma rows (attention_mma.cu's SPLIT).
+const FEW_PAIRS: usize = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tiles of at most 16 pairs go to attn_mma_few, in order; the rest to attn_mma.
+    #[test]
+    fn decode_tiles_go_to_the_few_pair_form() {
+        let word = |f: u64, n: u64| f | (n << 32);
+        let words = [word(0, 1), word(1, 16), word(17, 4), word(21, 5), word(26, 2)];
+        let (few, tiles) = by_pairs(words.into_iter(), 4);
+        assert_eq!(few, vec![word(0, 1), word(17, 4), word(26, 2)]);
+        assert_eq!(tiles, vec![word(1, 16), word(21, 5)]);
+        let (few, tiles) = by_pairs(words.into_iter(), 32);
+        assert!(few.is_empty());
+        assert_eq!(tiles.len(), 5);
+        let (few, _) = by_pairs(words.into_iter(), 16);
+        assert_eq!(few, vec![word(0, 1)]);
+    }
 
     /// Tiles stay inside their segment, hold at most [`ATTN_TILE`] rows, and a launch's cut sends its one-row
     /// pieces to attn_partial.
@@ -515,7 +548,7 @@ mod tests {
         assert_eq!(rows.cut(5, 18).collect::<Vec<_>>(), vec![word(5, 12), word(17, 1)]);
         assert_eq!(tile_rows(true, 1), 64);
         assert_eq!(tile_rows(true, 64), 1);
-        assert_eq!(mma_smem(64), 4 * 3 * (64 * 36 + 64 * 36 + 128 * 16));
+        assert_eq!(mma_smem(64), 4 * 3 * (64 * 36 + 64 * 36 + 128 * 16) + 4 * 2 * 8 * 128);
         assert_eq!(mma_smem(8), mma_smem(16));
         assert!(mma_smem(MMA_HD) <= 232_448);
     }

@@ -22,7 +22,10 @@
 // next multiple of 16, are zero in q, k and v (exact: they add zero products). tiles: a word a tile, low 32 bits its
 // first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (HDP / 2 + 4) words of K pieces and 3 HDP AM_VS
 // words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks), then
-// AM_THREADS 3 (HDP / 16) 4 words of the lanes' query fragments.
+// AM_THREADS 3 (HDP / 16) 4 words of the lanes' query fragments, then 2 (AM_SUB / 8) 4 32 words of a decode tile's
+// scores and probabilities (am_share).
+// - A tile of at most 16 pairs (decode) runs attn_mma_few, which spreads a sub-block's scores, exps and output dims
+//   over the block's warps (SPLIT below) with the same chains, so the bits are the tile form's.
 #define AM_SUB 64
 #define AM_WARPS 4
 #define AM_THREADS 128  // AM_WARPS warps
@@ -146,12 +149,80 @@ __device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bo
   return alpha;
 }
 
+// SPLIT's scores: each warp writes the key groups it computed (nt % AM_WARPS == warp) to sh (a lane's word (nt, e)
+// at (4 nt + e) 32), and after the barrier reads every group back, so each warp holds the scores the tile form's
+// one warp holds. Callers pass sh already offset by the lane.
+__device__ __forceinline__ void am_share(float (*s)[4], float* sh, int warp) {
+#pragma unroll
+  for (int nt = 0; nt < AM_SUB / 8; nt++)
+    if (nt % AM_WARPS == warp)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sh[(4 * nt + e) * 32] = s[nt][e];
+  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[nt][e] = sh[(4 * nt + e) * 32];
+}
+
+// am_softmax for both halves of a SPLIT block, with the exps shared: every warp takes the max as am_softmax does,
+// computes p for its own key groups, and after a barrier (through sh, as am_share) sums every p in am_softmax's
+// order; so s, st and alpha end as am_softmax leaves them, in every warp.
+__device__ __forceinline__ void am_softmax_split(float (*s)[4], float* sh, int warp, AmRow st[2], const bool live[2],
+                                                 float alpha[2]) {
+  float nm[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int e2 = 2 * h;
+    float mx = -inf_f();
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][e2], s[nt][e2 + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    nm[h] = live[h] ? fmaxf(st[h].m, mx) : 0.0f;
+  }
+#pragma unroll
+  for (int nt = 0; nt < AM_SUB / 8; nt++)
+    if (nt % AM_WARPS == warp)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = exp_f(s[nt][e] - nm[e >> 1]);
+  am_share(s, sh, warp);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int e2 = 2 * h;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+      for (int e = e2; e < e2 + 2; e++) {
+#ifdef FAULT_ATTN_MMA_SPLIT_SUM
+        sum = sum + s[AM_SUB / 8 - 1 - nt][e];  // planted: a decode tile sums p by key group in reverse
+#else
+        sum = sum + s[nt][e];
+#endif
+      }
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+    alpha[h] = live[h] ? exp_f(st[h].m - nm[h]) : 1.0f;
+    if (live[h]) {
+      st[h].l = st[h].l * alpha[h] + sum;
+      st[h].m = nm[h];
+    }
+  }
+}
+
 // HDP: head_dim rounded up to a multiple of 16 (the k16 steps of a score and the n8 tiles of an output row cover
 // it; dims from hd on are zero).
-template <int HDP>
+// SPLIT: a tile of at most 16 pairs (a decode row; a few rows of a small group) fills one warp's mma rows, so
+// instead of one warp computing while three wait, every warp takes the same pairs and the block shares each
+// sub-block's work: warp w computes the scores of the key groups nt % AM_WARPS == w, the probabilities of those keys
+// and the output dims of the groups nt % AM_WARPS == w, through shared memory (am_share). Each element's chain, the
+// max and the sum of p are the tile form's, in its order, so the bits are its (the invariance gate compares
+// one-row calls with tiles of 16 rows).
+template <int HDP, bool SPLIT>
 __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const float* kin, const float* vin,
                                               const u64* desc, int heads, int group, int hd, int width, float scale,
-                                              int max_chunks, float* part, int row0, const u64* tiles) {
+                                              int max_chunks, float* part, int row0, u64 first, int nrows) {
   constexpr int KS = HDP / 2 + 4;
   constexpr int KST = HDP / 16;
   constexpr int NT = HDP / 8;
@@ -159,9 +230,9 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   u32* vp = kp + 3 * AM_SUB * KS;
   // This lane's query fragments, by lane (a lane reads back only its own words: no barrier).
   u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
-  u64 tw = tiles[blockIdx.z];
-  u64 first = tw & 0xffffffffull;
-  int nrows = (int)(tw >> 32);
+  // SPLIT's shared scores and probabilities: AM_SUB / 8 * 4 words a lane each (am_share).
+  float* shs = reinterpret_cast<float*>(vp + 3 * HDP * AM_VS + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
+  float* shp = shs + AM_SUB / 8 * 4 * 32;
   int kh = blockIdx.y;
   int start = blockIdx.x * KEY_CHUNK;
   RowKv last = row_kv(desc, first + (u64)nrows - 1);  // the tile's longest row: every key any row sees
@@ -170,9 +241,10 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   int nk = tile_keys - start < KEY_CHUNK ? tile_keys - start : KEY_CHUNK;
   int off = kh * hd;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  int mw = SPLIT ? 0 : warp;  // the warp whose pairs these lanes hold
   int pairs = nrows * group;
-  bool active = warp * 16 < pairs;  // warp-uniform
-  int pr[2] = {warp * 16 + g, warp * 16 + g + 8};
+  bool active = mw * 16 < pairs;  // warp-uniform
+  int pr[2] = {mw * 16 + g, mw * 16 + g + 8};
   bool valid[2] = {pr[0] < pairs, pr[1] < pairs};
   int keys[2];
 #pragma unroll
@@ -226,6 +298,7 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
         for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
 #pragma unroll
       for (int nt = 0; nt < AM_SUB / 8; nt++) {
+        if (SPLIT && nt % AM_WARPS != warp) continue;
         u32 b[3][2];
         am_bfrag(kp + (nt * 8 + g) * KS + ks * 8 + t, AM_SUB * KS, b);
         float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -243,8 +316,13 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
       }
     bool live[2] = {j0 < keys[0], j0 < keys[1]};
     float alpha[2];
-    alpha[0] = am_softmax(s, 0, st[0], live[0]);
-    alpha[1] = am_softmax(s, 2, st[1], live[1]);
+    if (SPLIT) {
+      am_share(s, shs, warp);  // every warp: all of the sub-block's scores
+      am_softmax_split(s, shp, warp, st, live, alpha);
+    } else {
+      alpha[0] = am_softmax(s, 0, st[0], live[0]);
+      alpha[1] = am_softmax(s, 2, st[1], live[1]);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -258,6 +336,7 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
       am_frag(s[2 * ks + 1][2], s[2 * ks + 1][3], a, 3);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
+        if (SPLIT && nt % AM_WARPS != warp) continue;
         u32 b[3][2];
         am_bfrag(vp + (nt * 8 + g) * AM_VS + ks * 8 + t, HDP * AM_VS, b);
         float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -277,11 +356,28 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
     float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(hd + 2);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
-      if (nt * 8 < hd) *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
-    if (t == 0) {
+      if (nt * 8 < hd && (!SPLIT || nt % AM_WARPS == warp))
+        *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
+    if (t == 0 && (!SPLIT || warp == 0)) {
       out[0] = st[i].m;
       out[1] = st[i].l;
     }
+  }
+}
+
+// attn_mma_body at HDP, head_dim rounded up to a multiple of 16.
+template <bool SPLIT>
+__device__ __forceinline__ void attn_mma_hd(float* sm, const float* q, const float* kin, const float* vin,
+                                            const u64* desc, int heads, int group, int hd, int width, float scale,
+                                            int max_chunks, float* part, int row0, u64 first, int nrows) {
+  if (hd > 48) {
+    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+  } else if (hd > 32) {
+    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+  } else if (hd > 16) {
+    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+  } else {
+    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
   }
 }
 
@@ -292,13 +388,19 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS)
              int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  if (hd > 48) {
-    attn_mma_body<64>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else if (hd > 32) {
-    attn_mma_body<48>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else if (hd > 16) {
-    attn_mma_body<32>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else {
-    attn_mma_body<16>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  }
+  u64 tw = tiles[blockIdx.z];
+  attn_mma_hd<false>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0,
+                     tw & 0xffffffffull, (int)(tw >> 32));
+}
+
+// attn_mma over tiles of at most 16 (row, head) pairs (decode rows), SPLIT: its own entry so the tile form keeps
+// its registers. The host sends each tile to one of the two by its pairs (cuda/attention.rs, `by_pairs`).
+extern "C" __global__ void __launch_bounds__(AM_THREADS)
+    attn_mma_few(const float* q, const float* kin, const float* vin, const u64* desc, int heads, int group, int hd,
+                 int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
+  PDL_ENTRY();
+  extern __shared__ float sm[];
+  u64 tw = tiles[blockIdx.z];
+  attn_mma_hd<true>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0,
+                    tw & 0xffffffffull, (int)(tw >> 32));
 }
