@@ -323,11 +323,12 @@ pub(super) const BLOCK_PLANTS: &[Planted<BlockAttentionFault>] = &[
 ];
 
 /// (heads, kv_heads, head_dim, block, context rows per stream): the released 24B drafter's shape when served. With
-/// `tc` the quick head_dim is 24, which the tensor-core form pads to 32 with zeros (its only check of that path).
+/// `tc` the quick head_dim is 40, which the tensor-core form pads to 48 with zeros (its only check of that path),
+/// and whose 6 groups of 8 output dims fall unevenly on attn_mma_few's 4 warps (a block of 4 rows is 8 pairs).
 fn block_shape(scale: Scale, tc: bool) -> (usize, usize, usize, usize, Vec<usize>) {
     match scale {
         Scale::Served => (32, 8, 64, 9, vec![0, 1, 700, 4095]),
-        Scale::Quick => (4, 2, if tc { 24 } else { 16 }, 4, vec![0, 1, 9, 300]),
+        Scale::Quick => (4, 2, if tc { 40 } else { 16 }, 4, vec![0, 1, 9, 300]),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Attention on the tensor cores (the tensor-core mode's form of attn_partial, after attention.cu in its module): QK^T and P.V on mma.sync with q, k, p and v as three bf16 pieces, an online softmax over fixed 64-key sub-blocks.
-// With TENSORFOLD_CUDA_TENSOR_CORES=1 every attention call (causal, and the drafter's block attention) runs attn_mma,
-// a decode row and a prefill tile alike, so decode == prefill, chunked == whole and concurrent == solo hold inside the
-// mode. It fills attn_partial's partials (m, l, o of each (row, head, KEY_CHUNK-key chunk)) and attn_combine folds them
+// With TENSORFOLD_CUDA_TENSOR_CORES=1 every attention call (causal, and the drafter's block attention) runs attn_mma
+// (or attn_mma_few, its bits for tiles of at most 16 pairs), a decode row and a prefill tile alike, so decode ==
+// prefill, chunked == whole and concurrent == solo hold inside the mode. It fills attn_partial's partials (m, l, o of each (row, head, KEY_CHUNK-key chunk)) and attn_combine folds them
 // as in the CUDA-core mode; the bits differ from attn_partial's (the contract's `cuda.attention_tc` states the bound).
 // - A block is (chunk, KV head, tile of rows of one segment). Its (row, query head) pairs are the mmas' M rows, pair m
 //   = (tile row m / group, head m % group), 16 a warp, AM_WARPS warps: a tile has at most AM_M / group rows (the host
