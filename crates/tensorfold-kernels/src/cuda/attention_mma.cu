@@ -1,8 +1,9 @@
 //! Attention on the tensor cores (the tensor-core mode's form of attn_partial, after attention.cu in its module): QK^T and P.V on mma.sync with q, k, p and v as three bf16 pieces, an online softmax over fixed 64-key sub-blocks.
 // With TENSORFOLD_CUDA_TENSOR_CORES=1 every attention call (causal, and the drafter's block attention) runs attn_mma
 // (or attn_mma_few, its bits for tiles of at most 16 pairs), a decode row and a prefill tile alike, so decode ==
-// prefill, chunked == whole and concurrent == solo hold inside the mode. It fills attn_partial's partials (m, l, o of each (row, head, KEY_CHUNK-key chunk)) and attn_combine folds them
-// as in the CUDA-core mode; the bits differ from attn_partial's (the contract's `cuda.attention_tc` states the bound).
+// prefill, chunked == whole and concurrent == solo hold inside the mode. It fills attn_partial's partials (m, l, o
+// of each (row, head, KEY_CHUNK-key chunk)) and attn_combine folds them as in the CUDA-core mode; the bits differ
+// from attn_partial's (the contract's `cuda.attention_tc` states the bound).
 // - A block is (chunk, KV head, tile of rows of one segment). Its (row, query head) pairs are the mmas' M rows, pair m
 //   = (tile row m / group, head m % group), 16 a warp, AM_WARPS warps: a tile has at most AM_M / group rows (the host
 //   cuts) and a decode row is a tile of one. An mma's output row depends only on its own A row, so a pair's bits
@@ -371,13 +372,17 @@ __device__ __forceinline__ void attn_mma_hd(float* sm, const float* q, const flo
                                             const u64* desc, int heads, int group, int hd, int width, float scale,
                                             int max_chunks, float* part, int row0, u64 first, int nrows) {
   if (hd > 48) {
-    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
+                             nrows);
   } else if (hd > 32) {
-    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
+                             nrows);
   } else if (hd > 16) {
-    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
+                             nrows);
   } else {
-    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first, nrows);
+    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
+                             nrows);
   }
 }
 
