@@ -153,7 +153,7 @@ __device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bo
 // SPLIT's scores: each warp writes the key groups it computed (nt % AM_WARPS == warp) to sh (a lane's word (nt, e)
 // at (4 nt + e) 32), and after the barrier reads every group back, so each warp holds the scores the tile form's
 // one warp holds. Callers pass sh already offset by the lane.
-__device__ __forceinline__ void am_share(float (*s)[4], float* sh, int warp) {
+__device__ __forceinline__ void am_share(float (&s)[AM_SUB / 8][4], float* sh, int warp) {
 #pragma unroll
   for (int nt = 0; nt < AM_SUB / 8; nt++)
     if (nt % AM_WARPS == warp)
@@ -169,8 +169,8 @@ __device__ __forceinline__ void am_share(float (*s)[4], float* sh, int warp) {
 // am_softmax for both halves of a SPLIT block, with the exps shared: every warp takes the max as am_softmax does,
 // computes p for its own key groups, and after a barrier (through sh, as am_share) sums every p in am_softmax's
 // order; so s, st and alpha end as am_softmax leaves them, in every warp.
-__device__ __forceinline__ void am_softmax_split(float (*s)[4], float* sh, int warp, AmRow st[2], const bool live[2],
-                                                 float alpha[2]) {
+__device__ __forceinline__ void am_softmax_split(float (&s)[AM_SUB / 8][4], float* sh, int warp, AmRow (&st)[2],
+                                                 const bool (&live)[2], float (&alpha)[2]) {
   float nm[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -182,11 +182,23 @@ __device__ __forceinline__ void am_softmax_split(float (*s)[4], float* sh, int w
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     nm[h] = live[h] ? fmaxf(st[h].m, mx) : 0.0f;
   }
+  // This warp's key groups nt = warp + AM_WARPS j picked by selects, so every exp runs unconditionally (exps under
+  // a warp test spilled registers to local memory) and p lands back in s[nt] by selects.
+  constexpr int OWN = AM_SUB / 8 / AM_WARPS;
+  float own[OWN][4];
+#pragma unroll
+  for (int j = 0; j < OWN; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = s[AM_WARPS * j][e];
+#pragma unroll
+      for (int w = 1; w < AM_WARPS; w++) v = warp == w ? s[AM_WARPS * j + w][e] : v;
+      own[j][e] = exp_f(v - nm[e >> 1]);
+    }
 #pragma unroll
   for (int nt = 0; nt < AM_SUB / 8; nt++)
-    if (nt % AM_WARPS == warp)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[nt][e] = exp_f(s[nt][e] - nm[e >> 1]);
+    for (int e = 0; e < 4; e++) s[nt][e] = nt % AM_WARPS == warp ? own[nt / AM_WARPS][e] : s[nt][e];
   am_share(s, sh, warp);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
