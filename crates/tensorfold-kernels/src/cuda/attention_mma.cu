@@ -235,7 +235,7 @@ __device__ __forceinline__ void am_softmax_split(float (&s)[AM_SUB / 8][4], floa
 template <int HDP, bool SPLIT>
 __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const float* kin, const float* vin,
                                               const u64* desc, int heads, int group, int hd, int width, float scale,
-                                              int max_chunks, float* part, int row0, u64 first, int nrows) {
+                                              int max_chunks, float* part, int row0, const u64* tiles) {
   constexpr int KS = HDP / 2 + 4;
   constexpr int KST = HDP / 16;
   constexpr int NT = HDP / 8;
@@ -246,6 +246,9 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
   // SPLIT's shared scores and probabilities: AM_SUB / 8 * 4 words a lane each (am_share).
   float* shs = reinterpret_cast<float*>(vp + 3 * HDP * AM_VS + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
   float* shp = shs + AM_SUB / 8 * 4 * 32;
+  u64 tw = tiles[blockIdx.z];
+  u64 first = tw & 0xffffffffull;
+  int nrows = (int)(tw >> 32);
   int kh = blockIdx.y;
   int start = blockIdx.x * KEY_CHUNK;
   RowKv last = row_kv(desc, first + (u64)nrows - 1);  // the tile's longest row: every key any row sees
@@ -382,19 +385,15 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 template <bool SPLIT>
 __device__ __forceinline__ void attn_mma_hd(float* sm, const float* q, const float* kin, const float* vin,
                                             const u64* desc, int heads, int group, int hd, int width, float scale,
-                                            int max_chunks, float* part, int row0, u64 first, int nrows) {
+                                            int max_chunks, float* part, int row0, const u64* tiles) {
   if (hd > 48) {
-    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
-                             nrows);
+    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
   } else if (hd > 32) {
-    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
-                             nrows);
+    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
   } else if (hd > 16) {
-    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
-                             nrows);
+    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
   } else {
-    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, first,
-                             nrows);
+    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
   }
 }
 
@@ -405,9 +404,7 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS)
              int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  u64 tw = tiles[blockIdx.z];
-  attn_mma_hd<false>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0,
-                     tw & 0xffffffffull, (int)(tw >> 32));
+  attn_mma_hd<false>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
 }
 
 // attn_mma over tiles of at most 16 (row, head) pairs (decode rows), SPLIT: its own entry so the tile form keeps
@@ -417,7 +414,5 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS)
                  int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  u64 tw = tiles[blockIdx.z];
-  attn_mma_hd<true>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0,
-                    tw & 0xffffffffull, (int)(tw >> 32));
+  attn_mma_hd<true>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
 }
