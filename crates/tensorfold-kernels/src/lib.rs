@@ -29,5 +29,5 @@ pub use bytes::{Dtype, HostBytes, MatView};
 pub use collective::{Collective, HostCollective, expert_ranges};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaBackend, CudaError};
+pub use cuda::{CudaBackend, CudaError, CudaOptions};
 pub use deadline::{DEFAULT_DEVICE_DEADLINE, DeviceWatch, Watched};

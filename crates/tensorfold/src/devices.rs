@@ -25,6 +25,13 @@ pub struct DeviceArgs {
     /// computation itself (a long prefill chunk of a large model on few cores is slow, not lost), unless given.
     #[arg(long, value_name = "SECONDS", env = "TENSORFOLD_DEVICE_DEADLINE")]
     pub device_deadline: Option<f64>,
+    /// With `--device cuda`: run the linears, MoE experts and attention on tensor cores (bf16 `mma.sync`, each f32
+    /// activation as three bf16 pieces, f32 accumulation; sm_80 and later). Not lossy (the kernel contract's bounds
+    /// hold) and row-invariant, but its bits differ from the default CUDA-core forms', so it is the whole process's
+    /// mode. Faster prefill and many-stream decode, slower one-stream decode (docs/cuda.md). Off by default; the
+    /// environment's `TENSORFOLD_CUDA_TENSOR_CORES=1` turns it on too.
+    #[arg(long)]
+    pub tensor_cores: bool,
 }
 
 /// The CPU's deadline when none is given: far past any forward (a watch always has one).
@@ -121,6 +128,7 @@ pub fn ranks<B>(
 
 /// The CPU, or `--gpus n` host ranks (the stand-in for the collectives CI runs).
 pub fn cpu(d: &DeviceArgs) -> anyhow::Result<Devices<CpuBackend>> {
+    anyhow::ensure!(!d.tensor_cores, "--tensor-cores: needs --device cuda (the CPU has no tensor-core mode)");
     let deadline = d.deadline()?.unwrap_or(CPU_NO_DEADLINE);
     Ok(Devices { backend: CpuBackend, ranks: ranks(0, d.gpus, |_| Ok(CpuBackend))?, deadline })
 }
@@ -130,8 +138,10 @@ pub fn cpu(d: &DeviceArgs) -> anyhow::Result<Devices<CpuBackend>> {
 pub fn cuda(d: &DeviceArgs) -> anyhow::Result<Devices<tensorfold_kernels::CudaBackend>> {
     let (gpu, gpus, deadline) = (d.gpu, d.gpus, d.deadline()?.unwrap_or(tensorfold_kernels::DEFAULT_DEVICE_DEADLINE));
     let open = |g: usize| {
-        let be = tensorfold_kernels::CudaBackend::new(g).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
-        tracing::info!("CUDA device {g}: {} ({})", be.device_name(), be.arch());
+        let opts = tensorfold_kernels::CudaOptions { tensor_cores: d.tensor_cores };
+        let be = tensorfold_kernels::CudaBackend::open(g, opts).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+        let mode = if be.tensor_cores() { "tensor cores (bf16 mma, three pieces)" } else { "CUDA cores (f32)" };
+        tracing::info!("CUDA device {g}: {} ({}), linears and attention on {mode}", be.device_name(), be.arch());
         let t = std::time::Instant::now();
         be.warm_up().map_err(|e| anyhow::anyhow!("--device cuda: compiling the kernels: {e}"))?;
         tracing::info!("CUDA device {g}: kernels ready in {:.1} s", t.elapsed().as_secs_f64());

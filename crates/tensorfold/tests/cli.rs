@@ -157,6 +157,17 @@ fn device_cuda_is_refused_naming_cuda() {
 }
 
 #[test]
+fn tensor_cores_on_the_cpu_are_refused_by_name_and_named_in_help() {
+    for cmd in ["generate", "bench forward", "exact"] {
+        let mut args: Vec<&str> = cmd.split(' ').collect();
+        args.extend(["--tensor-cores", "--help"]);
+        assert!(stdout(&tensorfold(&args)).contains("--tensor-cores"), "{cmd} --help names the mode");
+    }
+    let err = refused(&tensorfold(&["generate", "--tensor-cores", "--prompt-ids", "1", "--max-tokens", "1"]));
+    assert!(err.contains("--tensor-cores") && err.contains("--device cuda"), "{err}");
+}
+
+#[test]
 fn a_model_without_tokenizer_files_runs_on_ids_and_refuses_text_naming_tokenizer_json() {
     let tmp = TempDir::new().expect("a temporary directory");
     for f in ["config.json", "generation_config.json", "model.safetensors"] {

@@ -61,7 +61,8 @@ impl<'a> Rows<'a> {
     fn cut(&self, a: usize, b: usize) -> impl Iterator<Item = u64> + '_ {
         self.tiles.iter().filter_map(move |&(f, n)| {
             let (lo, hi) = (f.max(a), (f + n).min(b));
-            (hi > lo).then_some(lo as u64 | (((hi - lo) as u64) << 32))
+            // Lazily: `hi - lo` underflows for a tile outside the launch.
+            if hi > lo { Some(lo as u64 | (((hi - lo) as u64) << 32)) } else { None }
         })
     }
 

@@ -145,7 +145,7 @@ pub struct Dev {
     /// kernel's blocks are scheduled while the kernel before it finishes and wait at their entry, hiding the launch
     /// gap between the two. Off under a profile (each kernel is timed alone).
     pub pdl: bool,
-    /// `TENSORFOLD_CUDA_TENSOR_CORES=1` (sm_80 and later), or the contract's [`Dev::set_tensor_cores`]: bf16
+    /// `--tensor-cores` or `TENSORFOLD_CUDA_TENSOR_CORES=1` (sm_80 and later), or the contract's [`Dev::set_tensor_cores`]: bf16
     /// matrices with k % 32 == 0 run the tensor-core linears (dense_tc.cu) at every width. Their bits differ from
     /// the CUDA-core forms' (another fixed order, the same bound), so the setting holds for the process: a row's
     /// bits never depend on the call. Off by default until the decode forms match the CUDA cores' speed.
@@ -196,7 +196,7 @@ pub fn driver(what: &str, e: DriverError) -> CudaError {
 
 impl Dev {
     /// Opens device `ordinal`. Errors by name when the driver or NVRTC library is missing or there is no such device.
-    pub fn open(ordinal: usize) -> Result<Arc<Dev>, CudaError> {
+    pub fn open(ordinal: usize, opts: super::CudaOptions) -> Result<Arc<Dev>, CudaError> {
         // SAFETY: only probes whether the shared libraries can be opened.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::NoDriver);
@@ -241,7 +241,8 @@ impl Dev {
         let arena = Staging::new(&stream);
         let deferred = graphs && profile.is_none() && arena.is_some();
         let pdl = pdl && major >= 9 && profile.is_none() && driver_version() >= 12030;
-        let tensor_cores = tensor_cores_setting(std::env::var("TENSORFOLD_CUDA_TENSOR_CORES").ok(), major)?;
+        let tensor_cores =
+            tensor_cores_setting(std::env::var("TENSORFOLD_CUDA_TENSOR_CORES").ok(), opts.tensor_cores, major)?;
         let attn_mma = attn_mma_setting(std::env::var("TENSORFOLD_CUDA_ATTN_MMA").ok())?;
         let host = StreamHost::new(arena, deferred, part);
         Ok(Arc::new(Dev {

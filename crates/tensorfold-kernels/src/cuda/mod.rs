@@ -118,6 +118,15 @@ impl CudaError {
     }
 }
 
+/// How a [`CudaBackend`] opens: the modes a command's flags choose (the environment mirrors them).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaOptions {
+    /// The tensor-core mode (`--tensor-cores`; `TENSORFOLD_CUDA_TENSOR_CORES=1` when false): bf16 linears, MoE
+    /// experts and attention on `mma.sync` with f32 activations as three bf16 pieces and f32 accumulation. Not
+    /// lossy (the contract's bounds hold), but its bits differ from the CUDA-core forms', so it is the process's.
+    pub tensor_cores: bool,
+}
+
 /// The CUDA backend on one device. Cloning shares the device (context, stream, compiled kernels).
 #[derive(Clone)]
 pub struct CudaBackend {
@@ -128,11 +137,18 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens GPU `ordinal`. Errors: [`CudaError::NoDriver`] (no `libcuda`), [`CudaError::NoNvrtc`] (no
-    /// `libnvrtc`), [`CudaError::NoDevice`], or a driver error. Nothing is compiled until a kernel is first used.
+    /// Opens GPU `ordinal` with the default options (the mode from the environment). Errors: [`CudaError::NoDriver`]
+    /// (no `libcuda`), [`CudaError::NoNvrtc`] (no `libnvrtc`), [`CudaError::NoDevice`], or a driver error. Nothing
+    /// is compiled until a kernel is first used.
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        Self::open(ordinal, CudaOptions::default())
+    }
+
+    /// Opens GPU `ordinal` with `opts`. Errors: as [`CudaBackend::new`], and [`CudaError::Setting`] for
+    /// `tensor_cores` on a device without bf16 tensor cores.
+    pub fn open(ordinal: usize, opts: CudaOptions) -> Result<Self, CudaError> {
         // A binding the driver lacks makes cudarc panic; a backend that cannot open must still be a named error.
-        match std::panic::catch_unwind(|| Dev::open(ordinal)) {
+        match std::panic::catch_unwind(|| Dev::open(ordinal, opts)) {
             Ok(r) => r.map(Self::on),
             Err(p) => {
                 let msg =
@@ -149,6 +165,11 @@ impl CudaBackend {
             self.dev.warm(src)?;
         }
         Ok(())
+    }
+
+    /// Whether the tensor-core mode is on for this device (the process's: [`CudaOptions::tensor_cores`]).
+    pub fn tensor_cores(&self) -> bool {
+        self.dev.tensor_cores()
     }
 
     /// The device's name (e.g. `NVIDIA H200`).
@@ -356,12 +377,17 @@ mod tests {
 
     #[test]
     fn tensor_cores_are_off_unless_set_to_1_on_a_device_that_has_them() {
-        use device::tensor_cores_setting as tc;
-        assert_eq!((tc(None, 9), tc(Some("0".into()), 9), tc(Some(" 1".into()), 9)), (Ok(false), Ok(false), Ok(true)));
-        let e = tc(Some("1".into()), 7).unwrap_err();
+        let tc = |v: Option<&str>, major| device::tensor_cores_setting(v.map(str::to_string), false, major);
+        assert_eq!((tc(None, 9), tc(Some("0"), 9), tc(Some(" 1"), 9)), (Ok(false), Ok(false), Ok(true)));
+        let e = tc(Some("1"), 7).unwrap_err();
         assert!(e.to_string().contains("no bf16 tensor cores"), "{e}");
-        let e = tc(Some("yes".into()), 9).unwrap_err();
+        let e = tc(Some("yes"), 9).unwrap_err();
         assert!(matches!(e, CudaError::Setting { name: "TENSORFOLD_CUDA_TENSOR_CORES", .. }), "{e}");
+        // The flag turns the mode on whatever the environment says, and is refused by its own name before sm_80.
+        let flag = |v: Option<&str>, major| device::tensor_cores_setting(v.map(str::to_string), true, major);
+        assert_eq!((flag(None, 9), flag(Some("0"), 8)), (Ok(true), Ok(true)));
+        let e = flag(None, 7).unwrap_err();
+        assert!(matches!(e, CudaError::Setting { name: "--tensor-cores", .. }), "{e}");
     }
 
     /// `TENSORFOLD_CUDA_ATTN_MMA`: unset and 1 on, 0 off, anything else refused by name.

@@ -5,10 +5,21 @@ use super::{ATTN_TILE, Dev, R1_ROWS, UNSET, WIDE_ROWS, WIDE_SLOTS, driver, lock}
 use cudarc::driver::{CudaFunction, sys};
 use std::sync::atomic::Ordering;
 
-/// The `TENSORFOLD_CUDA_TENSOR_CORES` setting: `1` on, `0` or unset off; anything else is refused by name, as is
-/// `1` on a device without bf16 tensor cores (before sm_80).
-pub(crate) fn tensor_cores_setting(v: Option<String>, major: i32) -> Result<bool, CudaError> {
+/// The tensor-core mode from `flag` (`--tensor-cores`: on whatever the environment says) or the
+/// `TENSORFOLD_CUDA_TENSOR_CORES` setting `v`: `1` on, `0` or unset off; anything else is refused by name, as is
+/// either way of asking on a device without bf16 tensor cores (before sm_80).
+pub(crate) fn tensor_cores_setting(v: Option<String>, flag: bool, major: i32) -> Result<bool, CudaError> {
     let name = "TENSORFOLD_CUDA_TENSOR_CORES";
+    if flag {
+        return match major >= 8 {
+            true => Ok(true),
+            false => Err(CudaError::Setting {
+                name: "--tensor-cores",
+                value: "on".into(),
+                want: "off (this device has no bf16 tensor cores)",
+            }),
+        };
+    }
     match v.as_deref().map(str::trim) {
         None | Some("0") => Ok(false),
         Some("1") if major >= 8 => Ok(true),
