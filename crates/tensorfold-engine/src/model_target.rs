@@ -97,7 +97,7 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         self.model.keep(s, pos)
     }
 
-    fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) {
+    fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) -> Result<(), ForwardError> {
         self.model.reserve(s, tokens, verify_rows)
     }
 

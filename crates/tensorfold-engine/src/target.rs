@@ -130,8 +130,11 @@ pub trait Target: Send + 'static {
     /// verify window. Refuses a position outside the last call.
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;
     /// Reserves room for `tokens` positions and verify windows of `verify_rows` rows, so the stream holds what
-    /// memory admission counted.
-    fn reserve(&self, _s: &mut Self::State, _tokens: usize, _verify_rows: usize) {}
+    /// memory admission counted. Errors: the device cannot give that room now (`KernelError::OutOfMemory`: the
+    /// engine finishes that request alone with it) or is lost (`DeviceLost`: the engine stops).
+    fn reserve(&self, _s: &mut Self::State, _tokens: usize, _verify_rows: usize) -> Result<(), ForwardError> {
+        Ok(())
+    }
     /// A copy of a state to keep in the prompt cache (no rollback window; exact capacity).
     fn snapshot(&self, s: &Self::State) -> Self::State {
         s.clone()

@@ -1,10 +1,11 @@
 //! A device failure (a lost GPU, a failed collective) stops the engine: every running and waiting request ends with
 //! the named error, no lane or memory stays held, the engine thread ends (`/health` answers 503) and later submits
-//! are refused; a device error that leaves the device usable (out of memory) fails its stream alone.
+//! are refused; a device error that leaves the device usable (out of memory) fails its stream alone, also when it
+//! meets the stream's state as it is reserved (admission, a group's fan-out), before any round holds its rows.
 
 mod common;
 
-use common::{Fault, Poisoned, core, reference, run_scheduled};
+use common::{Fault, Poisoned, RefusedReserve, core, reference, run_scheduled};
 use std::time::{Duration, Instant};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
@@ -80,4 +81,91 @@ fn a_device_error_that_leaves_the_device_usable_fails_its_stream_alone() {
         }
     }
     assert!(c.failure().is_none() && c.metrics().failure.is_none(), "the engine runs on");
+}
+
+/// Whether `s` finished with the reserve's out-of-memory error, having run no round.
+fn refused_by_name(s: &common::Seen) -> bool {
+    let named = s.error.as_deref().is_some_and(|e| e.starts_with("OutOfMemory: kv_reserve could not allocate"));
+    s.reason == Some(FinishReason::Error) && named && s.tokens.is_empty() && s.cached.is_none()
+}
+
+#[test]
+fn a_reserve_out_of_memory_fails_its_request_alone_and_the_others_equal_their_solo_runs() {
+    let reqs = requests();
+    let inner = FakeTarget::new();
+    for (cfg, name) in [
+        (EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() }, "two lanes, plain rounds"),
+        (EngineConfig { parallel: 8, copy_min: 2, ..EngineConfig::default() }, "every lane, copy drafts"),
+    ] {
+        // Request 1's reserve fails: with two lanes as it is admitted beside request 0 while 2 to 4 wait for its
+        // lane; with eight beside all of them.
+        let target = RefusedReserve::new(inner.clone(), reqs[1].1.prompt.len() + reqs[1].1.max_tokens);
+        let refused = target.refused.clone();
+        let mut c = core(target, cfg.clone());
+        let seen = run_scheduled(&mut c, &reqs, |c| assert!(c.metrics().running <= cfg.parallel));
+        for (i, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
+            if i == 1 {
+                assert!(refused_by_name(s), "{name}: {s:?}");
+            } else {
+                let alone = (Some(FinishReason::Length), &reference(&inner, r).0);
+                assert_eq!((s.reason, &s.tokens), alone, "{name}: request {i}");
+            }
+        }
+        assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 1, "{name}: reserved once, refused once");
+        let m = c.metrics();
+        assert_eq!((m.running, m.waiting, m.reserved_bytes, m.failure), (0, 0, 0, None), "{name}: nothing held");
+        assert!(c.failure().is_none(), "{name}: the engine runs on");
+    }
+}
+
+/// A group of one 12-token prompt, a member a `max_tokens`.
+fn group(max_tokens: [usize; 3]) -> Vec<Request> {
+    max_tokens.iter().map(|&m| Request { ignore_eos: true, ..Request::greedy((5..17).collect(), m) }).collect()
+}
+
+#[test]
+fn a_group_member_whose_reserve_fails_ends_alone_and_the_rest_equal_their_solo_runs() {
+    let inner = FakeTarget::new();
+    // Streams of 24 positions are refused: the leader (at admission; its followers then prefill on their own), a
+    // follower (at the fan-out), or the leader and a follower (at admission, and as the leader lets it go).
+    for max_tokens in [[12, 14, 16], [14, 12, 16], [14, 16, 12], [12, 12, 16]] {
+        let reqs = group(max_tokens);
+        let target = RefusedReserve::new(inner.clone(), 24);
+        let refused = target.refused.clone();
+        let mut c = core(target, EngineConfig { parallel: 4, ..EngineConfig::default() });
+        let (sinks, rx): (Vec<tensorfold_engine::Sink>, Vec<_>) =
+            (0..3).map(|_| std::sync::mpsc::channel()).map(|(tx, rx)| (tx.into(), rx)).unzip();
+        c.submit_group(reqs.clone(), sinks).expect("queued");
+        while c.step() {}
+        for (i, (r, rx)) in reqs.iter().zip(rx).enumerate() {
+            let mut w = common::Watch { id: 0, rx: Some(rx), seen: common::Seen::default() };
+            w.drain(0);
+            if r.max_tokens == 12 {
+                assert!(refused_by_name(&w.seen), "{max_tokens:?}: member {i}: {:?}", w.seen);
+            } else {
+                let alone = (Some(FinishReason::Length), &reference(&inner, r).0);
+                assert_eq!((w.seen.reason, &w.seen.tokens), alone, "{max_tokens:?}: member {i}");
+            }
+        }
+        let want = max_tokens.iter().filter(|&&m| m == 12).count();
+        assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), want, "{max_tokens:?}");
+        let m = c.metrics();
+        assert_eq!((m.running, m.waiting, m.reserved_bytes, m.failure), (0, 0, 0, None), "{max_tokens:?}");
+    }
+}
+
+#[test]
+fn a_reserve_on_a_lost_device_stops_the_engine_with_its_name() {
+    let reqs = requests();
+    let tokens = reqs[1].1.prompt.len() + reqs[1].1.max_tokens;
+    let target = RefusedReserve { lost: true, ..RefusedReserve::new(FakeTarget::new(), tokens) };
+    let mut c = core(target, EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() });
+    let seen = run_scheduled(&mut c, &reqs, |_| {});
+    for (i, s) in seen.iter().enumerate() {
+        let e = s.error.as_deref().unwrap_or_default();
+        assert!(e.starts_with("DeviceFailure:") && e.contains("GPU 0 stopped answering"), "request {i}: {e}");
+    }
+    let m = c.metrics();
+    assert_eq!((m.running, m.waiting, m.reserved_bytes), (0, 0, 0));
+    assert!(m.failure.is_some() && c.failure().is_some(), "the engine stopped");
 }

@@ -28,6 +28,10 @@ pub enum KernelError {
     /// stops rather than run on (`tensorfold-engine` `core/failure.rs`).
     #[error("device lost in {kernel}: {message}")]
     DeviceLost { kernel: &'static str, message: String },
+    /// A stream state's reserve could not allocate its `bytes` (saturated at `usize::MAX`): that stream's error
+    /// alone; nothing is recorded for another call to meet, and the device stays usable.
+    #[error("OutOfMemory: {what} could not allocate {bytes} bytes")]
+    OutOfMemory { what: &'static str, bytes: usize },
 }
 
 /// One stream's rows in a call: rows `first_row .. first_row + rows` of every activation buffer belong
@@ -108,12 +112,13 @@ pub struct Pick {
 ///   [`Sampling::embed_words`], [`Sampling::embed_held`]), segment tables and stream caches
 ///   ([`Ops::qk_norm_rope`] and its pair, [`Ops::attention`], [`Ops::kv_append`],
 ///   [`Ops::block_attention`], [`Ops::short_conv`], [`StreamState::conv_keep`]), the MoE steps (expert ids
-///   and the routing's shapes), [`Memory::upload_mat`], and [`Diagnostics::check`]. Each validates every shape
-///   before it changes any state (the checks of `shape.rs`, the same on every backend), so a refused call leaves
-///   every stream as it was, and the error names what was wrong ([`KernelError::Shape`], `Segments`, `KeyCount`,
-///   `TokenOutOfRange`).
+///   and the routing's shapes), [`Memory::upload_mat`], [`Diagnostics::check`], and a stream state's reserves
+///   ([`StreamState::kv_reserve`], [`StreamState::conv_reserve`]: [`KernelError::OutOfMemory`], the request's own).
+///   Each validates every shape before it changes any state (the checks of `shape.rs`, the same on every
+///   backend), so a refused call leaves every stream as it was, and the error names what was wrong
+///   ([`KernelError::Shape`], `Segments`, `KeyCount`, `TokenOutOfRange`).
 /// - **Infallible calls** return no `Result`: memory ([`Memory::upload`], [`Memory::zeros`],
-///   [`Memory::scratch`], [`Memory::read`], [`StreamState::kv_reserve`], [`Memory::concat`]) and the row-wise ops
+///   [`Memory::scratch`], [`Memory::read`], [`Memory::concat`]) and the row-wise ops
 ///   ([`Ops::rmsnorm`], [`Ops::linear`], [`Ops::linears`], [`Ops::gather_rows`], [`Ops::add`],
 ///   [`Ops::add_rmsnorm`], [`Ops::swiglu`], [`Sampling::greedy`], [`Sampling::draw_into`]). Their shapes
 ///   come from the model's config, the same that sized the fallible call of the layer, so a mismatch there is the
@@ -178,8 +183,10 @@ pub trait StreamState: Memory {
     /// Key rows held.
     fn kv_len(&self, kv: &Self::Kv) -> usize;
     /// Reserves room for `tokens` key rows in all, so appends never reallocate (memory admission counts
-    /// exactly this).
-    fn kv_reserve(&self, kv: &mut Self::Kv, tokens: usize);
+    /// exactly this). Errors: [`KernelError::OutOfMemory`] when that room cannot be allocated (the rows held are
+    /// kept); on a device another failure, [`KernelError::Device`], or [`KernelError::DeviceLost`], which alone is
+    /// also recorded for later calls (as any call's).
+    fn kv_reserve(&self, kv: &mut Self::Kv, tokens: usize) -> Result<(), KernelError>;
     /// Drops key rows past `len` (rolls back a rejected window).
     fn kv_truncate(&self, kv: &mut Self::Kv, len: usize);
     /// Bytes the cache holds.
@@ -196,8 +203,9 @@ pub trait StreamState: Memory {
     /// Keeps windows only for calls of at most `rows` rows (1 to [`KEEP_ROWS`]; a fresh state keeps them up to
     /// [`KEEP_ROWS`]) and makes room for such a window now, so the state holds what memory admission counted: the
     /// engine's longest verify window, not a 64-row window a stream of decode rows never rolls back. A longer call
-    /// is not rolled back (its `conv_keep` errors), as a call past [`KEEP_ROWS`] today.
-    fn conv_reserve(&self, c: &mut Self::Conv, rows: usize);
+    /// is not rolled back (its `conv_keep` errors), as a call past [`KEEP_ROWS`] today. Errors: as
+    /// [`StreamState::kv_reserve`] (the state is kept; the window is allocated again when a call needs it).
+    fn conv_reserve(&self, c: &mut Self::Conv, rows: usize) -> Result<(), KernelError>;
 }
 
 /// The forward's ops over a call's rows: embedding, norms, linears, RoPE, attention, the short conv, the FFN and MoE

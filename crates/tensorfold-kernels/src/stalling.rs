@@ -73,7 +73,7 @@ impl<B: StreamState> StreamState for StallingBackend<B> {
     fn kv_len(&self, kv: &B::Kv) -> usize {
         self.inner.kv_len(kv)
     }
-    fn kv_reserve(&self, kv: &mut B::Kv, tokens: usize) {
+    fn kv_reserve(&self, kv: &mut B::Kv, tokens: usize) -> Result<(), KernelError> {
         self.inner.kv_reserve(kv, tokens)
     }
     fn kv_truncate(&self, kv: &mut B::Kv, len: usize) {
@@ -94,7 +94,7 @@ impl<B: StreamState> StreamState for StallingBackend<B> {
     fn conv_drop_window(&self, c: &mut B::Conv) {
         self.inner.conv_drop_window(c)
     }
-    fn conv_reserve(&self, c: &mut B::Conv, rows: usize) {
+    fn conv_reserve(&self, c: &mut B::Conv, rows: usize) -> Result<(), KernelError> {
         self.inner.conv_reserve(c, rows)
     }
 }

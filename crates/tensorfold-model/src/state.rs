@@ -138,17 +138,20 @@ impl<B: Backend> Model<B> {
     /// Reserves KV room for `tokens` positions and conv windows for verify windows of at most `verify_rows` rows
     /// (the engine's most drafts + 1; 1 without drafts), so the stream never reallocates and holds what
     /// [`Model::stream_bytes`] counted (memory admission). A call past `verify_rows` rows then keeps no window.
-    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) {
+    /// Errors: the first layer's refusal, `KernelError::OutOfMemory` (that stream's alone: the state keeps its rows,
+    /// and no other stream's call meets the failure) or `DeviceLost`; the layers after it are not reserved.
+    pub fn reserve(&self, s: &mut StreamState<B>, tokens: usize, verify_rows: usize) -> Result<(), ForwardError> {
         let _waiting = self.watch.enter(STATE);
         for l in &mut s.layers {
             match l {
-                LayerState::Kv(k) => self.backend.kv_reserve(k, tokens),
-                LayerState::Conv(c) => self.backend.conv_reserve(c, verify_rows),
+                LayerState::Kv(k) => self.backend.kv_reserve(k, tokens)?,
+                LayerState::Conv(c) => self.backend.conv_reserve(c, verify_rows)?,
             }
         }
         for k in s.draft.iter_mut().flat_map(|d| d.kv.iter_mut()) {
-            self.backend.kv_reserve(k, tokens);
+            self.backend.kv_reserve(k, tokens)?;
         }
+        Ok(())
     }
 
     /// A copy to keep (prompt cache): the same position, without the last call's rollback window.

@@ -1,12 +1,13 @@
 //! Absurd sizes in `config.json` (a 2^62 context, widths near u64::MAX, products past any device) are refused by
-//! name at open, without a panic or an allocation; the largest served values are still admitted.
+//! name at open, without a panic or an allocation; the largest served values are still admitted. A stream's reserve
+//! past any memory is refused by name too (`OutOfMemory`), and the state runs on.
 
 use serde_json::{Map, Value, json};
 use std::path::{Path, PathBuf};
-use tensorfold_kernels::CpuBackend;
+use tensorfold_kernels::{CpuBackend, KernelError};
 use tensorfold_model::config::ConfigError;
 use tensorfold_model::config_bounds::{MAX_POSITIONS, MAX_WIDTH};
-use tensorfold_model::{ModelConfig, OpenError, Source, open};
+use tensorfold_model::{ForwardError, ModelConfig, OpenError, Source, open};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
@@ -108,7 +109,21 @@ fn the_per_stream_estimate_saturates_and_stays_monotone() {
     // A reserved state holds what admission counted for it (less the decode row's activations, which rounds hold).
     for v in [1, 9, 33] {
         let mut s = m.new_state();
-        m.reserve(&mut s, 100, v);
+        m.reserve(&mut s, 100, v).expect("100 positions fit");
         assert_eq!(m.state_bytes(&s) + m.round_bytes(1), m.stream_bytes(100, v), "reserved for {v} rows");
     }
+}
+
+#[test]
+fn a_reserve_past_any_memory_is_refused_by_name_and_the_state_runs_on() {
+    let loaded = open(&Source::Dir(fixture("lfm2-dense-f32")), CpuBackend).expect("the fixture opens");
+    let m = &loaded.model;
+    let mut s = m.new_state();
+    m.reserve(&mut s, 100, 1).expect("100 positions fit");
+    let held = m.state_bytes(&s);
+    let e = m.reserve(&mut s, 1 << 60, 1).expect_err("2^60 positions of KV rows fit nowhere");
+    assert!(matches!(e, ForwardError::Kernel(KernelError::OutOfMemory { what: "kv_reserve", .. })), "{e}");
+    assert!(e.to_string().starts_with("OutOfMemory: kv_reserve could not allocate"), "{e}");
+    assert_eq!(m.state_bytes(&s), held, "the room already reserved is kept");
+    m.reserve(&mut s, 200, 1).expect("a later sane reserve still fits");
 }

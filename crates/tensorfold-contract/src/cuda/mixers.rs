@@ -394,19 +394,18 @@ fn reserved_window(be: &CudaBackend, case: &ConvCase) -> bool {
     let hist = case.taps - 1;
     let room = (2 * hist + 2) * case.width * 4;
     let mut r = vec![case.states(be).swap_remove(0)];
-    be.conv_reserve(&mut r[0], 2);
-    let at_reserve = be.conv_bytes(&r[0]) == room;
+    let at_reserve = be.conv_reserve(&mut r[0], 2).is_ok() && be.conv_bytes(&r[0]) == room;
     let long = case.call(be, 0, &seg(5), &mut r).is_ok() && be.conv_keep(&mut r[0], 2).is_err();
     let (five, one) = (alone(5), alone(1));
     let long = long && be.conv_bytes(&r[0]) == room && !five.is_empty() && bit_diffs(&host(&r[0]), &five) == 0;
     let mut r = vec![case.states(be).swap_remove(0)];
-    be.conv_reserve(&mut r[0], 2);
-    let short = case.call(be, 0, &seg(2), &mut r).is_ok() && be.conv_keep(&mut r[0], 1).is_ok();
+    let short = be.conv_reserve(&mut r[0], 2).is_ok()
+        && case.call(be, 0, &seg(2), &mut r).is_ok()
+        && be.conv_keep(&mut r[0], 1).is_ok();
     let short = short && be.conv_bytes(&r[0]) == room && !one.is_empty() && bit_diffs(&host(&r[0]), &one) == 0;
     let mut g = vec![case.states(be).swap_remove(0)];
-    let regrown = case.call(be, 0, &seg(1), &mut g).is_ok() && {
-        be.conv_reserve(&mut g[0], 9);
-        be.conv_keep(&mut g[0], 0).is_err()
-    };
+    let regrown = case.call(be, 0, &seg(1), &mut g).is_ok()
+        && be.conv_reserve(&mut g[0], 9).is_ok()
+        && be.conv_keep(&mut g[0], 0).is_err();
     at_reserve && long && short && regrown
 }

@@ -1,11 +1,11 @@
 //! Device failures: a forward or a draft that fails with `KernelError::DeviceLost` (a sticky driver error, a failed
 //! collective) leaves stream states undefined, so the engine ends every stream with the error and stops, rather than
 //! run on and risk wrong output. Other errors (out of memory, a refused shape) fail their streams alone
-//! (`drop_failed`).
+//! (`drop_failed`, and `refuse_state` for a state the target could not reserve).
 
 use super::Core;
 use super::plan::Entry;
-use crate::request::FinishReason;
+use crate::request::{FinishReason, RequestId};
 use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
@@ -17,6 +17,18 @@ impl<T: Target> Core<T> {
             && self.failure.is_none()
         {
             self.failure = Some(format!("DeviceFailure: {k}"));
+        }
+    }
+
+    /// Finishes running request `id`, whose state the target could not reserve, with that error (reason `error`):
+    /// out of memory is that request's alone, and every other stream runs on. A lost device is recorded instead,
+    /// and the step's check ends every request with it ([`Core::fail_all`]).
+    pub(super) fn refuse_state(&mut self, id: RequestId, e: ForwardError) {
+        self.note_device(&e);
+        if self.failure.is_none()
+            && let Some(i) = self.lanes.iter().position(|s| s.id == id)
+        {
+            self.finish(i, FinishReason::Error, Some(e.to_string()));
         }
     }
 

@@ -77,8 +77,12 @@ impl<T: Target> Core<T> {
             let Some(l) = self.lanes.iter().position(|s| s.id == id) else { return };
             let Some(j) = self.lanes.iter().position(|s| s.id == f) else { continue };
             let mut state = self.target.snapshot(&self.lanes[l].state);
+            let tokens = self.lanes[j].req.prompt.len() + self.lanes[j].req.max_tokens;
+            if let Err(e) = self.target.reserve(&mut state, tokens, v) {
+                self.refuse_state(f, e);
+                continue;
+            }
             let s = &mut self.lanes[j];
-            self.target.reserve(&mut state, s.req.prompt.len() + s.req.max_tokens, v);
             s.state = state;
             s.leader = None;
             s.stats.cached_tokens = pos;
@@ -97,12 +101,19 @@ impl<T: Target> Core<T> {
         }
     }
 
-    /// A lane that finished before its prompt was in leaves its followers to prefill on their own.
+    /// A lane that finished before its prompt was in leaves its followers to prefill on their own; one whose state
+    /// the target could not reserve finishes with that error ([`Core::refuse_state`]).
     pub(super) fn release_followers(&mut self, id: RequestId) {
         let v = self.verify_rows();
+        let mut refused = Vec::new();
         for s in self.lanes.iter_mut().filter(|s| s.leader == Some(id)) {
             s.leader = None;
-            self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens, v);
+            if let Err(e) = self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens, v) {
+                refused.push((s.id, e));
+            }
+        }
+        for (f, e) in refused {
+            self.refuse_state(f, e);
         }
     }
 

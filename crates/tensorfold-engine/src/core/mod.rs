@@ -121,7 +121,8 @@ impl<T: Target> Core<T> {
         let decoding = self.lanes.iter().filter(|s| s.pending.is_some()).count();
         let mode = self.round_mode(decoding);
         let mut drafts = self.open_lanes(mode);
-        if mode == Mode::Drafted {
+        // A lost device met by an admitted stream's reserve (`refuse_state`) is caught below, with no pass first.
+        if mode == Mode::Drafted && self.failure.is_none() {
             self.draft_blocks(&mut drafts);
         }
         if self.failure.is_some() {

@@ -11,6 +11,7 @@ use crate::copies::{StreamGuard, context_copy};
 use crate::request::{FinishReason, Limits, Request, RequestId, Sink, Stats, SubmitError};
 use crate::schedule::{Mode, VerifyMode};
 use crate::target::Target;
+use tensorfold_model::ForwardError;
 
 impl<T: Target> Core<T> {
     /// Rows of the longest verify window a stream runs ([`super::EngineConfig::verify_rows`]).
@@ -59,9 +60,11 @@ impl<T: Target> Core<T> {
         }
     }
 
-    /// Admits waiting requests (a group whole), first come first served, while lanes and memory allow.
+    /// Admits waiting requests (a group whole), first come first served, while lanes and memory allow. A leader
+    /// whose state the target could not reserve finishes with that error once its group is in ([`Core::refuse_state`]:
+    /// its followers then prefill on their own).
     pub(super) fn admit(&mut self) {
-        while self.lanes.len() < self.cfg.parallel {
+        while self.lanes.len() < self.cfg.parallel && self.failure.is_none() {
             let Some(w) = self.queue.front() else { break };
             let (lanes, bytes) = w.followers.iter().fold((1, w.bytes), |(l, b), f| (l + 1, b.saturating_add(f.bytes)));
             if self.lanes.len() + lanes > self.cfg.parallel
@@ -72,15 +75,20 @@ impl<T: Target> Core<T> {
             let mut w = self.queue.pop_front().expect("front exists");
             let followers = std::mem::take(&mut w.followers);
             let leader = w.id;
-            self.admit_one(w, None);
+            let refused = self.admit_one(w, None).err();
             for f in followers {
-                self.admit_one(f, Some(leader));
+                // A follower reserves nothing until it takes its leader's state.
+                let _ = self.admit_one(f, Some(leader));
+            }
+            if let Some(e) = refused {
+                self.refuse_state(leader, e);
             }
         }
     }
 
-    /// Puts one waiting request in a lane (a group's follower waits for `leader`'s prefill).
-    fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) {
+    /// Puts one waiting request in a lane (a group's follower waits for `leader`'s prefill). Errors: the target could
+    /// not reserve a leader's or a lone request's state; the lane is taken all the same, for the caller to finish.
+    fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) -> Result<(), ForwardError> {
         let now = self.clock.now();
         // A follower's state is its leader's at the prompt's end (`fanout.rs`); until then a placeholder.
         // A resumed state is the cache's copied on the device, as the target copies (and watches) its snapshots.
@@ -89,9 +97,10 @@ impl<T: Target> Core<T> {
             Some(_) => None,
         };
         let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
-        if leader.is_none() {
-            self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens, self.verify_rows());
-        }
+        let reserved = match leader {
+            None => self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens, self.verify_rows()),
+            Some(_) => Ok(()),
+        };
         self.reserved += w.bytes;
         self.counters.prompt_tokens += w.req.prompt.len() as u64;
         let stats = Stats {
@@ -118,6 +127,7 @@ impl<T: Target> Core<T> {
             controls,
             leader,
         });
+        reserved
     }
 
     /// This round's mode: plain or drafted under the shared-round guard (drafted when it is off).

@@ -2,6 +2,7 @@
 //! scheduled driver of `Core::step` with a fixed clock, a recording target, and seeded request mixes.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,10 +14,22 @@ use tensorfold_engine::{Event, FinishReason, ForwardCall, Request, RequestId, Se
 use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
-/// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft).
+/// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft; with
+/// `except_reserve`, reserve too).
 #[macro_export]
 macro_rules! delegate_target {
     ($inner:ty) => {
+        delegate_target!($inner, except_reserve);
+        fn reserve(
+            &self,
+            s: &mut Self::State,
+            tokens: usize,
+            verify_rows: usize,
+        ) -> Result<(), tensorfold_model::ForwardError> {
+            self.inner.reserve(s, tokens, verify_rows)
+        }
+    };
+    ($inner:ty, except_reserve) => {
         type State = <$inner as Target>::State;
         type Held = ();
         fn caps(&self) -> tensorfold_engine::Caps {
@@ -33,9 +46,6 @@ macro_rules! delegate_target {
         }
         fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
             self.inner.stream_bytes(tokens, verify_rows)
-        }
-        fn reserve(&self, s: &mut Self::State, tokens: usize, verify_rows: usize) {
-            self.inner.reserve(s, tokens, verify_rows)
         }
         fn snapshot(&self, s: &Self::State) -> Self::State {
             self.inner.snapshot(s)
@@ -359,6 +369,49 @@ impl Target for Poisoned {
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
+    }
+}
+
+/// The fake target, except that reserving the state of a stream of `tokens` positions (prompt plus `max_tokens`)
+/// fails as a device out of memory would, or with `lost` as a lost one. `refused` counts the reserves it failed.
+#[derive(Clone)]
+pub struct RefusedReserve {
+    /// The target that does the work.
+    pub inner: FakeTarget,
+    /// The refused stream's positions.
+    pub tokens: usize,
+    /// Fail as a lost device rather than out of memory.
+    pub lost: bool,
+    /// Reserves failed so far.
+    pub refused: Arc<AtomicUsize>,
+}
+
+impl RefusedReserve {
+    /// Refuses streams of `tokens` positions, out of memory.
+    pub fn new(inner: FakeTarget, tokens: usize) -> Self {
+        Self { inner, tokens, lost: false, refused: Arc::default() }
+    }
+}
+
+impl Target for RefusedReserve {
+    delegate_target!(FakeTarget, except_reserve);
+
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.inner.forward(call, states)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+    fn reserve(&self, s: &mut Vec<u32>, tokens: usize, verify_rows: usize) -> Result<(), ForwardError> {
+        if tokens != self.tokens {
+            return self.inner.reserve(s, tokens, verify_rows);
+        }
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        Err(ForwardError::Kernel(if self.lost {
+            KernelError::DeviceLost { kernel: "kv_reserve", message: "planted: GPU 0 stopped answering".into() }
+        } else {
+            KernelError::OutOfMemory { what: "kv_reserve", bytes: tokens * 1024 }
+        }))
     }
 }
 

@@ -64,10 +64,10 @@ impl StreamState for CpuBackend {
         kv.v.truncate(len * kv.width);
     }
 
-    fn kv_reserve(&self, kv: &mut CpuKv, tokens: usize) {
-        let more = tokens.saturating_sub(kv.len()) * kv.width;
-        kv.k.reserve_exact(more);
-        kv.v.reserve_exact(more);
+    fn kv_reserve(&self, kv: &mut CpuKv, tokens: usize) -> Result<(), KernelError> {
+        let want = tokens.saturating_mul(kv.width);
+        let r = reserve_to(&mut kv.k, want).and_then(|()| reserve_to(&mut kv.v, want));
+        r.map_err(|_| out_of_memory("kv_reserve", want, 2))
     }
 
     fn kv_bytes(&self, kv: &CpuKv) -> usize {
@@ -90,10 +90,10 @@ impl StreamState for CpuBackend {
         c.window = Vec::new();
     }
 
-    fn conv_reserve(&self, c: &mut CpuConv, rows: usize) {
+    fn conv_reserve(&self, c: &mut CpuConv, rows: usize) -> Result<(), KernelError> {
         c.keep_rows = rows.clamp(1, conv::KEEP_ROWS);
-        let want = (c.taps.saturating_sub(1) + c.keep_rows).saturating_mul(c.width);
-        c.window.reserve_exact(want.saturating_sub(c.window.len()));
+        let want = c.taps.saturating_sub(1).saturating_add(c.keep_rows).saturating_mul(c.width);
+        reserve_to(&mut c.window, want).map_err(|_| out_of_memory("conv_reserve", want, 1))
     }
 }
 
@@ -301,6 +301,17 @@ pub fn threads() -> usize {
     rayon::current_num_threads()
 }
 
+/// Room for `want` values in all in `v`, exactly (as memory admission counts them). Errors: the allocator's refusal
+/// (or a size past `isize::MAX` bytes), returned rather than aborting; `v` is unchanged then.
+fn reserve_to(v: &mut Vec<f32>, want: usize) -> Result<(), std::collections::TryReserveError> {
+    v.try_reserve_exact(want.saturating_sub(v.len()))
+}
+
+/// [`KernelError::OutOfMemory`] of a reserve that asked for `buffers` buffers of `values` f32 each.
+fn out_of_memory(what: &'static str, values: usize, buffers: usize) -> KernelError {
+    KernelError::OutOfMemory { what, bytes: values.saturating_mul(4).saturating_mul(buffers) }
+}
+
 /// A named shape error when `got != want`.
 fn shape(kernel: &'static str, what: &'static str, got: usize, want: usize) -> Result<(), KernelError> {
     if got == want { Ok(()) } else { Err(KernelError::Shape { kernel, what, got, want }) }
@@ -308,9 +319,31 @@ fn shape(kernel: &'static str, what: &'static str, got: usize, want: usize) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::CpuBackend;
+    use super::{CpuBackend, CpuConv, KernelError};
     use crate::bytes::MatView;
     use crate::prelude::*;
+
+    /// A reserve past anything the host can allocate is refused by name, never a panic or an abort, and leaves the
+    /// state as it was; a sane one still gives exactly the room asked for.
+    #[test]
+    fn an_absurd_reserve_is_out_of_memory_not_a_panic() {
+        let b = CpuBackend;
+        let mut kv = b.new_kv(8);
+        b.kv_reserve(&mut kv, 4).expect("room for 4 rows");
+        assert_eq!(b.kv_bytes(&kv), 2 * 4 * 8 * 4);
+        let oom = |what, bytes| Err(KernelError::OutOfMemory { what, bytes });
+        assert_eq!(b.kv_reserve(&mut kv, usize::MAX / 2), oom("kv_reserve", usize::MAX));
+        // Past a Vec's limit above (capacity overflow); here 2^60 values within it, whose 2^62 bytes are past any
+        // address space (the allocator's refusal).
+        assert_eq!(b.kv_reserve(&mut kv, 1 << 57), oom("kv_reserve", 1 << 63));
+        assert_eq!(b.kv_bytes(&kv), 2 * 4 * 8 * 4, "the room already held is kept");
+        let width = usize::MAX / 4;
+        let mut c = CpuConv { width, taps: 3, state: Vec::new(), window: Vec::new(), keep_rows: 64 };
+        assert_eq!(b.conv_reserve(&mut c, 2), oom("conv_reserve", usize::MAX));
+        assert_eq!(b.conv_bytes(&c), 0);
+        let e = KernelError::OutOfMemory { what: "kv_reserve", bytes: 1 << 40 };
+        assert_eq!(e.to_string(), "OutOfMemory: kv_reserve could not allocate 1099511627776 bytes");
+    }
 
     /// A forward handed to `on_workers` runs on a worker of the pool (where there is more than one thread), returns
     /// its value, and runs in place when already on a worker, so a nested call cannot wait on itself.

@@ -190,6 +190,7 @@ pub fn driver(what: &str, e: DriverError) -> CudaError {
         | CUDA_ERROR_DEINITIALIZED
         | CUDA_ERROR_CONTEXT_IS_DESTROYED
         | CUDA_ERROR_DEVICE_UNAVAILABLE => CudaError::Lost { what, message },
+        CUDA_ERROR_OUT_OF_MEMORY => CudaError::OutOfMemory { what, message },
         _ => CudaError::Driver { what, message },
     }
 }

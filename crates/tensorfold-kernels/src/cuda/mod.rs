@@ -56,7 +56,7 @@ pub enum CudaError {
     /// The runtime compiler library (`libnvrtc`) could not be loaded, so no kernel can be built.
     #[error("no NVRTC library found (libnvrtc could not be loaded): the CUDA kernels cannot be compiled")]
     NoNvrtc,
-    /// A driver call failed (out of memory, a launch error, a kernel fault surfacing at a synchronization).
+    /// A driver call failed (a launch error, a kernel fault surfacing at a synchronization).
     #[error("CUDA driver error in {what}: {message}")]
     Driver {
         /// The call.
@@ -76,6 +76,14 @@ pub enum CudaError {
         arch: String,
         /// Compiler log.
         log: String,
+    },
+    /// The driver is out of device memory (after the pool gave its cached blocks back).
+    #[error("CUDA device out of memory in {what}: {message}")]
+    OutOfMemory {
+        /// The call.
+        what: String,
+        /// The driver's error.
+        message: String,
     },
     /// A failure that leaves the device or the collective unusable (a sticky driver error, a failed NCCL call).
     #[error("CUDA device lost in {what}: {message}")]

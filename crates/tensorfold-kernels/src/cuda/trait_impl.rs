@@ -20,6 +20,21 @@ impl CudaBackend {
         }
     }
 
+    /// A stream-state reserve's result (`bytes` asked for), returned now rather than recorded for the next call, which
+    /// may be another stream's: out of memory (or a size past any) is [`KernelError::OutOfMemory`], another failure
+    /// that leaves the device usable [`KernelError::Device`]. A lost device is recorded as well, as any call's.
+    fn reserved(&self, what: &'static str, bytes: usize, r: Result<(), CudaError>) -> Result<(), KernelError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_lost() => {
+                self.dev.note(what, Err(e.clone()));
+                Err(e.kernel(what))
+            }
+            Err(CudaError::OutOfMemory { .. } | CudaError::Shape(_)) => Err(KernelError::OutOfMemory { what, bytes }),
+            Err(e) => Err(e.kernel(what)),
+        }
+    }
+
     /// A buffer of `len` NaN-poisoned values or, when even that fails, one without memory.
     fn lost(&self, len: usize) -> CudaBuf {
         let b = self.buf(len).unwrap_or(CudaBuf { mem: None, len });
@@ -123,9 +138,9 @@ impl StreamState for CudaBackend {
         kv.len
     }
 
-    fn kv_reserve(&self, kv: &mut CudaKv, tokens: usize) {
-        let r = kv.grow(tokens);
-        self.dev.note("kv_reserve", r);
+    fn kv_reserve(&self, kv: &mut CudaKv, tokens: usize) -> Result<(), KernelError> {
+        let bytes = [2, tokens, kv.width, 4].into_iter().fold(1, usize::saturating_mul);
+        self.reserved("kv_reserve", bytes, kv.grow(tokens))
     }
 
     fn kv_truncate(&self, kv: &mut CudaKv, len: usize) {
@@ -153,11 +168,11 @@ impl StreamState for CudaBackend {
         (c.window, c.window_rows) = (None, None);
     }
 
-    fn conv_reserve(&self, c: &mut CudaConv, rows: usize) {
-        if let Err(e) = c.reserve(rows) {
-            // As `kv_reserve`: a failed allocation is recorded, and the window allocated again when a call needs it.
-            self.dev.note("reserving a conv window", Err(e));
-        }
+    fn conv_reserve(&self, c: &mut CudaConv, rows: usize) -> Result<(), KernelError> {
+        // On failure the window is allocated again when a call needs it.
+        let r = c.reserve(rows);
+        let bytes = c.hist().saturating_add(c.keep_rows).saturating_mul(c.width).saturating_mul(4);
+        self.reserved("conv_reserve", bytes, r)
     }
 }
 
