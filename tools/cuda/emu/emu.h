@@ -155,6 +155,7 @@ inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline void tfemu_mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) { emu::mma_16816(d, a, b0, b1); }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

@@ -24,9 +24,9 @@
 // first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (HDP / 2 + 4) words of K pieces and 3 HDP AM_VS
 // words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks), then
 // AM_THREADS 3 (HDP / 16) 4 words of the lanes' query fragments, then 2 (AM_SUB / 8) 4 32 words of a decode tile's
-// scores and probabilities (am_share).
+// scores and probabilities (attn_mma_few_body's sh).
 // - A tile of at most 16 pairs (decode) runs attn_mma_few, which spreads a sub-block's scores, exps and output dims
-//   over the block's warps (SPLIT below) with the same chains, so the bits are the tile form's.
+//   over the block's warps (attn_mma_few_body) with the same chains, so the bits are the tile form's.
 #define AM_SUB 64
 #define AM_WARPS 4
 #define AM_THREADS 128  // AM_WARPS warps
@@ -77,41 +77,54 @@ __device__ __forceinline__ int am_keys(const u64* desc, u64 row) {
 }
 
 // One sub-block's K and V into shared memory as pieces: kp[pc][key][pair] (pair = dims 2i, 2i+1), vp[pc][dim][key
-// pair]; keys from `sk` on and dims from `hd` on are zero. The loads of a round are all issued before the first is
-// used, so a sub-block waits for memory twice, not once an element.
+// pair]; keys from `sk` on and dims from `hd` on are zero. Every load is 16 bytes (4 dims of a key row; hd % 8 == 0
+// keeps a quad wholly in or out) and all are issued before the first is used, so a sub-block waits for memory once.
+// A warp's V quads are 8 key pairs by 4 quads, so its 32-bit piece stores meet at most 2 to a bank.
 template <int HDP>
 __device__ __forceinline__ void am_stage(const RowKv& r, const float* kin, const float* vin, int hd, int width, int off,
                                          int j0, int sk, u32* kp, u32* vp) {
   constexpr int KS = HDP / 2 + 4;
-  constexpr int N = AM_SUB * (HDP / 2) / AM_THREADS;  // K pairs a thread; as many V pairs
-  constexpr int H = N > 1 ? N / 2 : 1;                 // pairs a round: two rounds bound the registers held
+  constexpr int Q = HDP / 4;                       // quads a key row
+  constexpr int NK = AM_SUB * Q / AM_THREADS;      // K quads a thread
+  constexpr int NV = AM_SUB / 2 * Q / AM_THREADS;  // V (key pair, quad)s a thread
+  const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 kx[NK], va[NV], vb[NV];
 #pragma unroll
-  for (int n0 = 0; n0 < N; n0 += H) {
-    float2 kx[H];
-    float2 vx[H];
+  for (int n = 0; n < NK; n++) {
+    int i = threadIdx.x + n * AM_THREADS, key = i / Q, qd = i - key * Q;
+    bool in = key < sk && 4 * qd < hd;
+    kx[n] = in ? *reinterpret_cast<const float4*>(kv_row(r, r.k, kin, j0 + key, width, off) + 4 * qd) : z;
+  }
 #pragma unroll
-    for (int n = 0; n < H; n++) {
-      int i = threadIdx.x + (n0 + n) * AM_THREADS;
-      int key = i / (HDP / 2), pr = i - key * (HDP / 2);
-      kx[n] = make_float2(0.0f, 0.0f);
-      if (key < sk && 2 * pr < hd) kx[n] = *reinterpret_cast<const float2*>(kv_row(r, r.k, kin, j0 + key, width, off) + 2 * pr);
-      int kq = i / HDP, d = i - kq * HDP;
-      bool in = d < hd;
-      vx[n].x = in && 2 * kq < sk ? kv_row(r, r.v, vin, j0 + 2 * kq, width, off)[d] : 0.0f;
-      vx[n].y = in && 2 * kq + 1 < sk ? kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off)[d] : 0.0f;
-    }
-    u32 p[3];
+  for (int n = 0; n < NV; n++) {
+    int i = threadIdx.x + n * AM_THREADS, w = i >> 5, l = i & 31;
+    int kq = 8 * (w & 3) + (l & 7), qd = 4 * (w >> 2) + (l >> 3);
+    bool in = 4 * qd < hd;
+    const float* ra = kv_row(r, r.v, vin, j0 + 2 * kq, width, off) + 4 * qd;
+    const float* rb = kv_row(r, r.v, vin, j0 + 2 * kq + 1, width, off) + 4 * qd;
+    va[n] = in && 2 * kq < sk ? *reinterpret_cast<const float4*>(ra) : z;
+    vb[n] = in && 2 * kq + 1 < sk ? *reinterpret_cast<const float4*>(rb) : z;
+  }
+  u32 p0[3], p1[3];
 #pragma unroll
-    for (int n = 0; n < H; n++) {
-      int i = threadIdx.x + (n0 + n) * AM_THREADS;
-      int key = i / (HDP / 2), pr = i - key * (HDP / 2);
-      am_split(kx[n].x, kx[n].y, p);
+  for (int n = 0; n < NK; n++) {
+    int i = threadIdx.x + n * AM_THREADS, key = i / Q, qd = i - key * Q;
+    am_split(kx[n].x, kx[n].y, p0);
+    am_split(kx[n].z, kx[n].w, p1);
 #pragma unroll
-      for (int pc = 0; pc < 3; pc++) kp[(pc * AM_SUB + key) * KS + pr] = p[pc];
-      int kq = i / HDP, d = i - kq * HDP;
-      am_split(vx[n].x, vx[n].y, p);
+    for (int pc = 0; pc < 3; pc++)
+      *reinterpret_cast<uint2*>(kp + (pc * AM_SUB + key) * KS + 2 * qd) = make_uint2(p0[pc], p1[pc]);
+  }
 #pragma unroll
-      for (int pc = 0; pc < 3; pc++) vp[(pc * HDP + d) * AM_VS + kq] = p[pc];
+  for (int n = 0; n < NV; n++) {
+    int i = threadIdx.x + n * AM_THREADS, w = i >> 5, l = i & 31;
+    int kq = 8 * (w & 3) + (l & 7), qd = 4 * (w >> 2) + (l >> 3);
+    const float a[4] = {va[n].x, va[n].y, va[n].z, va[n].w}, b[4] = {vb[n].x, vb[n].y, vb[n].z, vb[n].w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      am_split(a[c], b[c], p0);
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++) vp[(pc * HDP + 4 * qd + c) * AM_VS + kq] = p0[pc];
     }
   }
 }
@@ -122,23 +135,33 @@ struct AmRow {
   float l;
 };
 
-// The sub-block's update of one pair (half e2 = 0: row g's slots 0, 1; 2: row g + 8's slots 2, 3): turns its scores
-// into p in place and returns alpha. `live`: the sub-block holds some of the pair's keys (by position, so a NaN score
-// propagates as in attn_partial instead of reading as an empty sub-block); where not, alpha is 1 and the state stays.
-__device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bool live) {
+// The pair's new running max over the sub-block's scores s (half e2 = 0: row g's slots 0, 1; 2: row g + 8's
+// slots 2, 3). `live`: the sub-block holds some of the pair's keys (by position, so a NaN score propagates as in
+// attn_partial instead of reading as an empty sub-block); where not, the max is 0 and am_fold keeps the state.
+__device__ __forceinline__ float am_newmax(const float (*s)[4], int e2, const AmRow& st, bool live) {
   float mx = -inf_f();
 #pragma unroll
   for (int nt = 0; nt < AM_SUB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][e2], s[nt][e2 + 1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  float nm = live ? fmaxf(st.m, mx) : 0.0f;
+  return live ? fmaxf(st.m, mx) : 0.0f;
+}
+
+// The pair's sum of p (each lane's 16 in key order, then lane t ^ 1's, then t ^ 2's) folded into its state with
+// alpha = exp(m - nm), which it returns (1 where not live). `few`: attn_mma_few's call (its planted control).
+__device__ __forceinline__ float am_fold(const float (*p)[4], int e2, AmRow& st, bool live, float nm, bool few) {
   float sum = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < AM_SUB / 8; nt++)
 #pragma unroll
     for (int e = e2; e < e2 + 2; e++) {
-      s[nt][e] = exp_f(s[nt][e] - nm);
-      sum = sum + s[nt][e];
+#ifdef FAULT_ATTN_MMA_SPLIT_SUM
+      if (few) {  // planted: a decode tile sums p by key group in reverse
+        sum = sum + p[AM_SUB / 8 - 1 - nt][e];
+        continue;
+      }
+#endif
+      sum = sum + p[nt][e];
     }
   sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
   sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -150,128 +173,49 @@ __device__ __forceinline__ float am_softmax(float (*s)[4], int e2, AmRow& st, bo
   return alpha;
 }
 
-// SPLIT's scores: each warp writes the key groups it computed (nt % AM_WARPS == warp) to sh (a lane's word (nt, e)
-// at (4 nt + e) 32), and after the barrier reads every group back, so each warp holds the scores the tile form's
-// one warp holds. Callers pass sh already offset by the lane.
-__device__ __forceinline__ void am_share(float (&s)[AM_SUB / 8][4], float* sh, int warp) {
-#pragma unroll
-  for (int nt = 0; nt < AM_SUB / 8; nt++)
-    if (nt % AM_WARPS == warp)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sh[(4 * nt + e) * 32] = s[nt][e];
-  __syncthreads();
-#pragma unroll
-  for (int nt = 0; nt < AM_SUB / 8; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) s[nt][e] = sh[(4 * nt + e) * 32];
-}
+// A block's tile (the tile word of blockIdx.z) and key chunk (blockIdx.x) at KV head blockIdx.y.
+struct AmBlock {
+  u64 first;    // the tile's first call row
+  int pairs;    // its (row, query head) pairs
+  int start;    // the chunk's first key
+  int nk;       // keys of the chunk the tile's longest row sees
+  int off;      // the KV head's first column
+  RowKv last;   // the tile's longest row: every key any row sees
+};
 
-// am_softmax for both halves of a SPLIT block, with the exps shared: every warp takes the max as am_softmax does,
-// computes p for its own key groups, and after a barrier (through sh, as am_share) sums every p in am_softmax's
-// order; so s, st and alpha end as am_softmax leaves them, in every warp.
-__device__ __forceinline__ void am_softmax_split(float (&s)[AM_SUB / 8][4], float* sh, int warp, AmRow (&st)[2],
-                                                 const bool (&live)[2], float (&alpha)[2]) {
-  float nm[2];
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    int e2 = 2 * h;
-    float mx = -inf_f();
-#pragma unroll
-    for (int nt = 0; nt < AM_SUB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][e2], s[nt][e2 + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    nm[h] = live[h] ? fmaxf(st[h].m, mx) : 0.0f;
-  }
-  // This warp's key groups nt = warp + AM_WARPS j picked by selects, so every exp runs unconditionally (exps under
-  // a warp test spilled registers to local memory) and p lands back in s[nt] by selects.
-  constexpr int OWN = AM_SUB / 8 / AM_WARPS;
-  float own[OWN][4];
-#pragma unroll
-  for (int j = 0; j < OWN; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[AM_WARPS * j][e];
-#pragma unroll
-      for (int w = 1; w < AM_WARPS; w++) v = warp == w ? s[AM_WARPS * j + w][e] : v;
-      own[j][e] = exp_f(v - nm[e >> 1]);
-    }
-#pragma unroll
-  for (int nt = 0; nt < AM_SUB / 8; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) s[nt][e] = nt % AM_WARPS == warp ? own[nt / AM_WARPS][e] : s[nt][e];
-  am_share(s, sh, warp);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    int e2 = 2 * h;
-    float sum = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < AM_SUB / 8; nt++)
-#pragma unroll
-      for (int e = e2; e < e2 + 2; e++) {
-#ifdef FAULT_ATTN_MMA_SPLIT_SUM
-        sum = sum + s[AM_SUB / 8 - 1 - nt][e];  // planted: a decode tile sums p by key group in reverse
-#else
-        sum = sum + s[nt][e];
-#endif
-      }
-    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
-    alpha[h] = live[h] ? exp_f(st[h].m - nm[h]) : 1.0f;
-    if (live[h]) {
-      st[h].l = st[h].l * alpha[h] + sum;
-      st[h].m = nm[h];
-    }
-  }
-}
-
-// HDP: head_dim rounded up to a multiple of 16 (the k16 steps of a score and the n8 tiles of an output row cover
-// it; dims from hd on are zero).
-// SPLIT: a tile of at most 16 pairs (a decode row; a few rows of a small group) fills one warp's mma rows, so
-// instead of one warp computing while three wait, every warp takes the same pairs and the block shares each
-// sub-block's work: warp w computes the scores of the key groups nt % AM_WARPS == w, the probabilities of those keys
-// and the output dims of the groups nt % AM_WARPS == w, through shared memory (am_share). Each element's chain, the
-// max and the sum of p are the tile form's, in its order, so the bits are its (the invariance gate compares
-// one-row calls with tiles of 16 rows).
-template <int HDP, bool SPLIT>
-__device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const float* kin, const float* vin,
-                                              const u64* desc, int heads, int group, int hd, int width, float scale,
-                                              int max_chunks, float* part, int row0, const u64* tiles) {
-  constexpr int KS = HDP / 2 + 4;
-  constexpr int KST = HDP / 16;
-  constexpr int NT = HDP / 8;
-  u32* kp = reinterpret_cast<u32*>(sm);
-  u32* vp = kp + 3 * AM_SUB * KS;
-  // This lane's query fragments, by lane (a lane reads back only its own words: no barrier).
-  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
-  // SPLIT's shared scores and probabilities: AM_SUB / 8 * 4 words a lane each (am_share).
-  float* shs = reinterpret_cast<float*>(vp + 3 * HDP * AM_VS + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
-  float* shp = shs + AM_SUB / 8 * 4 * 32;
+// The block's tile and chunk; false when no row of the tile reaches the chunk (the whole block leaves together).
+__device__ __forceinline__ bool am_block(const u64* desc, const u64* tiles, int group, int hd, AmBlock& b) {
   u64 tw = tiles[blockIdx.z];
-  u64 first = tw & 0xffffffffull;
+  b.first = tw & 0xffffffffull;
   int nrows = (int)(tw >> 32);
-  int kh = blockIdx.y;
-  int start = blockIdx.x * KEY_CHUNK;
-  RowKv last = row_kv(desc, first + (u64)nrows - 1);  // the tile's longest row: every key any row sees
-  int tile_keys = last.ckeys + last.own;
-  if (start >= tile_keys) return;  // the whole block leaves together
-  int nk = tile_keys - start < KEY_CHUNK ? tile_keys - start : KEY_CHUNK;
-  int off = kh * hd;
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  int mw = SPLIT ? 0 : warp;  // the warp whose pairs these lanes hold
-  int pairs = nrows * group;
-  bool active = mw * 16 < pairs;  // warp-uniform
-  int pr[2] = {mw * 16 + g, mw * 16 + g + 8};
-  bool valid[2] = {pr[0] < pairs, pr[1] < pairs};
-  int keys[2];
+  b.pairs = nrows * group;
+  b.start = blockIdx.x * KEY_CHUNK;
+  b.last = row_kv(desc, b.first + (u64)nrows - 1);
+  int tile_keys = b.last.ckeys + b.last.own;
+  b.nk = tile_keys - b.start < KEY_CHUNK ? tile_keys - b.start : KEY_CHUNK;
+  b.off = blockIdx.y * hd;
+  return b.start < tile_keys;
+}
+
+// This lane's two pairs of warp mw's 16 (pr: mw 16 + g and + 8; valid: within the tile; keys: each one's count) and
+// their query fragments as pieces in qs (the lane's own words: no barrier).
+template <int HDP>
+__device__ __forceinline__ void am_query(const float* q, const u64* desc, const AmBlock& b, int heads, int group,
+                                         int hd, int mw, u32* qs, int (&pr)[2], bool (&valid)[2], int (&keys)[2]) {
+  constexpr int KST = HDP / 16;
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
   for (int i = 0; i < 2; i++) {
+    pr[i] = mw * 16 + g + 8 * i;
+    valid[i] = pr[i] < b.pairs;
     int p = valid[i] ? pr[i] : 0;
-    keys[i] = valid[i] ? am_keys(desc, first + (u64)(p / group)) : 0;
+    keys[i] = valid[i] ? am_keys(desc, b.first + (u64)(p / group)) : 0;
     int qp = p;
 #ifdef FAULT_ATTN_MMA_ROW
-    if (p + 1 < pairs) qp = p + 1;  // planted: an M row reads the next pair's query
+    if (p + 1 < b.pairs) qp = p + 1;  // planted: an M row reads the next pair's query
 #endif
-    const float* qr = q + ((first + (u64)(qp / group)) * (u64)heads + (u64)(kh * group + qp % group)) * (u64)hd;
+    u64 head = (u64)(blockIdx.y * group + qp % group);
+    const float* qr = q + ((b.first + (u64)(qp / group)) * (u64)heads + head) * (u64)hd;
 #pragma unroll
     for (int ks = 0; ks < KST; ks++)
 #pragma unroll
@@ -284,6 +228,95 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
         for (int pc = 0; pc < 3; pc++) qs[((pc * KST + ks) * 4 + 2 * h + i) * 32] = pc3[pc];
       }
   }
+}
+
+// Key group nt's fresh score partial of one k16 step (query fragments a, the K pieces of the step at kst) added to sc.
+template <int HDP>
+__device__ __forceinline__ void am_score(float sc[4], const u32 (&a)[3][4], const u32* kst, int nt) {
+  constexpr int KS = HDP / 2 + 4;
+  int g = (threadIdx.x & 31) >> 2;
+  u32 b[3][2];
+  am_bfrag(kst + (nt * 8 + g) * KS, AM_SUB * KS, b);
+  float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  am_products(pt, a, b);
+#pragma unroll
+  for (int e = 0; e < 4; e++) sc[e] = sc[e] + pt[e];
+}
+
+// Output dim group nt's fresh P.V partial of one k16 step of keys (p fragments a, the V pieces of the step at vst)
+// added to o where the pair's sub-block is live.
+template <int HDP>
+__device__ __forceinline__ void am_pv(float o[4], const u32 (&a)[3][4], const u32* vst, int nt, const bool (&live)[2]) {
+  int g = (threadIdx.x & 31) >> 2;
+  u32 b[3][2];
+  am_bfrag(vst + (nt * 8 + g) * AM_VS, HDP * AM_VS, b);
+  float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  am_products(pt, a, b);
+#pragma unroll
+  for (int e = 0; e < 4; e++) o[e] = live[e >> 1] ? o[e] + pt[e] : o[e];
+}
+
+// The p fragments of k16 step ks of keys (key groups 2 ks, 2 ks + 1) as pieces.
+__device__ __forceinline__ void am_pfrag(const float (*p)[4], int ks, u32 (&a)[3][4]) {
+  am_frag(p[2 * ks][0], p[2 * ks][1], a, 0);
+  am_frag(p[2 * ks][2], p[2 * ks][3], a, 1);
+  am_frag(p[2 * ks + 1][0], p[2 * ks + 1][1], a, 2);
+  am_frag(p[2 * ks + 1][2], p[2 * ks + 1][3], a, 3);
+}
+
+// Key position `key`'s score: scaled where the pair (half e >> 1) sees it, -inf past its keys.
+__device__ __forceinline__ float am_mask(float s, int key, int e, const int (&keys)[2], int end, float scale) {
+  return key < keys[e >> 1] && key < end ? s * scale : -inf_f();
+}
+
+// The pair's partial (m, l, o) of the chunk, for each of this lane's valid pairs that sees the chunk: output dims
+// of group nt (o_at(nt)) where own(nt), m and l where `ml`.
+template <int NT, class Own, class OAt>
+__device__ __forceinline__ void am_put(const AmBlock& b, const int (&pr)[2], const bool (&valid)[2],
+                                       const int (&keys)[2], const AmRow (&st)[2], int heads, int group, int hd,
+                                       int max_chunks, float* part, int row0, bool ml, Own own, OAt o_at) {
+  int t = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    if (!valid[i] || b.start >= keys[i]) continue;  // no partial: the combine reads only the row's own chunks
+    u64 row = b.first + (u64)(pr[i] / group);
+    u64 h = (u64)(blockIdx.y * group + pr[i] % group);
+    float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(hd + 2);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+      if (nt * 8 < hd && own(nt)) {
+        const float* o = o_at(nt);
+        *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[2 * i], o[2 * i + 1]);
+      }
+    if (t == 0 && ml) {
+      out[0] = st[i].m;
+      out[1] = st[i].l;
+    }
+  }
+}
+
+// The arguments of both entries' bodies.
+#define AM_PARAMS                                                                                               \
+  float *sm, const float *q, const float *kin, const float *vin, const u64 *desc, int heads, int group, int hd, \
+      int width, float scale, int max_chunks, float *part, int row0, const u64 *tiles
+
+// HDP: head_dim rounded up to a multiple of 16 (the k16 steps of a score and the n8 tiles of an output row cover
+// it; dims from hd on are zero). The tile form: warp w holds pairs 16 w .. 16 w + 15 and computes all of them.
+template <int HDP>
+__device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
+  constexpr int KS = HDP / 2 + 4;
+  constexpr int KST = HDP / 16;
+  constexpr int NT = HDP / 8;
+  u32* kp = reinterpret_cast<u32*>(sm);
+  u32* vp = kp + 3 * AM_SUB * KS;
+  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
+  AmBlock b;
+  if (!am_block(desc, tiles, group, hd, b)) return;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  bool active = warp * 16 < b.pairs;  // warp-uniform
+  int pr[2], keys[2];
+  bool valid[2];
+  am_query<HDP>(q, desc, b, heads, group, hd, warp, qs, pr, valid, keys);
   AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
   float o[NT][4];
 #pragma unroll
@@ -292,12 +325,12 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
     for (int e = 0; e < 4; e++) o[nt][e] = 0.0f;
   int sub = AM_SUB;  // a variable (and the `key < j0 + sub` test below) only for the planted control
 #ifdef FAULT_ATTN_MMA_SPLIT_COUNT
-  sub = ((nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
+  sub = ((b.nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
 #endif
-  for (int j0 = start; j0 < start + nk; j0 += sub) {
-    int sk = start + nk - j0 < sub ? start + nk - j0 : sub;
+  for (int j0 = b.start; j0 < b.start + b.nk; j0 += sub) {
+    int sk = b.start + b.nk - j0 < sub ? b.start + b.nk - j0 : sub;
     __syncthreads();  // the previous sub-block's reads are done
-    am_stage<HDP>(last, kin, vin, hd, width, off, j0, sk, kp, vp);
+    am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
     __syncthreads();
     if (!active) continue;
     float s[AM_SUB / 8][4];
@@ -313,31 +346,22 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 #pragma unroll
         for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
 #pragma unroll
-      for (int nt = 0; nt < AM_SUB / 8; nt++) {
-        if (SPLIT && nt % AM_WARPS != warp) continue;
-        u32 b[3][2];
-        am_bfrag(kp + (nt * 8 + g) * KS + ks * 8 + t, AM_SUB * KS, b);
-        float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        am_products(pt, a, b);
-#pragma unroll
-        for (int e = 0; e < 4; e++) s[nt][e] = s[nt][e] + pt[e];
-      }
+      for (int nt = 0; nt < AM_SUB / 8; nt++) am_score<HDP>(s[nt], a, kp + ks * 8 + t, nt);
     }
 #pragma unroll
     for (int nt = 0; nt < AM_SUB / 8; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int key = j0 + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = key < keys[e >> 1] && key < j0 + sub ? s[nt][e] * scale : -inf_f();
-      }
+      for (int e = 0; e < 4; e++) s[nt][e] = am_mask(s[nt][e], j0 + nt * 8 + 2 * t + (e & 1), e, keys, j0 + sub, scale);
     bool live[2] = {j0 < keys[0], j0 < keys[1]};
     float alpha[2];
-    if (SPLIT) {
-      am_share(s, shs, warp);  // every warp: all of the sub-block's scores
-      am_softmax_split(s, shp, warp, st, live, alpha);
-    } else {
-      alpha[0] = am_softmax(s, 0, st[0], live[0]);
-      alpha[1] = am_softmax(s, 2, st[1], live[1]);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float nm = am_newmax(s, 2 * h, st[h], live[h]);
+#pragma unroll
+      for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) s[nt][e] = exp_f(s[nt][e] - nm);
+      alpha[h] = am_fold(s, 2 * h, st[h], live[h], nm, false);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -346,56 +370,120 @@ __device__ __forceinline__ void attn_mma_body(float* sm, const float* q, const f
 #pragma unroll
     for (int ks = 0; ks < AM_SUB / 16; ks++) {
       u32 a[3][4];
-      am_frag(s[2 * ks][0], s[2 * ks][1], a, 0);
-      am_frag(s[2 * ks][2], s[2 * ks][3], a, 1);
-      am_frag(s[2 * ks + 1][0], s[2 * ks + 1][1], a, 2);
-      am_frag(s[2 * ks + 1][2], s[2 * ks + 1][3], a, 3);
+      am_pfrag(s, ks, a);
 #pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        if (SPLIT && nt % AM_WARPS != warp) continue;
-        u32 b[3][2];
-        am_bfrag(vp + (nt * 8 + g) * AM_VS + ks * 8 + t, HDP * AM_VS, b);
-        float pt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        am_products(pt, a, b);
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = live[e >> 1] ? o[nt][e] + pt[e] : o[nt][e];
-      }
+      for (int nt = 0; nt < NT; nt++) am_pv<HDP>(o[nt], a, vp + ks * 8 + t, nt, live);
     }
   }
   if (!active) return;
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    if (!valid[i] || start >= keys[i]) continue;  // no partial: the combine reads only the row's own chunks
-    int p = pr[i];
-    u64 row = first + (u64)(p / group);
-    u64 h = (u64)(kh * group + p % group);
-    float* out = part + (((row - (u64)row0) * (u64)heads + h) * (u64)max_chunks + blockIdx.x) * (u64)(hd + 2);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-      if (nt * 8 < hd && (!SPLIT || nt % AM_WARPS == warp))
-        *reinterpret_cast<float2*>(out + 2 + nt * 8 + 2 * t) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
-    if (t == 0 && (!SPLIT || warp == 0)) {
-      out[0] = st[i].m;
-      out[1] = st[i].l;
-    }
-  }
+  am_put<NT>(b, pr, valid, keys, st, heads, group, hd, max_chunks, part, row0, true, [](int) { return true; },
+             [&](int nt) { return o[nt]; });
 }
 
-// attn_mma_body at HDP, head_dim rounded up to a multiple of 16.
-template <bool SPLIT>
-__device__ __forceinline__ void attn_mma_hd(float* sm, const float* q, const float* kin, const float* vin,
-                                            const u64* desc, int heads, int group, int hd, int width, float scale,
-                                            int max_chunks, float* part, int row0, const u64* tiles) {
-  if (hd > 48) {
-    attn_mma_body<64, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else if (hd > 32) {
-    attn_mma_body<48, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else if (hd > 16) {
-    attn_mma_body<32, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
-  } else {
-    attn_mma_body<16, SPLIT>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+// The decode form (a tile of at most 16 pairs: one warp's mma rows), with the tile form's bits: every warp takes
+// the same pairs and the block shares each sub-block's work. Warp w scores the key groups nt = w + AM_WARPS j and
+// computes their probabilities, and adds the output dims of groups nt = w + AM_WARPS j, each element on the tile
+// form's chain; the scores and the probabilities meet in shared memory (sh: a lane's word (nt, e) at (4 nt + e) 32),
+// so the max and the sum of p run over every key in the tile form's order in each warp. A warp's loops cover only
+// its own groups (the tile form's code for all of them stalled on instruction fetch: ncu, session 23).
+template <int HDP>
+__device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
+  constexpr int KS = HDP / 2 + 4;
+  constexpr int KST = HDP / 16;
+  constexpr int NT = HDP / 8;
+  constexpr int OWN = AM_SUB / 8 / AM_WARPS;              // key groups a warp scores
+  constexpr int OWNO = (NT + AM_WARPS - 1) / AM_WARPS;    // output dim groups a warp adds, at most
+  u32* kp = reinterpret_cast<u32*>(sm);
+  u32* vp = kp + 3 * AM_SUB * KS;
+  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
+  float* shs = reinterpret_cast<float*>(vp + 3 * HDP * AM_VS + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
+  float* shp = shs + AM_SUB / 8 * 4 * 32;
+  AmBlock b;
+  if (!am_block(desc, tiles, group, hd, b)) return;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  int pr[2], keys[2];
+  bool valid[2];
+  am_query<HDP>(q, desc, b, heads, group, hd, 0, qs, pr, valid, keys);
+  AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
+  float o[OWNO][4];
+#pragma unroll
+  for (int j = 0; j < OWNO; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+  for (int j0 = b.start; j0 < b.start + b.nk; j0 += AM_SUB) {
+    int sk = b.start + b.nk - j0 < AM_SUB ? b.start + b.nk - j0 : AM_SUB;
+    __syncthreads();  // the previous sub-block's reads are done
+    am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
+    __syncthreads();
+    float so[OWN][4];
+#pragma unroll
+    for (int j = 0; j < OWN; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) so[j][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KST; ks++) {
+      u32 a[3][4];
+#pragma unroll
+      for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+        for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
+#pragma unroll
+      for (int j = 0; j < OWN; j++) am_score<HDP>(so[j], a, kp + ks * 8 + t, warp + AM_WARPS * j);
+    }
+#pragma unroll
+    for (int j = 0; j < OWN; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int nt = warp + AM_WARPS * j;
+        so[j][e] = am_mask(so[j][e], j0 + nt * 8 + 2 * t + (e & 1), e, keys, j0 + AM_SUB, scale);
+        shs[(4 * nt + e) * 32] = so[j][e];
+      }
+    __syncthreads();
+    float s[AM_SUB / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = shs[(4 * nt + e) * 32];
+    bool live[2] = {j0 < keys[0], j0 < keys[1]};
+    float nm[2] = {am_newmax(s, 0, st[0], live[0]), am_newmax(s, 2, st[1], live[1])};
+#pragma unroll
+    for (int j = 0; j < OWN; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) shp[(4 * (warp + AM_WARPS * j) + e) * 32] = exp_f(so[j][e] - nm[e >> 1]);
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < AM_SUB / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = shp[(4 * nt + e) * 32];
+    float alpha[2] = {am_fold(s, 0, st[0], live[0], nm[0], true), am_fold(s, 2, st[1], live[1], nm[1], true)};
+#pragma unroll
+    for (int j = 0; j < OWNO; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[j][e] = o[j][e] * alpha[e >> 1];
+#pragma unroll
+    for (int ks = 0; ks < AM_SUB / 16; ks++) {
+      u32 a[3][4];
+      am_pfrag(s, ks, a);
+#pragma unroll
+      for (int j = 0; j < OWNO; j++)
+        if (warp + AM_WARPS * j < NT) am_pv<HDP>(o[j], a, vp + ks * 8 + t, warp + AM_WARPS * j, live);
+    }
   }
+  am_put<NT>(b, pr, valid, keys, st, heads, group, hd, max_chunks, part, row0, warp == 0,
+             [&](int nt) { return nt % AM_WARPS == warp; }, [&](int nt) { return o[nt / AM_WARPS]; });
 }
+
+// BODY at HDP, head_dim rounded up to a multiple of 16.
+#define AM_BY_HD(BODY)                                                                                        \
+  if (hd > 48) {                                                                                              \
+    BODY<64>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);           \
+  } else if (hd > 32) {                                                                                       \
+    BODY<48>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);           \
+  } else if (hd > 16) {                                                                                       \
+    BODY<32>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);           \
+  } else {                                                                                                    \
+    BODY<16>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);           \
+  }
 
 // attn_partial's partials on the tensor cores: one block of AM_WARPS warps a (chunk, KV head, tile); attn_partial's
 // arguments with `tiles` last (hd a multiple of 8, at most AM_HD).
@@ -404,15 +492,15 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS)
              int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  attn_mma_hd<false>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+  AM_BY_HD(attn_mma_body)
 }
 
-// attn_mma over tiles of at most 16 (row, head) pairs (decode rows), SPLIT: its own entry so the tile form keeps
-// its registers. The host sends each tile to one of the two by its pairs (cuda/attention.rs, `by_pairs`).
+// attn_mma over tiles of at most 16 (row, head) pairs (decode rows): its own entry so the tile form keeps its
+// registers. The host sends each tile to one of the two by its pairs (cuda/attention.rs, `by_pairs`).
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
     attn_mma_few(const float* q, const float* kin, const float* vin, const u64* desc, int heads, int group, int hd,
                  int width, float scale, int max_chunks, float* part, int row0, const u64* tiles) {
   PDL_ENTRY();
   extern __shared__ float sm[];
-  attn_mma_hd<true>(sm, q, kin, vin, desc, heads, group, hd, width, scale, max_chunks, part, row0, tiles);
+  AM_BY_HD(attn_mma_few_body)
 }
