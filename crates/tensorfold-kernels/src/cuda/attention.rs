@@ -82,7 +82,7 @@ fn tile_smem(hd: usize) -> usize {
 
 /// Shared memory of a tensor-core block in bytes: three pieces of a sub-block's K rows and of its V columns, each
 /// row padded by 4 words, each lane's query fragments, and a decode tile's shared scores and probabilities (a
-/// sub-block's 4 words a key group a lane, twice: attention_mma.cu's `attn_mma`, `am_share`).
+/// sub-block's 4 words a key group a lane, twice: attention_mma.cu's `attn_mma`, `attn_mma_few_body`).
 fn mma_smem(hd: usize) -> usize {
     let hdp = hd.next_multiple_of(16);
     let pieces = 3 * (MMA_SUB * (hdp / 2 + 4) + hdp * (MMA_SUB / 2 + 4) + MMA_THREADS as usize * (hdp / 16) * 4);
@@ -486,7 +486,7 @@ fn by_pairs(words: impl Iterator<Item = u64>, group: usize) -> (Vec<u64>, Vec<u6
     words.partition(|w| (w >> 32) as usize * group <= FEW_PAIRS)
 }
 
-/// Pairs a tile of attn_mma_few holds: one warp's mma rows (attention_mma.cu's SPLIT).
+/// Pairs a tile of attn_mma_few holds: one warp's mma rows (attention_mma.cu's `attn_mma_few_body`).
 const FEW_PAIRS: usize = 16;
 
 #[cfg(test)]

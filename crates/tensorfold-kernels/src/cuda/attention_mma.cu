@@ -24,7 +24,7 @@
 // first call row, high 32 its rows. Dynamic shared memory: 3 AM_SUB (HDP / 2 + 4) words of K pieces and 3 HDP AM_VS
 // words of V pieces (each row padded by 4 words, so the 8 rows one fragment load reads hit distinct banks), then
 // AM_THREADS 3 (HDP / 16) 4 words of the lanes' query fragments, then 2 (AM_SUB / 8) 4 32 words of a decode tile's
-// scores and probabilities (attn_mma_few_body's sh).
+// scores and probabilities (attn_mma_few_body's shs and shp).
 // - A tile of at most 16 pairs (decode) runs attn_mma_few, which spreads a sub-block's scores, exps and output dims
 //   over the block's warps (attn_mma_few_body) with the same chains, so the bits are the tile form's.
 #define AM_SUB 64
@@ -383,8 +383,8 @@ __device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
 // The decode form (a tile of at most 16 pairs: one warp's mma rows), with the tile form's bits: every warp takes
 // the same pairs and the block shares each sub-block's work. Warp w scores the key groups nt = w + AM_WARPS j and
 // computes their probabilities, and adds the output dims of groups nt = w + AM_WARPS j, each element on the tile
-// form's chain; the scores and the probabilities meet in shared memory (sh: a lane's word (nt, e) at (4 nt + e) 32),
-// so the max and the sum of p run over every key in the tile form's order in each warp. A warp's loops cover only
+// form's chain; the scores and the probabilities meet in shared memory (shs, shp: a lane's word (nt, e) at
+// (4 nt + e) 32), so the max and the sum of p run over every key in the tile form's order in each warp. A warp's loops cover only
 // its own groups (the tile form's code for all of them stalled on instruction fetch: ncu, session 23).
 template <int HDP>
 __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
@@ -410,8 +410,12 @@ __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
   for (int j = 0; j < OWNO; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
-  for (int j0 = b.start; j0 < b.start + b.nk; j0 += AM_SUB) {
-    int sk = b.start + b.nk - j0 < AM_SUB ? b.start + b.nk - j0 : AM_SUB;
+  int sub = AM_SUB;  // as in the tile form, a variable only for the planted control
+#ifdef FAULT_ATTN_MMA_SPLIT_COUNT
+  sub = ((b.nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
+#endif
+  for (int j0 = b.start; j0 < b.start + b.nk; j0 += sub) {
+    int sk = b.start + b.nk - j0 < sub ? b.start + b.nk - j0 : sub;
     __syncthreads();  // the previous sub-block's reads are done
     am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
     __syncthreads();
@@ -435,7 +439,7 @@ __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int nt = warp + AM_WARPS * j;
-        so[j][e] = am_mask(so[j][e], j0 + nt * 8 + 2 * t + (e & 1), e, keys, j0 + AM_SUB, scale);
+        so[j][e] = am_mask(so[j][e], j0 + nt * 8 + 2 * t + (e & 1), e, keys, j0 + sub, scale);
         shs[(4 * nt + e) * 32] = so[j][e];
       }
     __syncthreads();
