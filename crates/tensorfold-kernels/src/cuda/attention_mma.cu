@@ -264,6 +264,44 @@ __device__ __forceinline__ void am_pfrag(const float (*p)[4], int ks, u32 (&a)[3
   am_frag(p[2 * ks + 1][2], p[2 * ks + 1][3], a, 3);
 }
 
+// The sub-block size: AM_SUB keys by position (a function only for the planted control).
+__device__ __forceinline__ int am_sub(const AmBlock& b) {
+  int sub = AM_SUB;
+#ifdef FAULT_ATTN_MMA_SPLIT_COUNT
+  sub = ((b.nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
+#endif
+  return sub;
+}
+
+// Sub-block j0 (of `sub` keys) into kp and vp, between the barriers that end the previous one's reads and publish it.
+template <int HDP>
+__device__ __forceinline__ void am_next(const AmBlock& b, const float* kin, const float* vin, int hd, int width,
+                                        int j0, int sub, u32* kp, u32* vp) {
+  int sk = b.start + b.nk - j0 < sub ? b.start + b.nk - j0 : sub;
+  __syncthreads();  // the previous sub-block's reads are done
+  am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
+  __syncthreads();
+}
+
+// This lane's query fragments of k16 step ks (its own words of qs).
+template <int HDP>
+__device__ __forceinline__ void am_qfrag(const u32* qs, int ks, u32 (&a)[3][4]) {
+  constexpr int KST = HDP / 16;
+#pragma unroll
+  for (int pc = 0; pc < 3; pc++)
+#pragma unroll
+    for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
+}
+
+// N groups of 4 sums set to +0.
+template <int N>
+__device__ __forceinline__ void am_zero(float (&x)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) x[i][e] = 0.0f;
+}
+
 // Key position `key`'s score: scaled where the pair (half e >> 1) sees it, -inf past its keys.
 __device__ __forceinline__ float am_mask(float s, int key, int e, const int (&keys)[2], int end, float scale) {
   return key < keys[e >> 1] && key < end ? s * scale : -inf_f();
@@ -319,32 +357,17 @@ __device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
   am_query<HDP>(q, desc, b, heads, group, hd, warp, qs, pr, valid, keys);
   AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
   float o[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) o[nt][e] = 0.0f;
-  int sub = AM_SUB;  // a variable (and the `key < j0 + sub` test below) only for the planted control
-#ifdef FAULT_ATTN_MMA_SPLIT_COUNT
-  sub = ((b.nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
-#endif
+  am_zero(o);
+  int sub = am_sub(b);
   for (int j0 = b.start; j0 < b.start + b.nk; j0 += sub) {
-    int sk = b.start + b.nk - j0 < sub ? b.start + b.nk - j0 : sub;
-    __syncthreads();  // the previous sub-block's reads are done
-    am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
-    __syncthreads();
+    am_next<HDP>(b, kin, vin, hd, width, j0, sub, kp, vp);
     if (!active) continue;
     float s[AM_SUB / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < AM_SUB / 8; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+    am_zero(s);
 #pragma unroll
     for (int ks = 0; ks < KST; ks++) {
       u32 a[3][4];
-#pragma unroll
-      for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-        for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
+      am_qfrag<HDP>(qs, ks, a);
 #pragma unroll
       for (int nt = 0; nt < AM_SUB / 8; nt++) am_score<HDP>(s[nt], a, kp + ks * 8 + t, nt);
     }
@@ -384,8 +407,9 @@ __device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
 // the same pairs and the block shares each sub-block's work. Warp w scores the key groups nt = w + AM_WARPS j and
 // computes their probabilities, and adds the output dims of groups nt = w + AM_WARPS j, each element on the tile
 // form's chain; the scores and the probabilities meet in shared memory (shs, shp: a lane's word (nt, e) at
-// (4 nt + e) 32), so the max and the sum of p run over every key in the tile form's order in each warp. A warp's loops cover only
-// its own groups (the tile form's code for all of them stalled on instruction fetch: ncu, session 23).
+// (4 nt + e) 32), so the max and the sum of p run over every key in the tile form's order in each warp. A warp's
+// loops cover only its own groups (the tile form's code for all of them stalled on instruction fetch: Nsight
+// Compute, docs/receipts/2026-12-06-decode-attn-fetch.md).
 template <int HDP>
 __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
   constexpr int KS = HDP / 2 + 4;
@@ -406,31 +430,16 @@ __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
   am_query<HDP>(q, desc, b, heads, group, hd, 0, qs, pr, valid, keys);
   AmRow st[2] = {{-inf_f(), 0.0f}, {-inf_f(), 0.0f}};
   float o[OWNO][4];
-#pragma unroll
-  for (int j = 0; j < OWNO; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
-  int sub = AM_SUB;  // as in the tile form, a variable only for the planted control
-#ifdef FAULT_ATTN_MMA_SPLIT_COUNT
-  sub = ((b.nk + 3) / 4 + 7) / 8 * 8;  // planted: the chunk cut into 4 sub-blocks by count (the tile's keys), not size
-#endif
+  am_zero(o);
+  int sub = am_sub(b);
   for (int j0 = b.start; j0 < b.start + b.nk; j0 += sub) {
-    int sk = b.start + b.nk - j0 < sub ? b.start + b.nk - j0 : sub;
-    __syncthreads();  // the previous sub-block's reads are done
-    am_stage<HDP>(b.last, kin, vin, hd, width, b.off, j0, sk, kp, vp);
-    __syncthreads();
+    am_next<HDP>(b, kin, vin, hd, width, j0, sub, kp, vp);
     float so[OWN][4];
-#pragma unroll
-    for (int j = 0; j < OWN; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) so[j][e] = 0.0f;
+    am_zero(so);
 #pragma unroll
     for (int ks = 0; ks < KST; ks++) {
       u32 a[3][4];
-#pragma unroll
-      for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-        for (int w = 0; w < 4; w++) a[pc][w] = qs[((pc * KST + ks) * 4 + w) * 32];
+      am_qfrag<HDP>(qs, ks, a);
 #pragma unroll
       for (int j = 0; j < OWN; j++) am_score<HDP>(so[j], a, kp + ks * 8 + t, warp + AM_WARPS * j);
     }
