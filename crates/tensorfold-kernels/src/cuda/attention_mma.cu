@@ -333,6 +333,29 @@ __device__ __forceinline__ void am_put(const AmBlock& b, const int (&pr)[2], con
   }
 }
 
+// A block's dynamic shared memory (the header's layout): K and V pieces, this lane's query fragment words, and this
+// lane's words of the decode form's shared scores (shs) and probabilities (shp).
+struct AmSmem {
+  u32* kp;
+  u32* vp;
+  u32* qs;
+  float* shs;
+  float* shp;
+};
+
+template <int HDP>
+__device__ __forceinline__ AmSmem am_smem(float* sm) {
+  constexpr int KST = HDP / 16;
+  AmSmem m;
+  m.kp = reinterpret_cast<u32*>(sm);
+  m.vp = m.kp + 3 * AM_SUB * (HDP / 2 + 4);
+  u32* qbase = m.vp + 3 * HDP * AM_VS;
+  m.qs = qbase + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
+  m.shs = reinterpret_cast<float*>(qbase + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
+  m.shp = m.shs + AM_SUB / 8 * 4 * 32;
+  return m;
+}
+
 // The arguments of both entries' bodies.
 #define AM_PARAMS                                                                                               \
   float *sm, const float *q, const float *kin, const float *vin, const u64 *desc, int heads, int group, int hd, \
@@ -342,12 +365,10 @@ __device__ __forceinline__ void am_put(const AmBlock& b, const int (&pr)[2], con
 // it; dims from hd on are zero). The tile form: warp w holds pairs 16 w .. 16 w + 15 and computes all of them.
 template <int HDP>
 __device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
-  constexpr int KS = HDP / 2 + 4;
   constexpr int KST = HDP / 16;
   constexpr int NT = HDP / 8;
-  u32* kp = reinterpret_cast<u32*>(sm);
-  u32* vp = kp + 3 * AM_SUB * KS;
-  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
+  AmSmem m = am_smem<HDP>(sm);
+  u32 *kp = m.kp, *vp = m.vp, *qs = m.qs;
   AmBlock b;
   if (!am_block(desc, tiles, group, hd, b)) return;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
@@ -412,16 +433,13 @@ __device__ __forceinline__ void attn_mma_body(AM_PARAMS) {
 // Compute, docs/receipts/2026-12-06-decode-attn-fetch.md).
 template <int HDP>
 __device__ __forceinline__ void attn_mma_few_body(AM_PARAMS) {
-  constexpr int KS = HDP / 2 + 4;
   constexpr int KST = HDP / 16;
   constexpr int NT = HDP / 8;
   constexpr int OWN = AM_SUB / 8 / AM_WARPS;              // key groups a warp scores
   constexpr int OWNO = (NT + AM_WARPS - 1) / AM_WARPS;    // output dim groups a warp adds, at most
-  u32* kp = reinterpret_cast<u32*>(sm);
-  u32* vp = kp + 3 * AM_SUB * KS;
-  u32* qs = vp + 3 * HDP * AM_VS + (threadIdx.x >> 5) * (3 * KST * 4 * 32) + (threadIdx.x & 31);
-  float* shs = reinterpret_cast<float*>(vp + 3 * HDP * AM_VS + AM_THREADS * 3 * KST * 4) + (threadIdx.x & 31);
-  float* shp = shs + AM_SUB / 8 * 4 * 32;
+  AmSmem m = am_smem<HDP>(sm);
+  u32 *kp = m.kp, *vp = m.vp, *qs = m.qs;
+  float *shs = m.shs, *shp = m.shp;
   AmBlock b;
   if (!am_block(desc, tiles, group, hd, b)) return;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
