@@ -136,6 +136,58 @@ pub(super) mod x86 {
         }
     }
 
+    /// The 16 values a 4-bit code takes, as f32 lanes (exact).
+    const CODES16: __m512 = unsafe {
+        // SAFETY: 16 f32 are the bits of one __m512.
+        std::mem::transmute::<[f32; 16], __m512>([
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        ])
+    };
+
+    /// The 16 weights a 4-bit code of the group holding element `o` can stand for: lane `q` is `fma(q, scale,
+    /// bias)`, the value [`chunk512`] widens code `q` to, so a permute by the codes gives each weight with one
+    /// shuffle instead of a convert and an FMA.
+    ///
+    /// # Safety
+    /// avx512f present; `o < w.len`.
+    #[inline(always)]
+    pub unsafe fn q4_table(w: &Chunked, o: usize) -> __m512 {
+        let g = o >> w.shift;
+        // SAFETY: `Chunked::of` checked a scale and bias for every group.
+        unsafe {
+            let (s, b) = (*w.scales.get_unchecked(g), *w.biases.get_unchecked(g));
+            _mm512_fmadd_ps(CODES16, _mm512_set1_ps(s), _mm512_set1_ps(b))
+        }
+    }
+
+    /// The 16 weights of a 4-bit chunk at element `o` from its group's [`q4_table`].
+    ///
+    /// # Safety
+    /// avx512f present; `o + 16 <= w.len`, `w.nibbles`.
+    #[inline(always)]
+    pub unsafe fn q4_chunk(w: &Chunked, table: __m512, o: usize) -> __m512 {
+        debug_assert!(o + LANES <= w.len && w.nibbles);
+        // SAFETY: the chunk's 8 code bytes are inside the row.
+        unsafe { _mm512_permutexvar_ps(nibble_lanes(w.codes.as_ptr().add(o / 2)), table) }
+    }
+
+    /// Code `l` of the 16 at `p` (8 bytes, element `2i` in the low nibble of byte `i`) in the low 4 bits of lane
+    /// `l`; the bits above are other codes, which `vpermps` ignores. Two 4-byte broadcasts and one shift, no
+    /// byte shuffle: lanes 0 to 7 shift bytes 0 to 3 by `4 l`, lanes 8 to 15 bytes 4 to 7 by `4 (l - 8)`.
+    ///
+    /// # Safety
+    /// avx512f present; 8 readable bytes at `p`.
+    #[inline(always)]
+    unsafe fn nibble_lanes(p: *const u8) -> __m512i {
+        // SAFETY: forwarded.
+        unsafe {
+            let lo = p.cast::<i32>().read_unaligned();
+            let hi = p.add(4).cast::<i32>().read_unaligned();
+            let v = _mm512_mask_set1_epi32(_mm512_set1_epi32(lo), 0xFF00, hi);
+            _mm512_srlv_epi32(v, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28))
+        }
+    }
+
     /// The 16 weights of the chunk at element `o` as one AVX-512 register.
     ///
     /// # Safety
@@ -156,15 +208,12 @@ pub(super) mod x86 {
         // SAFETY: the chunk's codes, scale and bias are inside the row (o + 16 <= len, and `Chunked::of` checked a
         // scale and bias for every group); features from the caller.
         unsafe {
+            if Q4 {
+                return q4_chunk(w, q4_table(w, o), o);
+            }
             let g = o >> w.shift;
             let (s, b) = (*w.scales.get_unchecked(g), *w.biases.get_unchecked(g));
-            let q = if Q4 {
-                let v = _mm512_cvtepu8_epi32(twice(w.codes.as_ptr().add(o / 2)));
-                let sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-                _mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15))
-            } else {
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(w.codes.as_ptr().add(o).cast()))
-            };
+            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(w.codes.as_ptr().add(o).cast()));
             _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s), _mm512_set1_ps(b))
         }
     }
