@@ -430,7 +430,7 @@ mod x86 {
     /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
     #[target_feature(enable = "avx512f")]
     unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[T; B]) -> [f32; 16] {
-        if T::SPLIT && A == 1 && B == 16 && ws[0].len() % LANES == 0 {
+        if T::SPLIT && A == 1 && B == 16 && ws[0].len().is_multiple_of(LANES) {
             // SAFETY: forwarded.
             return unsafe { row_by_fours(xs[0], ws) };
         }
