@@ -145,8 +145,8 @@ pub(super) mod x86 {
     };
 
     /// The 16 weights a 4-bit code of the group holding element `o` can stand for: lane `q` is `fma(q, scale,
-    /// bias)`, the value [`chunk512`] widens code `q` to, so a permute by the codes gives each weight with one
-    /// shuffle instead of a convert and an FMA.
+    /// bias)` in f32, the value [`WRow::get`](crate::simd::WRow::get) gives code `q`, so a permute by the codes
+    /// gives each weight with one shuffle instead of a convert and an FMA.
     ///
     /// # Safety
     /// avx512f present; `o < w.len`.

@@ -279,7 +279,8 @@ mod x86 {
     }
     /// How far ahead [`row_by_fours`] prefetches its weight rows, in bytes (the rows of a matrix follow each other,
     /// so this reaches into the next rows): a decode step reads every weight once, and the hardware prefetcher
-    /// alone left the cores stalled on those loads (one-stream decode +25% bf16, +50% 4-bit on this project's VM).
+    /// alone left the cores stalled on those loads (one-stream decode 1.11 to 1.30x in bf16, 1.39 to 1.76x in MLX
+    /// 4- and 8-bit on this project's VM: docs/receipts/2026-12-06-cpu-prefetch.md).
     const PF_BYTES: usize = 2048;
 
     /// Prefetches the line [`PF_BYTES`] past `p` into L1 (a hint: `p` need not point into any allocation).
