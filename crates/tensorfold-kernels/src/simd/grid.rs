@@ -2,8 +2,8 @@
 //!
 //! Each pair is still the canonical dot of [`super`] (its own 16 FMA lanes over its own K in chunk order, the
 //! same tree fold), so a grid gives the bits of `dot` at every width. What the block shares is the loads: a
-//! weight chunk is read once for 4 (or 1) x rows and an x chunk once for 4 (or 16) weight rows, and the 16
-//! folds run as one transposed tree of shuffles instead of 16 scalar trees.
+//! weight chunk is read once for 4 (or 1) x rows and an x chunk once for 4 weight rows (16 for f32 rows of a
+//! one-row block), and the 16 folds run as one transposed tree of shuffles instead of 16 scalar trees.
 
 use super::affine::Chunked;
 use super::{Level, WRow, dot_tile};
@@ -175,8 +175,8 @@ mod x86 {
         /// # Safety
         /// avx512f present.
         unsafe fn tail(&self, o: usize) -> __m512;
-        /// Asks for the cache line [`PF_BYTES`] past element `o`'s (a hint: never faults, changes no value); f32
-        /// rows (never a decode's weights) do nothing.
+        /// Asks for the cache lines [`PF_BYTES`] past element `o`'s 64 elements of codes or bf16 values (a hint:
+        /// never faults, changes no value); f32 rows (the float test checkpoints) do nothing.
         #[inline(always)]
         fn prefetch(&self, _o: usize) {}
         /// [`row_by_fours`]' walk of 4 weight rows: `acc[i]` takes `x[o..o + 16] * w4[i]`'s chunk `o` by FMA, for
@@ -262,11 +262,15 @@ mod x86 {
             for g0 in (0..n).step_by(1 << shift) {
                 // SAFETY: g0 < n; the chunks below are inside every row and x (groups hold whole chunks).
                 unsafe {
-                    let t: [__m512; 4] = std::array::from_fn(|i| q4_table(&w4[i].0, g0));
-                    if (g0 / 2).is_multiple_of(64) {
-                        w4.iter().for_each(|w| w.prefetch(g0));
+                    let mut t = [_mm512_setzero_ps(); 4];
+                    for i in 0..4 {
+                        t[i] = q4_table(&w4[i].0, g0);
                     }
                     for o in (g0..g0 + (1 << shift)).step_by(LANES) {
+                        if (o / 2).is_multiple_of(64) {
+                            // Each 64-byte line of codes once, at any group size.
+                            w4.iter().for_each(|w| w.prefetch(o));
+                        }
                         let xv = _mm512_loadu_ps(x.as_ptr().add(o));
                         for i in 0..4 {
                             a[i] = _mm512_fmadd_ps(xv, q4_chunk(&w4[i].0, t[i], o), a[i]);
@@ -277,8 +281,9 @@ mod x86 {
             a
         }
     }
-    /// How far ahead [`row_by_fours`] prefetches its weight rows, in bytes (the rows of a matrix follow each other,
-    /// so this reaches into the next rows): a decode step reads every weight once, and the hardware prefetcher
+    /// How far ahead [`row_by_fours`] prefetches its weight rows, in bytes (the rows of a matrix follow each other;
+    /// the 4 rows walked together are adjacent, so for rows under 2 KiB this lands in the next rows or the next
+    /// block's): a decode step reads every weight once, and the hardware prefetcher
     /// alone left the cores stalled on those loads (one-stream decode 1.11 to 1.30x in bf16, 1.39 to 1.76x in MLX
     /// 4- and 8-bit on this project's VM: docs/receipts/2026-12-06-cpu-prefetch.md).
     const PF_BYTES: usize = 2048;
@@ -556,12 +561,22 @@ mod tests {
                 let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
                 let rows_f: Vec<WRow> = wf.iter().map(|w| WRow::F32(w)).collect();
                 let rows_b: Vec<WRow> = wb.iter().map(|w| WRow::Bf16(w)).collect();
-                let mats: Vec<MatView> = [(Dtype::Q4, 32), (Dtype::Q4, 128), (Dtype::Q8, 16)]
+                let groups = [(Dtype::Q4, 16), (Dtype::Q4, 32), (Dtype::Q4, 64), (Dtype::Q4, 128), (Dtype::Q4, 256)];
+                let mats: Vec<MatView> = groups
                     .into_iter()
+                    .chain([(Dtype::Q8, 16)])
                     .filter(|(_, g)| n % g == 0)
                     .filter_map(|(d, g)| MatView::from_f32(nb, n, &wf.concat()).quantize_affine(d, g))
                     .collect();
-                let affine: Vec<Vec<WRow>> = mats.iter().map(|m| (0..nb).map(|j| wrow(m, j)).collect()).collect();
+                let mut affine: Vec<Vec<WRow>> = mats.iter().map(|m| (0..nb).map(|j| wrow(m, j)).collect()).collect();
+                if mats.len() >= 2 {
+                    // 4- and 8-bit rows in one grid (the mixed form), and 4-bit rows of two group sizes.
+                    let (first, last) = (&mats[0], &mats[mats.len() - 1]);
+                    affine.push((0..nb).map(|j| wrow(if j % 2 == 0 { first } else { last }, j)).collect());
+                }
+                if mats.len() >= 3 {
+                    affine.push((0..nb).map(|j| wrow(&mats[j % 2], j)).collect());
+                }
                 for ws in [rows_f, rows_b].into_iter().chain(affine) {
                     for lv in available_levels() {
                         let stride = nb + 3;
