@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod conv;
+mod keepers;
 pub mod moe;
 pub mod ops;
 
@@ -103,8 +104,9 @@ impl Ops for CpuBackend {
             return f();
         }
         // The body of a scope runs on a worker of the pool; the kernels' `par_iter`s inside it are then forks
-        // that the other workers steal (or this one runs itself), with no thread outside the pool to wake.
-        rayon::scope(|_| f())
+        // that the other workers steal (or this one runs itself), with no thread outside the pool to wake, and
+        // keepers hold the other workers awake until it returns.
+        keepers::kept_scope(f)
     }
 
     fn embed(&self, table: &MatView, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
@@ -349,6 +351,7 @@ mod tests {
     /// its value, and runs in place when already on a worker, so a nested call cannot wait on itself.
     #[test]
     fn on_workers_runs_on_a_pool_worker() {
+        let _alone = super::keepers::TESTS_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let outer = rayon::current_thread_index();
         let (inside, nested) = CpuBackend
             .on_workers(|| (rayon::current_thread_index(), CpuBackend.on_workers(rayon::current_thread_index)));
@@ -361,6 +364,7 @@ mod tests {
     /// as outside it (a hand-off from this thread) and as on one thread alone.
     #[test]
     fn linear_bits_do_not_depend_on_where_it_runs() {
+        let _alone = super::keepers::TESTS_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let (n, k, rows) = (1024, 256, 3);
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
         let w = MatView::from_f32(n, k, &w);

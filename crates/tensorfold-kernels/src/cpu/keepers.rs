@@ -1,0 +1,174 @@
+//! Keeps the pool's other workers awake and stealing for the length of one forward, as OpenMP's spinning threads do.
+//!
+//! Between a forward's parallel calls (a layer has several, a decode step about a hundred) rayon's idle workers
+//! yield a few times, then sleep on a futex; the next call wakes them with a syscall, and on a virtual machine the
+//! wake takes longer than a one-row linear's half. A `perf` profile of one-stream decode on the 8B plan put about
+//! 6% of a step in those sleeps and wakes (`docs/receipts/2026-12-07-cpu-keepers.md`). A keeper is a job broadcast to
+//! every other worker that steals and runs the forward's forks until the forward ends, so none of them sleeps.
+//!
+//! Keepers only change which thread runs a fork, never what a fork computes: the bits are those of any other
+//! schedule (work is split by output, never inside a reduction). They spin only while one forward runs alone and
+//! the pool has no more threads than the host has cores; otherwise the forward runs as a plain scope.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Forwards running on the CPU pools now (tests and the expert-parallel ranks may run several); keepers spin only
+/// while it is one, so two forwards never wait on each other's keepers.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` in a scope on the current pool (the caller is a worker or is handed to one), with a keeper on every
+/// other worker of the pool while `f` runs. Panics in `f` propagate after the keepers stop.
+pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let _running = Running::enter();
+    let alone = RUNNING.load(Ordering::Acquire) == 1;
+    if !alone || !spinning_fits(rayon::current_num_threads()) {
+        return rayon::scope(|_| f());
+    }
+    let done = AtomicBool::new(false);
+    let owner = AtomicUsize::new(usize::MAX);
+    rayon::scope(|s| {
+        // The body's thread (a worker even when the caller is not one): its copy of the broadcast must not spin.
+        owner.store(rayon::current_thread_index().unwrap_or(usize::MAX), Ordering::Release);
+        s.spawn_broadcast(|_, _| keep(&done, owner.load(Ordering::Acquire)));
+        let _stop = Stop(&done); // set on return and on unwind, so the scope's wait for the keepers ends
+        f()
+    })
+}
+
+/// One keeper: steals and runs pool work until the forward is done or another forward starts. Exits at once on the
+/// forward's own thread (its copy of the broadcast) and off the pool.
+fn keep(done: &AtomicBool, owner: usize) {
+    if rayon::current_thread_index().is_none_or(|i| i == owner) {
+        return;
+    }
+    while !done.load(Ordering::Acquire) && RUNNING.load(Ordering::Acquire) == 1 {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => {}
+            Some(rayon::Yield::Idle) => std::hint::spin_loop(),
+            None => return,
+        }
+    }
+}
+
+/// Whether a pool of `threads` may spin: not past the host's cores, where a spinning worker would take a core from
+/// one with work.
+fn spinning_fits(threads: usize) -> bool {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    threads > 1 && threads <= cores
+}
+
+/// Counts a forward in [`RUNNING`] for its lifetime (unwinding included).
+struct Running;
+
+impl Running {
+    fn enter() -> Self {
+        RUNNING.fetch_add(1, Ordering::AcqRel);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Held by the tests that run kept scopes, so each runs alone and its keepers really spin (a second forward stops
+/// them, which would hide a keeper that never stops).
+#[cfg(test)]
+pub(super) static TESTS_ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Marks the forward done when dropped.
+struct Stop<'a>(&'a AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TESTS_ONE_AT_A_TIME, kept_scope};
+    use rayon::prelude::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A pool of `threads` workers (the tests' own: the global pool's size is the host's).
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a test pool")
+    }
+
+    /// Runs `f` on another thread and fails if it has not returned in 60 s (a keeper that never stops hangs).
+    fn within_a_minute<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+        let _alone = TESTS_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(Duration::from_secs(60)).expect("returned within a minute (no keeper left spinning)")
+    }
+
+    /// Forks inside a kept scope give what they give outside it, and every scope returns: its keepers stop, and the
+    /// forward's own thread never spins on its copy of the broadcast (a join whose second half the keeper steals
+    /// while the first sleeps makes that thread wait for work, when it takes the broadcast).
+    #[test]
+    fn kept_scopes_return_their_forks_results() {
+        let forks = || {
+            let nap = || std::thread::sleep(Duration::from_millis(2));
+            let (a, b) = rayon::join(|| (nap(), 1u64).1, || (nap(), 2u64).1);
+            let sums = (0..64u64).map(|i| (0..1000u64).into_par_iter().map(|v| v * i).sum::<u64>());
+            std::iter::once(a + b).chain(sums).collect::<Vec<u64>>()
+        };
+        let (on_a_worker, from_outside) = within_a_minute(move || {
+            let p = pool(2);
+            ((0..20).map(|_| p.install(|| kept_scope(forks))).collect::<Vec<_>>(), kept_scope(forks))
+        });
+        let want: Vec<u64> = std::iter::once(3).chain((0..64).map(|i| (0..1000u64).map(|v| v * i).sum())).collect();
+        assert!(on_a_worker.iter().all(|r| *r == want));
+        assert_eq!(from_outside, want, "called off the pool (the global pool's scope)");
+    }
+
+    /// A panic inside a kept scope reaches the caller after the keepers stop, and the next scope on the same pool
+    /// runs normally.
+    #[test]
+    fn a_panic_in_a_kept_scope_propagates_and_leaves_the_pool_usable() {
+        let (first, second) = within_a_minute(|| {
+            let p = pool(2);
+            let first = p.install(|| {
+                std::panic::catch_unwind(|| kept_scope(|| (0..64).into_par_iter().for_each(|i| assert!(i < 63))))
+            });
+            let second = p.install(|| kept_scope(|| (0..64u32).into_par_iter().sum::<u32>()));
+            (first.is_err(), second)
+        });
+        assert!(first, "the panic propagated");
+        assert_eq!(second, 2016);
+    }
+
+    /// Forwards started from several threads at once on one pool (as concurrent tests do) all finish: keepers stop
+    /// when a second forward starts, so no two forwards wait on each other.
+    #[test]
+    fn concurrent_kept_scopes_all_finish() {
+        let total = within_a_minute(|| {
+            let p = std::sync::Arc::new(pool(2));
+            let runs: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let p = p.clone();
+                    std::thread::spawn(move || {
+                        (0..50u64)
+                            .map(|r| {
+                                p.install(|| {
+                                    kept_scope(|| (0..500u64).into_par_iter().map(|v| v ^ (t + r)).sum::<u64>())
+                                })
+                            })
+                            .sum::<u64>()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|h| h.join().expect("a forward thread")).sum::<u64>()
+        });
+        let want: u64 =
+            (0..4u64).flat_map(|t| (0..50u64).map(move |r| (0..500u64).map(|v| v ^ (t + r)).sum::<u64>())).sum();
+        assert_eq!(total, want);
+    }
+}
