@@ -2,7 +2,7 @@
 # CPU one-stream decode A/B of two tensorfold binaries in one sitting: the default pair and LFM2-8B-A1B's layer plan
 # at hidden 512 (bf16, MLX 4-bit and 8-bit, written by `tensorfold synth`), `bench forward` (512-token prompt, 64
 # decode steps, token hashes printed) and a short-prompt `generate`, A B B A, at 2 threads and 1.
-#   tools/receipts/cpu_decode_ab.sh A_BIN B_BIN OUT
+#   tools/receipts/cpu_decode_ab.sh A_BIN B_BIN OUT   (THREADS: the thread counts, default "2 1")
 # Writes OUT/NAME-THREADS-WHO-N.{txt,json}, OUT/models/ and OUT/run.log (load average at each run's start).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +34,7 @@ done
 log="$out/run.log"
 echo "A $a ($(sha256sum "$a" | cut -c1-12))  B $b ($(sha256sum "$b" | cut -c1-12))  $(date -u)" | tee -a "$log"
 n=0
-for threads in 2 1; do
+for threads in ${THREADS:-2 1}; do
     for m in default 8b-bf16 8b-mlx4 8b-mlx8; do
         model=()
         [ "$m" = default ] || model=(--model "$out/models/$m")
