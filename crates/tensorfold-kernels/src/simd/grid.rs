@@ -175,10 +175,15 @@ mod x86 {
         /// # Safety
         /// avx512f present.
         unsafe fn tail(&self, o: usize) -> __m512;
-        /// Asks for the cache lines [`PF_BYTES`] past element `o`'s 64 elements of codes or bf16 values (a hint:
-        /// never faults, changes no value); f32 rows (the float test checkpoints) do nothing.
+        /// Asks for the cache lines `d` bytes past element `o`'s 64 elements of codes or bf16 values (a hint: never
+        /// faults, changes no value); f32 rows (the float test checkpoints) do nothing.
         #[inline(always)]
-        fn prefetch(&self, _o: usize) {}
+        fn prefetch(&self, _o: usize, _d: usize) {}
+        /// The row's bytes in memory (bf16 values or codes), which set [`pf_distance`]; 0 for rows never prefetched.
+        #[inline(always)]
+        fn row_bytes(&self) -> usize {
+            0
+        }
         /// [`row_by_fours`]' walk of 4 weight rows: `acc[i]` takes `x[o..o + 16] * w4[i]`'s chunk `o` by FMA, for
         /// every chunk in order (whole chunks only, `SPLIT` rows).
         ///
@@ -221,10 +226,14 @@ mod x86 {
             unsafe { bf16x16(pad(&self[o..]).as_ptr()) }
         }
         #[inline(always)]
-        fn prefetch(&self, o: usize) {
+        fn prefetch(&self, o: usize, d: usize) {
             // Called every 64 elements: two lines of bf16.
-            ahead(self.as_ptr().wrapping_add(o).cast());
-            ahead(self.as_ptr().wrapping_add(o + 32).cast());
+            ahead(self.as_ptr().wrapping_add(o).cast(), d);
+            ahead(self.as_ptr().wrapping_add(o + 32).cast(), d);
+        }
+        #[inline(always)]
+        fn row_bytes(&self) -> usize {
+            2 * self.len()
         }
     }
     /// A chunked row of 4-bit codes (`Q4`) or of 8-bit codes: the code width fixed at compile time.
@@ -245,8 +254,12 @@ mod x86 {
             unreachable!("a chunked affine row is a whole number of chunks")
         }
         #[inline(always)]
-        fn prefetch(&self, o: usize) {
-            ahead(self.0.codes.as_ptr().wrapping_add(if Q4 { o / 2 } else { o }));
+        fn prefetch(&self, o: usize, d: usize) {
+            self.0.prefetch(o, d);
+        }
+        #[inline(always)]
+        fn row_bytes(&self) -> usize {
+            self.0.row_bytes()
         }
         #[inline(always)]
         unsafe fn fours(x: &[f32], w4: &[Self; 4]) -> [__m512; 4] {
@@ -257,6 +270,7 @@ mod x86 {
             }
             // 4-bit rows: each row's group table built once a group, then one permute a chunk (the same values
             // `load` gives, taken by the same FMAs in the same order).
+            let d = pf_distance(w4[0].row_bytes());
             // SAFETY: avx512f present (the caller's promise).
             let mut a = [unsafe { _mm512_setzero_ps() }; 4];
             for g0 in (0..n).step_by(1 << shift) {
@@ -269,7 +283,7 @@ mod x86 {
                     for o in (g0..g0 + (1 << shift)).step_by(LANES) {
                         if (o / 2).is_multiple_of(64) {
                             // Each 64-byte line of codes once, at any group size.
-                            w4.iter().for_each(|w| w.prefetch(o));
+                            w4.iter().for_each(|w| w.prefetch(o, d));
                         }
                         let xv = _mm512_loadu_ps(x.as_ptr().add(o));
                         for i in 0..4 {
@@ -281,18 +295,29 @@ mod x86 {
             a
         }
     }
-    /// How far ahead [`row_by_fours`] prefetches its weight rows, in bytes (the rows of a matrix follow each other;
-    /// the 4 rows walked together are adjacent, so for rows under 2 KiB this lands in the next rows or the next
-    /// block's): a decode step reads every weight once, and the hardware prefetcher
-    /// alone left the cores stalled on those loads (one-stream decode 1.11 to 1.30x in bf16, 1.39 to 1.76x in MLX
-    /// 4- and 8-bit on this project's VM: docs/receipts/2026-12-06-cpu-prefetch.md).
-    const PF_BYTES: usize = 2048;
-
-    /// Prefetches the line [`PF_BYTES`] past `p` into L1 (a hint: `p` need not point into any allocation).
+    /// How far ahead [`row_by_fours`] prefetches a weight row of `row_bytes` bytes (bf16 values or codes), in bytes.
+    /// The walk reads 4 adjacent rows together, so a line `d` past row `r`'s position is useful only once it is past
+    /// the 4 rows: `d >= 4 row_bytes` (the next rows' same lines, one walk ahead, at least [`PF_MIN`]), while that
+    /// fits [`PF_MAX`] (about a third of L1 for the lines in flight); longer rows prefetch [`PF_MIN`] ahead in their
+    /// own row (the last [`PF_MIN`] of a row then falls on the walk's other rows). Session 24 fixed 2 KiB for every
+    /// row, which left the 8B plan's 1 KiB bf16 rows prefetching rows already being read: one-stream decode 1.13 to
+    /// 1.25x in bf16 there (docs/receipts/2026-12-07-cpu-keepers.md); the first prefetch's receipt:
+    /// docs/receipts/2026-12-06-cpu-prefetch.md.
     #[inline(always)]
-    fn ahead(p: *const u8) {
+    fn pf_distance(row_bytes: usize) -> usize {
+        let walk = 4 * row_bytes;
+        if walk <= PF_MAX { walk.max(PF_MIN) } else { PF_MIN }
+    }
+    /// The nearest a prefetch goes, in bytes (time for a line to arrive while the walk reads 4 rows' lines).
+    const PF_MIN: usize = 2048;
+    /// The farthest, in bytes.
+    const PF_MAX: usize = 16 << 10;
+
+    /// Prefetches the line `d` bytes past `p` into L1 (a hint: `p + d` need not point into any allocation).
+    #[inline(always)]
+    fn ahead(p: *const u8, d: usize) {
         // SAFETY: a prefetch never faults and reads nothing the program sees; sse is baseline on x86_64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_BYTES).cast()) }
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(d).cast()) }
     }
 
     /// The trait's default [`Src::fours`], for an override that falls back to it.
@@ -303,9 +328,10 @@ mod x86 {
     unsafe fn fours_by_chunk<T: Src>(x: &[f32], w4: &[T; 4]) -> [__m512; 4] {
         // SAFETY: avx512f present (the caller's promise).
         let mut a = [unsafe { _mm512_setzero_ps() }; 4];
+        let d = pf_distance(w4[0].row_bytes());
         for o in (0..w4[0].len()).step_by(LANES) {
             if o.is_multiple_of(64) {
-                w4.iter().for_each(|w| w.prefetch(o));
+                w4.iter().for_each(|w| w.prefetch(o, d));
             }
             // SAFETY: o + 16 <= the length of x and of every row.
             unsafe {
@@ -328,8 +354,12 @@ mod x86 {
             unsafe { chunk512(self, o) }
         }
         #[inline(always)]
-        fn prefetch(&self, o: usize) {
-            ahead(self.codes.as_ptr().wrapping_add(if self.nibbles { o / 2 } else { o }));
+        fn prefetch(&self, o: usize, d: usize) {
+            ahead(self.codes.as_ptr().wrapping_add(if self.nibbles { o / 2 } else { o }), d);
+        }
+        #[inline(always)]
+        fn row_bytes(&self) -> usize {
+            if self.nibbles { self.len / 2 } else { self.len }
         }
         unsafe fn tail(&self, _: usize) -> __m512 {
             unreachable!("a chunked affine row is a whole number of chunks")
