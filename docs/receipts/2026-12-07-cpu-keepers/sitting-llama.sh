@@ -3,9 +3,9 @@
 # docs/receipts/2026-12-06-cpu-llama-cpp-bf16/sitting.sh ran it (the 4-bit pair left out: its Q4_0 GGUF segfaults).
 set -uo pipefail
 cd /work/main
-TF=/tmp/rbin/tf-B-keep
+TF=${TF:-/tmp/rbin/tf-B-keep}
 LB=/work/peers/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin
-OUT=/tmp/s25-llama
+OUT=${OUT:-/tmp/s25-llama}
 mkdir -p $OUT
 short() { # NAME MODEL GGUF RUN0
   local n=$4

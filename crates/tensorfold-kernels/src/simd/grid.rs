@@ -300,8 +300,8 @@ mod x86 {
     /// the 4 rows: `d >= 4 row_bytes` (the next rows' same lines, one walk ahead, at least [`PF_MIN`]), while that
     /// fits [`PF_MAX`] (about a third of L1 for the lines in flight); longer rows prefetch [`PF_MIN`] ahead in their
     /// own row (the last [`PF_MIN`] of a row then falls on the walk's other rows). Session 24 fixed 2 KiB for every
-    /// row, which left the 8B plan's 1 KiB bf16 rows prefetching rows already being read: one-stream decode 1.13 to
-    /// 1.25x in bf16 there (docs/receipts/2026-12-07-cpu-keepers.md); the first prefetch's receipt:
+    /// row, which left the 8B plan's 1 KiB bf16 rows prefetching rows already being read: one-stream decode 1.19 to
+    /// 1.25x in bf16 there (docs/receipts/2026-12-07-cpu-prefetch-walk.md); the first prefetch's receipt:
     /// docs/receipts/2026-12-06-cpu-prefetch.md.
     #[inline(always)]
     fn pf_distance(row_bytes: usize) -> usize {
