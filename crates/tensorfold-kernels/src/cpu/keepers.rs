@@ -4,7 +4,13 @@
 //! yield a few times, then sleep on a futex; the next call wakes them with a syscall, and on a virtual machine the
 //! wake takes longer than a one-row linear's half. A `perf` profile of one-stream decode on the 8B plan put about
 //! 6% of a step in those sleeps and wakes (`docs/receipts/2026-12-07-cpu-keepers.md`). A keeper is a job broadcast to
-//! every other worker that steals and runs the forward's forks until the forward ends, so none of them sleeps.
+//! every worker (the forward's own thread returns from its copy at once) that steals and runs the forward's forks
+//! until the forward ends, so none of the others sleeps.
+//!
+//! A keeper never holds its thread for long: after [`IDLE_ROUNDS`] empty looks in a row it queues itself again and
+//! returns. A worker may take its keeper while it waits inside a fork it stole (a join whose other half is elsewhere);
+//! returning lets that fork see its join done and go on, where a keeper that spun until the forward ended would wait
+//! on the fork below it for ever.
 //!
 //! Keepers only change which thread runs a fork, never what a fork computes: the bits are those of any other
 //! schedule (work is split by output, never inside a reduction). They spin only while one forward runs alone and
@@ -13,12 +19,13 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Forwards running on the CPU pools now (tests and the expert-parallel ranks may run several); keepers spin only
-/// while it is one, so two forwards never wait on each other's keepers.
+/// Forwards running on the CPU pools now (tests may run several at once); keepers spin only while it is one, so
+/// several forwards never spin on each other's cores.
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f` in a scope on the current pool (the caller is a worker or is handed to one), with a keeper on every
-/// other worker of the pool while `f` runs. Panics in `f` propagate after the keepers stop.
+/// other worker of the pool while `f` runs, when it runs alone and the pool fits the cores (else a plain scope).
+/// Panics in `f` propagate after the keepers stop.
 pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let _running = Running::enter();
     let alone = RUNNING.load(Ordering::Acquire) == 1;
@@ -30,25 +37,45 @@ pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|s| {
         // The body's thread (a worker even when the caller is not one): its copy of the broadcast must not spin.
         owner.store(rayon::current_thread_index().unwrap_or(usize::MAX), Ordering::Release);
-        s.spawn_broadcast(|_, _| keep(&done, owner.load(Ordering::Acquire)));
+        s.spawn_broadcast(|s, _| keep(s, &done, owner.load(Ordering::Acquire)));
         let _stop = Stop(&done); // set on return and on unwind, so the scope's wait for the keepers ends
         f()
     })
 }
 
-/// One keeper: steals and runs pool work until the forward is done or another forward starts. Exits at once on the
-/// forward's own thread (its copy of the broadcast) and off the pool.
-fn keep(done: &AtomicBool, owner: usize) {
-    if rayon::current_thread_index().is_none_or(|i| i == owner) {
+/// One keeper: a [`keep_round`], then, if that ended on idleness, itself again as a new job of the scope (queued on
+/// this worker, so the frame below, if any, runs first when its join is done). Returns at once on the forward's own
+/// thread (its copy of the broadcast, or a keeper it stole).
+fn keep<'s>(s: &rayon::Scope<'s>, done: &'s AtomicBool, owner: usize) {
+    if rayon::current_thread_index() == Some(owner) {
         return;
     }
+    if keep_round(done) {
+        s.spawn(move |s| keep(s, done, owner));
+    }
+}
+
+/// Empty looks for work in a row after which a keeper returns and queues itself again (about 20 µs at ~80 ns a look).
+const IDLE_ROUNDS: u32 = 256;
+
+/// Steals and runs pool work until the forward is done, another forward starts, or [`IDLE_ROUNDS`] looks in a row
+/// find none; true for the last (the keeper goes on), false when it is over (or off the pool).
+fn keep_round(done: &AtomicBool) -> bool {
+    let mut idle = 0;
     while !done.load(Ordering::Acquire) && RUNNING.load(Ordering::Acquire) == 1 {
         match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => {}
-            Some(rayon::Yield::Idle) => std::hint::spin_loop(),
-            None => return,
+            Some(rayon::Yield::Executed) => idle = 0,
+            Some(rayon::Yield::Idle) => {
+                idle += 1;
+                if idle == IDLE_ROUNDS {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            None => return false,
         }
     }
+    false
 }
 
 /// Whether a pool of `threads` may spin: not past the host's cores, where a spinning worker would take a core from
@@ -93,6 +120,7 @@ impl Drop for Stop<'_> {
 mod tests {
     use super::{TESTS_ONE_AT_A_TIME, kept_scope};
     use rayon::prelude::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -106,12 +134,12 @@ mod tests {
         let _alone = TESTS_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || tx.send(f()));
-        rx.recv_timeout(Duration::from_secs(60)).expect("returned within a minute (no keeper left spinning)")
+        rx.recv_timeout(Duration::from_secs(60)).expect("returned within a minute (no hang, no panic)")
     }
 
-    /// Forks inside a kept scope give what they give outside it, and every scope returns: its keepers stop, and the
-    /// forward's own thread never spins on its copy of the broadcast (a join whose second half the keeper steals
-    /// while the first sleeps makes that thread wait for work, when it takes the broadcast).
+    /// Forks inside a kept scope give what they give outside it, and every scope returns: its keepers stop when the
+    /// forward ends (a join whose second half a keeper steals while the first sleeps puts the forward's own thread
+    /// in a wait for work, where it meets its copy of the broadcast, and the keeper's respawns meet the scope's end).
     #[test]
     fn kept_scopes_return_their_forks_results() {
         let forks = || {
@@ -127,6 +155,28 @@ mod tests {
         let want: Vec<u64> = std::iter::once(3).chain((0..64).map(|i| (0..1000u64).map(|v| v * i).sum())).collect();
         assert!(on_a_worker.iter().all(|r| *r == want));
         assert_eq!(from_outside, want, "called off the pool (the global pool's scope)");
+    }
+
+    /// A keeper taken by a thread waiting inside a fork (here: run inside a join's first half, with `done` set only
+    /// after the join, as a forward sets it only after its forks) returns after its idle rounds, so the fork below it
+    /// goes on; a keeper that spun until `done` would wait on that fork for ever.
+    #[test]
+    fn a_keeper_above_a_fork_that_must_go_on_returns() {
+        let went_on = within_a_minute(|| {
+            pool(2).install(|| {
+                let _running = super::Running::enter();
+                let done = AtomicBool::new(false);
+                let mut went_on = false;
+                rayon::scope(|s| {
+                    let nap = || std::thread::sleep(Duration::from_millis(1));
+                    rayon::join(|| super::keep(s, &done, usize::MAX), nap);
+                    went_on = true;
+                    done.store(true, Ordering::Release);
+                });
+                went_on
+            })
+        });
+        assert!(went_on);
     }
 
     /// A panic inside a kept scope reaches the caller after the keepers stop, and the next scope on the same pool
