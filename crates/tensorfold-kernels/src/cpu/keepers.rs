@@ -4,18 +4,21 @@
 //! yield a few times, then sleep on a futex; the next call wakes them with a syscall, and on a virtual machine the
 //! wake takes longer than a one-row linear's half. A `perf` profile of one-stream decode on the 8B plan put about
 //! 6% of a step in those sleeps and wakes (`docs/receipts/2026-12-07-cpu-keepers.md`). A keeper is a job broadcast to
-//! every worker (the forward's own thread returns from its copy at once) that steals and runs the forward's forks
-//! until the forward ends, so none of the others sleeps.
+//! every worker that steals and runs the forward's forks until the forward ends, so the workers holding one do not
+//! sleep. A keeper the forward's own thread takes, or one run from inside another keeper, ends at once (that worker
+//! may then sleep between calls, as without keepers).
 //!
-//! A keeper never holds its thread for long: after [`IDLE_ROUNDS`] empty looks in a row it queues itself again and
-//! returns. A worker may take its keeper while it waits inside a fork it stole (a join whose other half is elsewhere);
-//! returning lets that fork see its join done and go on, where a keeper that spun until the forward ended would wait
-//! on the fork below it for ever.
+//! A keeper never holds its thread for long: after [`IDLE_ROUNDS`] looks in a row that find no work (running another
+//! keeper is no work) it queues itself again and returns.
+//! A worker may take a keeper while it waits inside a fork it stole (a join whose other half is elsewhere); returning
+//! lets that fork see its join done and go on, where a keeper that spun until the forward ended would wait on the
+//! fork below it for ever.
 //!
 //! Keepers only change which thread runs a fork, never what a fork computes: the bits are those of any other
 //! schedule (work is split by output, never inside a reduction). They spin only while one forward runs alone and
 //! the pool has no more threads than the host has cores; otherwise the forward runs as a plain scope.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -23,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// several forwards never spin on each other's cores.
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs `f` in a scope on the current pool (the caller is a worker or is handed to one), with a keeper on every
-/// other worker of the pool while `f` runs, when it runs alone and the pool fits the cores (else a plain scope).
+/// Runs `f` in a scope on the current pool (the caller is a worker or is handed to one), with keepers broadcast to
+/// the pool's workers while `f` runs, when it runs alone and the pool fits the cores (else a plain scope).
 /// Panics in `f` propagate after the keepers stop.
 pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let _running = Running::enter();
@@ -43,19 +46,44 @@ pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
-/// One keeper: a [`keep_round`], then, if that ended on idleness, itself again as a new job of the scope (queued on
-/// this worker, so the frame below, if any, runs first when its join is done). Returns at once on the forward's own
-/// thread (its copy of the broadcast, or a keeper it stole).
+/// One keeper: on a worker not already inside a keeper, a [`keep_round`], then, unless the forward is over, itself
+/// again as a new job of the scope, queued on this worker (so a frame below, if any, probes its join first). Taken
+/// by the forward's own thread or run from inside another keeper, it returns at once and that keeper is gone (its
+/// worker may sleep again, as without keepers): passing it on there would put it on top of the queue the frames
+/// below are waiting to pop.
 fn keep<'s>(s: &rayon::Scope<'s>, done: &'s AtomicBool, owner: usize) {
-    if rayon::current_thread_index() == Some(owner) {
+    KEEPER_CALLS.with(|c| c.set(c.get().wrapping_add(1)));
+    if rayon::current_thread_index() == Some(owner) || IN_KEEPER.with(Cell::get) {
         return;
     }
-    if keep_round(done) {
+    IN_KEEPER.with(|k| k.set(true));
+    let go_on = {
+        let _out = OutOfKeeper;
+        keep_round(done)
+    };
+    if go_on {
         s.spawn(move |s| keep(s, done, owner));
     }
 }
 
-/// Empty looks for work in a row after which a keeper returns and queues itself again (about 20 µs at ~80 ns a look).
+thread_local! {
+    /// Whether this thread is inside a [`keep_round`] (a keeper it runs from there returns at once).
+    static IN_KEEPER: Cell<bool> = const { Cell::new(false) };
+    /// Keeper calls on this thread, so a round can tell a look that ran a keeper (idle) from one that ran work.
+    static KEEPER_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Clears [`IN_KEEPER`] when a round ends (return or unwind).
+struct OutOfKeeper;
+
+impl Drop for OutOfKeeper {
+    fn drop(&mut self) {
+        IN_KEEPER.with(|k| k.set(false));
+    }
+}
+
+/// Looks for work without finding any (a look that ran only a keeper counts) after which a keeper returns and
+/// queues itself again (about 20 µs at ~80 ns a look).
 const IDLE_ROUNDS: u32 = 256;
 
 /// Steals and runs pool work until the forward is done, another forward starts, or [`IDLE_ROUNDS`] looks in a row
@@ -63,17 +91,21 @@ const IDLE_ROUNDS: u32 = 256;
 fn keep_round(done: &AtomicBool) -> bool {
     let mut idle = 0;
     while !done.load(Ordering::Acquire) && RUNNING.load(Ordering::Acquire) == 1 {
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => idle = 0,
-            Some(rayon::Yield::Idle) => {
-                idle += 1;
-                if idle == IDLE_ROUNDS {
-                    return true;
-                }
-                std::hint::spin_loop();
-            }
+        let calls = KEEPER_CALLS.with(Cell::get);
+        let worked = match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => KEEPER_CALLS.with(Cell::get) == calls,
+            Some(rayon::Yield::Idle) => false,
             None => return false,
+        };
+        if worked {
+            idle = 0;
+            continue;
         }
+        idle += 1;
+        if idle == IDLE_ROUNDS {
+            return true;
+        }
+        std::hint::spin_loop();
     }
     false
 }
@@ -170,6 +202,32 @@ mod tests {
                 rayon::scope(|s| {
                     let nap = || std::thread::sleep(Duration::from_millis(1));
                     rayon::join(|| super::keep(s, &done, usize::MAX), nap);
+                    went_on = true;
+                    done.store(true, Ordering::Release);
+                });
+                went_on
+            })
+        });
+        assert!(went_on);
+    }
+
+    /// A keeper above a fork still returns while another keeper waits in the same queue (the second review's case:
+    /// a keeper that ran a queued keeper as work, and that one passing itself on, would never count its idle looks).
+    /// One worker, so the queue is this thread's alone.
+    #[test]
+    fn a_keeper_with_another_in_its_queue_returns() {
+        let went_on = within_a_minute(|| {
+            pool(1).install(|| {
+                let _running = super::Running::enter();
+                let done = AtomicBool::new(false);
+                let mut went_on = false;
+                rayon::scope(|s| {
+                    let nap = || std::thread::sleep(Duration::from_millis(1));
+                    let keepers = || {
+                        s.spawn(|s| super::keep(s, &done, usize::MAX));
+                        super::keep(s, &done, usize::MAX)
+                    };
+                    rayon::join(keepers, nap);
                     went_on = true;
                     done.store(true, Ordering::Release);
                 });
