@@ -4,12 +4,14 @@
 //! yield a few times, then sleep on a futex; the next call wakes them with a syscall, and on a virtual machine the
 //! wake takes longer than a one-row linear's half. A `perf` profile of one-stream decode on the 8B plan put about
 //! 6% of a step in those sleeps and wakes (`docs/receipts/2026-12-07-cpu-keepers.md`). A keeper is a job broadcast to
-//! every worker that steals and runs the forward's forks until the forward ends, so the workers holding one do not
-//! sleep. A keeper the forward's own thread takes, or one run from inside another keeper, ends at once (that worker
-//! may then sleep between calls, as without keepers).
+//! every worker that steals and runs pool work (the forward's forks; also any job injected into the pool, which the
+//! scope's end then waits for, as any rayon wait would) until the forward ends, so the workers holding one do not
+//! sleep. A keeper the forward's own thread takes, or one run from inside another keeper, ends at once, and one ends
+//! for the rest of the forward when a second forward starts: some worker may then sleep between calls, as without
+//! keepers.
 //!
-//! A keeper never holds its thread for long: after [`IDLE_ROUNDS`] looks in a row that find no work (running another
-//! keeper is no work) it queues itself again and returns.
+//! A keeper never holds its thread for long: after [`IDLE_ROUNDS`] idle looks in a row (a look that found nothing,
+//! or whose job ran a keeper) it queues itself again and returns.
 //! A worker may take a keeper while it waits inside a fork it stole (a join whose other half is elsewhere); returning
 //! lets that fork see its join done and go on, where a keeper that spun until the forward ended would wait on the
 //! fork below it for ever.
@@ -46,8 +48,8 @@ pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
-/// One keeper: on a worker not already inside a keeper, a [`keep_round`], then, unless the forward is over, itself
-/// again as a new job of the scope, queued on this worker (so a frame below, if any, probes its join first). Taken
+/// One keeper: on a worker not already inside a keeper, a [`keep_round`], then, if the round ended on idleness (not
+/// on the forward's end or a second forward), itself again as a new job of the scope, queued on this worker (so a frame below, if any, probes its join first). Taken
 /// by the forward's own thread or run from inside another keeper, it returns at once and that keeper is gone (its
 /// worker may sleep again, as without keepers): passing it on there would put it on top of the queue the frames
 /// below are waiting to pop.
@@ -82,8 +84,8 @@ impl Drop for OutOfKeeper {
     }
 }
 
-/// Looks for work without finding any (a look that ran only a keeper counts) after which a keeper returns and
-/// queues itself again (about 20 µs at ~80 ns a look).
+/// Idle looks for work in a row (finding none, or running a job during which a keeper ran) after which a keeper
+/// returns and queues itself again (about 20 µs at ~80 ns a look).
 const IDLE_ROUNDS: u32 = 256;
 
 /// Steals and runs pool work until the forward is done, another forward starts, or [`IDLE_ROUNDS`] looks in a row
