@@ -191,26 +191,32 @@ mod tests {
         assert_eq!(from_outside, want, "called off the pool (the global pool's scope)");
     }
 
-    /// A keeper taken by a thread waiting inside a fork (here: run inside a join's first half, with `done` set only
-    /// after the join, as a forward sets it only after its forks) returns after its idle rounds, so the fork below it
-    /// goes on; a keeper that spun until `done` would wait on that fork for ever.
-    #[test]
-    fn a_keeper_above_a_fork_that_must_go_on_returns() {
-        let went_on = within_a_minute(|| {
-            pool(2).install(|| {
+    /// Runs a keeper inside a join's first half on a pool of `threads`, as on a worker that took it while waiting
+    /// inside a fork, after queuing `queued` more keepers on that worker, with `done` set only after the join (a
+    /// forward sets it only after its forks). Returns when the join does; [`within_a_minute`] fails the test if a
+    /// keeper never lets the join go on.
+    fn keeper_above_a_join(threads: usize, queued: usize) {
+        within_a_minute(move || {
+            pool(threads).install(|| {
                 let _running = super::Running::enter();
                 let done = AtomicBool::new(false);
-                let mut went_on = false;
                 rayon::scope(|s| {
-                    let nap = || std::thread::sleep(Duration::from_millis(1));
-                    rayon::join(|| super::keep(s, &done, usize::MAX), nap);
-                    went_on = true;
+                    let keepers = || {
+                        (0..queued).for_each(|_| s.spawn(|s| super::keep(s, &done, usize::MAX)));
+                        super::keep(s, &done, usize::MAX)
+                    };
+                    rayon::join(keepers, || std::thread::sleep(Duration::from_millis(1)));
                     done.store(true, Ordering::Release);
                 });
-                went_on
             })
-        });
-        assert!(went_on);
+        })
+    }
+
+    /// A keeper above a fork returns after its idle rounds, so the fork below it goes on; a keeper that spun until
+    /// `done` would wait on that fork for ever.
+    #[test]
+    fn a_keeper_above_a_fork_that_must_go_on_returns() {
+        keeper_above_a_join(2, 0);
     }
 
     /// A keeper above a fork still returns while another keeper waits in the same queue (the second review's case:
@@ -218,25 +224,7 @@ mod tests {
     /// One worker, so the queue is this thread's alone.
     #[test]
     fn a_keeper_with_another_in_its_queue_returns() {
-        let went_on = within_a_minute(|| {
-            pool(1).install(|| {
-                let _running = super::Running::enter();
-                let done = AtomicBool::new(false);
-                let mut went_on = false;
-                rayon::scope(|s| {
-                    let nap = || std::thread::sleep(Duration::from_millis(1));
-                    let keepers = || {
-                        s.spawn(|s| super::keep(s, &done, usize::MAX));
-                        super::keep(s, &done, usize::MAX)
-                    };
-                    rayon::join(keepers, nap);
-                    went_on = true;
-                    done.store(true, Ordering::Release);
-                });
-                went_on
-            })
-        });
-        assert!(went_on);
+        keeper_above_a_join(1, 1);
     }
 
     /// A panic inside a kept scope reaches the caller after the keepers stop, and the next scope on the same pool
