@@ -18,6 +18,10 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Activation buffers on cache lines: the CPU kernels' wide loads then never split (same bits, faster prefill).
+#[global_allocator]
+static ALLOC: tensorfold_kernels::cpu::LineAligned = tensorfold_kernels::cpu::LineAligned;
+
 /// TensorFold: an inference server for LiquidAI LFM2 / LFM2-MoE models.
 #[derive(Parser)]
 #[command(name = "tensorfold", version, about)]

@@ -4,11 +4,13 @@
 pub mod attention;
 pub mod conv;
 mod keepers;
+pub mod line_alloc;
 pub mod moe;
 pub mod ops;
 
 pub use attention::CpuKv;
 pub use conv::CpuConv;
+pub use line_alloc::LineAligned;
 
 use crate::backend::{Ffn, KernelError, MoeParams, Pick, RopeParams, Segment, drawn_words};
 use crate::bytes::MatView;

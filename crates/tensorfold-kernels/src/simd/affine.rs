@@ -149,7 +149,7 @@ pub(super) mod x86 {
     /// gives each weight with one shuffle instead of a convert and an FMA.
     ///
     /// # Safety
-    /// avx512f present; `o < w.len`.
+    /// avx512f and avx512vl present; `o < w.len`.
     #[inline(always)]
     pub unsafe fn q4_table(w: &Chunked, o: usize) -> __m512 {
         let g = o >> w.shift;
@@ -163,7 +163,7 @@ pub(super) mod x86 {
     /// The 16 weights of a 4-bit chunk at element `o` from its group's [`q4_table`].
     ///
     /// # Safety
-    /// avx512f present; `o + 16 <= w.len`, `w.nibbles`.
+    /// avx512f and avx512vl present; `o + 16 <= w.len`, `w.nibbles`.
     #[inline(always)]
     pub unsafe fn q4_chunk(w: &Chunked, table: __m512, o: usize) -> __m512 {
         debug_assert!(o + LANES <= w.len && w.nibbles);
@@ -176,7 +176,7 @@ pub(super) mod x86 {
     /// byte shuffle: lanes 0 to 7 shift bytes 0 to 3 by `4 l`, lanes 8 to 15 bytes 4 to 7 by `4 (l - 8)`.
     ///
     /// # Safety
-    /// avx512f present; 8 readable bytes at `p`.
+    /// avx512f and avx512vl present; 8 readable bytes at `p`.
     #[inline(always)]
     unsafe fn nibble_lanes(p: *const u8) -> __m512i {
         // SAFETY: forwarded.
@@ -191,7 +191,7 @@ pub(super) mod x86 {
     /// The 16 weights of the chunk at element `o` as one AVX-512 register.
     ///
     /// # Safety
-    /// avx512f present; `o + 16 <= w.len`.
+    /// avx512f and avx512vl present; `o + 16 <= w.len`.
     #[inline(always)]
     pub unsafe fn chunk512(w: &Chunked, o: usize) -> __m512 {
         // SAFETY: forwarded.
@@ -260,7 +260,7 @@ pub(super) mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512vl")]
     unsafe fn widen512(w: &Chunked, out: &mut [f32]) {
         for o in (0..w.len).step_by(LANES) {
             // SAFETY: o + 16 <= len == out.len().
@@ -283,8 +283,8 @@ pub(super) mod x86 {
     /// `R` canonical dots of x rows against one chunked affine row on AVX-512 (no tail: `len % 16 == 0`).
     ///
     /// # Safety
-    /// avx512f present; every `xs[r]` has `w.len` elements.
-    #[target_feature(enable = "avx512f")]
+    /// avx512f and avx512vl present; every `xs[r]` has `w.len` elements.
+    #[target_feature(enable = "avx512f,avx512vl")]
     pub unsafe fn dot512<const R: usize>(xs: &[&[f32]; R], w: &Chunked) -> [f32; R] {
         let mut acc = [_mm512_setzero_ps(); R];
         for o in (0..w.len).step_by(LANES) {

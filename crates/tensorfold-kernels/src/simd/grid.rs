@@ -21,7 +21,7 @@ pub fn dot_grid(level: Level, xs: &[&[f32]], ws: &[WRow], out: &mut [f32], strid
     if level == Level::Avx512
         && let Some(ws) = Weights::of(ws)
     {
-        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        // SAFETY: Avx512 is only the level when detect() found avx512f and avx512vl; lengths checked above.
         unsafe { x86::grid(xs, &ws, out, stride) };
         return;
     }
@@ -50,7 +50,8 @@ pub fn dot_rows(level: Level, x: &[f32], w: Rows, cols: std::ops::Range<usize>, 
             Rows::F32(_, k) | Rows::Bf16(_, k) => k,
         };
         assert!(x.len() == k && out.len() == cols.len(), "dot_rows: lengths differ");
-        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above, rows by slicing.
+        // SAFETY: Avx512 is only the level when detect() found avx512f and avx512vl; lengths checked above, rows
+        // by slicing.
         unsafe {
             match w {
                 Rows::F32(v, _) => x86::rows1(x, &v[cols.start * k..cols.end * k], k, out),
@@ -74,7 +75,7 @@ pub fn dot_grid_chunked(level: Level, xs: &[&[f32]], ws: &[Chunked], out: &mut [
     assert!(out.len() >= (xs.len() - 1) * stride + ws.len() && stride >= ws.len(), "dot_grid: out too short");
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 {
-        // SAFETY: Avx512 is only the level when detect() found avx512f; lengths checked above.
+        // SAFETY: Avx512 is only the level when detect() found avx512f and avx512vl; lengths checked above.
         unsafe { x86::grid_chunked(xs, ws, out, stride) };
         return;
     }

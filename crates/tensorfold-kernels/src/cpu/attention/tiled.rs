@@ -78,14 +78,14 @@ pub(super) fn causal(c: &Call, segs: &[Segment], out: &mut [f32]) {
 fn tile_on(level: Level, c: &Call, t: &Tile, scores: &mut Vec<f32>, acc: &mut Vec<f32>, out: SendPtr) {
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512 {
-        // SAFETY: Avx512 is only the level when detect() found avx512f.
+        // SAFETY: Avx512 is only the level when detect() found avx512f and avx512vl.
         return unsafe { tile_avx512(level, c, t, scores, acc, out) };
     }
     tile(level, c, t, scores, acc, out)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 unsafe fn tile_avx512(level: Level, c: &Call, t: &Tile, scores: &mut Vec<f32>, acc: &mut Vec<f32>, out: SendPtr) {
     tile(level, c, t, scores, acc, out)
 }
@@ -120,7 +120,7 @@ fn tile(level: Level, c: &Call, t: &Tile, scores: &mut Vec<f32>, acc: &mut Vec<f
         let acc = &mut acc[i0 * hd..i1 * hd];
         #[cfg(target_arch = "x86_64")]
         if level == Level::Avx512 && ps.len() == 4 {
-            // SAFETY: Avx512 is only the level when detect() found avx512f; acc holds 4 head rows.
+            // SAFETY: Avx512 is only the level when detect() found avx512f and avx512vl; acc holds 4 head rows.
             let done = unsafe { x86::weighted_sums4(&ps, &vs, acc) };
             if done {
                 continue;
@@ -204,7 +204,7 @@ mod x86 {
     /// otherwise, nothing done): the same multiply, then add, of each element in key order.
     ///
     /// # Safety
-    /// avx512f present; `ps.len() == 4`, `acc.len() == 4 * vs.hd`.
+    /// avx512f and avx512vl present; `ps.len() == 4`, `acc.len() == 4 * vs.hd`.
     pub unsafe fn weighted_sums4(ps: &[&[f32]], vs: &Values, acc: &mut [f32]) -> bool {
         // SAFETY: forwarded.
         unsafe {
@@ -218,7 +218,7 @@ mod x86 {
         true
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512vl")]
     unsafe fn sums<const C: usize>(ps: &[&[f32]], vs: &Values, acc: &mut [f32]) {
         let common = ps.iter().map(|p| p.len()).min().unwrap_or(0);
         let mut a = [[_mm512_setzero_ps(); C]; 4];

@@ -19,12 +19,12 @@ pub(super) trait Src: Copy {
     /// Elements `o .. o + 16` widened to f32.
     ///
     /// # Safety
-    /// `o + 16 <= self.len()`; avx512f present.
+    /// `o + 16 <= self.len()`; avx512f and avx512vl present.
     unsafe fn load(&self, o: usize) -> __m512;
     /// Elements `o ..` (fewer than 16), zero-padded to 16 lanes.
     ///
     /// # Safety
-    /// avx512f present.
+    /// avx512f and avx512vl present.
     unsafe fn tail(&self, o: usize) -> __m512;
     /// Asks for the cache lines `d` bytes past element `o`'s 64 elements of codes or bf16 values (a hint: never
     /// faults, changes no value); f32 rows (the float test checkpoints) do nothing.
@@ -39,7 +39,7 @@ pub(super) trait Src: Copy {
     /// every chunk in order (whole chunks only, `SPLIT` rows).
     ///
     /// # Safety
-    /// avx512f present; `x` and every row hold the same whole number of chunks.
+    /// avx512f and avx512vl present; `x` and every row hold the same whole number of chunks.
     #[inline(always)]
     unsafe fn fours(x: &[f32], w4: &[Self; 4]) -> [__m512; 4] {
         // SAFETY: forwarded.
@@ -122,7 +122,7 @@ impl<const Q4: bool> Src for Codes<'_, Q4> {
         // 4-bit rows: each row's group table built once a group, then one permute a chunk (the same values
         // `load` gives, taken by the same FMAs in the same order).
         let d = pf_distance(w4[0].row_bytes());
-        // SAFETY: avx512f present (the caller's promise).
+        // SAFETY: avx512f and avx512vl present (the caller's promise).
         let mut a = [unsafe { _mm512_setzero_ps() }; 4];
         for g0 in (0..n).step_by(1 << shift) {
             // SAFETY: g0 < n; the chunks below are inside every row and x (groups hold whole chunks).
@@ -177,7 +177,7 @@ fn ahead(p: *const u8, d: usize) {
 /// As [`Src::fours`].
 #[inline(always)]
 unsafe fn fours_by_chunk<T: Src>(x: &[f32], w4: &[T; 4]) -> [__m512; 4] {
-    // SAFETY: avx512f present (the caller's promise).
+    // SAFETY: avx512f and avx512vl present (the caller's promise).
     let mut a = [unsafe { _mm512_setzero_ps() }; 4];
     let d = pf_distance(w4[0].row_bytes());
     for o in (0..w4[0].len()).step_by(LANES) {
@@ -221,7 +221,7 @@ impl Src for Chunked<'_> {
 /// left by single pairs (1 x 1 blocks, the same canonical dot).
 ///
 /// # Safety
-/// avx512f present; lengths as [`super::dot_grid`] checked.
+/// avx512f and avx512vl present; lengths as [`super::dot_grid`] checked.
 pub unsafe fn grid(xs: &[&[f32]], ws: &Weights, out: &mut [f32], stride: usize) {
     // SAFETY: forwarded.
     unsafe {
@@ -257,8 +257,8 @@ pub unsafe fn grid_chunked(xs: &[&[f32]], ws: &[Chunked], out: &mut [f32], strid
 /// block as [`grid_of`] takes one x row, the rows past the last whole 16 one at a time (the same dots).
 ///
 /// # Safety
-/// avx512f present; `x.len() == k`, `w.len() == out.len() * k`.
-#[target_feature(enable = "avx512f")]
+/// avx512f and avx512vl present; `x.len() == k`, `w.len() == out.len() * k`.
+#[target_feature(enable = "avx512f,avx512vl")]
 pub unsafe fn rows1<E>(x: &[f32], w: &[E], k: usize, out: &mut [f32])
 where
     for<'b> &'b [E]: Src,
@@ -267,7 +267,7 @@ where
     let n16 = n / 16 * 16;
     for b in (0..n16).step_by(16) {
         let ws: [&[E]; 16] = std::array::from_fn(|i| &w[(b + i) * k..(b + i + 1) * k]);
-        // SAFETY: avx512f present (this function's feature); every row has k elements, as x.
+        // SAFETY: avx512f and avx512vl present (this function's feature); every row has k elements, as x.
         let r = unsafe { block::<1, 16, &[E]>(&[x], &ws) };
         out[b..b + 16].copy_from_slice(&r);
     }
@@ -277,7 +277,7 @@ where
     }
 }
 
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 unsafe fn grid_of<T: Src>(xs: &[&[f32]], ws: &[T], out: &mut [f32], stride: usize) {
     let (na, nb) = (xs.len(), ws.len());
     let (a4, b4) = (na / 4 * 4, nb / 4 * 4);
@@ -285,7 +285,7 @@ unsafe fn grid_of<T: Src>(xs: &[&[f32]], ws: &[T], out: &mut [f32], stride: usiz
         let x: &[&[f32]; 4] = xs[a..a + 4].try_into().expect("4 rows");
         for b in (0..b4).step_by(4) {
             let w: &[T; 4] = ws[b..b + 4].try_into().expect("4 rows");
-            // SAFETY: avx512f present (this function's feature); rows share one length.
+            // SAFETY: avx512f and avx512vl present (this function's feature); rows share one length.
             let r = unsafe { block::<4, 4, T>(x, w) };
             for i in 0..4 {
                 out[(a + i) * stride + b..(a + i) * stride + b + 4].copy_from_slice(&r[i * 4..i * 4 + 4]);
@@ -315,7 +315,7 @@ unsafe fn grid_of<T: Src>(xs: &[&[f32]], ws: &[T], out: &mut [f32], stride: usiz
 
 /// `A x B` canonical dots (`A * B` is 16, or 1 x 1), results row-major by x (`r[a * B + b]`). Pair `p = a * B +
 /// b` accumulates in register `acc[p]` exactly as the single dot does, zero-padded tail chunk included.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[T; B]) -> [f32; 16] {
     if T::SPLIT && A == 1 && B == 16 && ws[0].len().is_multiple_of(LANES) {
         // SAFETY: forwarded.
@@ -342,7 +342,7 @@ unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[
     }
     if n > full * LANES {
         let o = full * LANES;
-        // SAFETY: tails are padded copies; avx512f present.
+        // SAFETY: tails are padded copies; avx512f and avx512vl present.
         unsafe {
             let mut w = [_mm512_setzero_ps(); B];
             for b in 0..B {
@@ -363,7 +363,7 @@ unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[
         unsafe { _mm512_storeu_ps(l.as_mut_ptr(), acc[0]) };
         r[0] = crate::simd::fold(&l);
     } else {
-        // SAFETY: avx512f present; r holds 16 f32.
+        // SAFETY: avx512f and avx512vl present; r holds 16 f32.
         unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
     }
     r
@@ -372,7 +372,7 @@ unsafe fn block<const A: usize, const B: usize, T: Src>(xs: &[&[f32]; A], ws: &[
 /// One x row by 16 weight rows, 4 weight rows at a time over the whole row (the x row is re-read from cache,
 /// the widened weights never leave registers), then one [`fold16`]: each pair's accumulator takes the same
 /// chunks in the same order as in [`block`].
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 16] {
     let n = ws[0].len();
     debug_assert!(n.is_multiple_of(LANES) && B == 16);
@@ -384,7 +384,7 @@ unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 
         acc[q * 4..q * 4 + 4].copy_from_slice(&a);
     }
     let mut r = [0f32; 16];
-    // SAFETY: avx512f present; r holds 16 f32.
+    // SAFETY: avx512f and avx512vl present; r holds 16 f32.
     unsafe { _mm512_storeu_ps(r.as_mut_ptr(), fold16(&acc)) };
     r
 }
@@ -392,7 +392,7 @@ unsafe fn row_by_fours<T: Src, const B: usize>(x: &[f32], ws: &[T; B]) -> [f32; 
 /// The canonical fold of 16 accumulators at once: lane `p` of the result is `fold(acc[p])`. Each level is
 /// the scalar tree's level for all 16 (`l[i] + l[i+8]`, then `+4`, `+2`, `+1`), its operands gathered by
 /// shuffles, so every sum is the same IEEE addition as in [`crate::simd::fold`].
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 fn fold16(acc: &[__m512; 16]) -> __m512 {
     // Level 1 (+8): pair (2i, 2i+1) into one register, lanes 0..8 the first's s8, 8..16 the second's.
     let mut l1 = [_mm512_setzero_ps(); 8];
