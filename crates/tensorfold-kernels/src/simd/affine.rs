@@ -111,7 +111,7 @@ pub fn widen_into(level: super::Level, w: &Chunked, out: &mut [f32]) {
     assert_eq!(out.len(), w.len, "widen_into: out is not the row's length");
     #[cfg(target_arch = "x86_64")]
     if level != super::Level::Portable {
-        // SAFETY: a SIMD level is only chosen where detect() found avx2 and fma (and avx512f for Avx512).
+        // SAFETY: a SIMD level is only chosen where detect() found avx2 and fma (and avx512f, avx512vl for Avx512).
         return unsafe { x86::widen_into(level, w, out) };
     }
     let _ = level;

@@ -284,7 +284,7 @@ mod x86 {
 
     #[inline(always)]
     pub(super) unsafe fn bf16x16(p: *const u16) -> __m512 {
-        // SAFETY: caller guarantees 16 readable u16 at p and avx512f.
+        // SAFETY: caller guarantees 16 readable u16 at p, and avx512f and avx512vl.
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
     }
 

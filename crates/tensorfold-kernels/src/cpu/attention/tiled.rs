@@ -223,7 +223,8 @@ mod x86 {
         let common = ps.iter().map(|p| p.len()).min().unwrap_or(0);
         let mut a = [[_mm512_setzero_ps(); C]; 4];
         for j in 0..common {
-            let v = load::<C>(vs.row(j));
+            // SAFETY: avx512f and avx512vl present (this function's features).
+            let v = unsafe { load::<C>(vs.row(j)) };
             for (ai, p) in a.iter_mut().zip(ps) {
                 let p = _mm512_set1_ps(p[j]);
                 for (x, vc) in ai.iter_mut().zip(&v) {
@@ -233,7 +234,8 @@ mod x86 {
         }
         for (i, (p, mut r)) in ps.iter().zip(a).enumerate() {
             for (j, &pj) in p.iter().enumerate().skip(common) {
-                let v = load::<C>(vs.row(j));
+                // SAFETY: as above.
+                let v = unsafe { load::<C>(vs.row(j)) };
                 let p = _mm512_set1_ps(pj);
                 for (x, vc) in r.iter_mut().zip(&v) {
                     *x = _mm512_add_ps(*x, _mm512_mul_ps(p, *vc));
@@ -246,12 +248,17 @@ mod x86 {
         }
     }
 
+    /// The row's first `C * 16` values, 16 a register.
+    ///
+    /// # Safety
+    /// avx512f and avx512vl present.
     #[inline(always)]
-    fn load<const C: usize>(row: &[f32]) -> [__m512; C] {
+    unsafe fn load<const C: usize>(row: &[f32]) -> [__m512; C] {
         assert!(row.len() >= C * 16);
+        // SAFETY: the caller's promise.
         let mut v = [unsafe { _mm512_setzero_ps() }; C];
         for (c, x) in v.iter_mut().enumerate() {
-            // SAFETY: the row holds C * 16 f32 (checked); the caller has avx512f.
+            // SAFETY: the row holds C * 16 f32 (checked); the caller's promise.
             *x = unsafe { _mm512_loadu_ps(row.as_ptr().add(c * 16)) };
         }
         v
