@@ -15,60 +15,88 @@ struct alignas(16) TcSmem {
   uint4 b[TCK_STAGE][TCN / 8][32];         // [chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
 };
 
-// One stage's global loads, held in registers while the stage before it is multiplied: 4 x float4 of activations
-// and 4 x 16 bytes of weights a thread.
+// One stage's global loads, held in registers while the stage before it is multiplied: 2 x 2 float4 of activations
+// (two A slots, rows g and g + 8 of each) and 4 x 16 bytes of weights a thread.
 struct TcLoad {
-  float4 x[4];
+  float4 x[2][2];
   uint4 w[4];
 };
 
-// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activation float4 f = tid + 256 i is tile row f / 16
-// (input row in_row(f / 16) of x) at element 4 (f % 16) of the stage; weight load u = tid + 256 i is block column
-// u / 8 at element 8 (u % 8): column j0 + u / 8 of w0, or with NW == 2 block columns 0 .. 63 from w0 and 64 .. 127
-// from w1, both at j0 + (u / 8) % 64. Rows past nt and chunks past C load zeros; columns past n load the last column
-// (never written).
+// A slot of the stage's A fragments: sm.a[cc][piece][mt][h][4 g + t] holds elements 8 t + 4 h .. + 3 of chunk cc of
+// tile rows 16 mt + g and 16 mt + g + 8, split. Slot s = tid + 256 i (i < 2) is the thread's: the low 5 bits of s
+// run t (2 bits), then g's low bit, h, g's middle bit, so 8 threads in a row store 8 adjacent slots (no bank
+// conflict) and a warp's loads of one row cover a chunk's 128 contiguous bytes; the high bits run g's top bit, mt,
+// cc.
+struct TcSlot {
+  int cc, mt, h, g, t;
+};
+static_assert(TCK_STAGE == 2 && TCM == 64 && TCN == 128, "tc_slot and tc_fetch's bit fields are 2 chunks, 4 m16 tiles");
+__device__ __forceinline__ TcSlot tc_slot(int s) {
+  TcSlot q;
+  q.t = s & 3;
+  q.h = (s >> 3) & 1;
+  q.g = ((s >> 2) & 1) | (((s >> 4) & 1) << 1) | (((s >> 5) & 1) << 2);
+  q.mt = (s >> 6) & 3;
+  q.cc = (s >> 8) & 1;
+  return q;
+}
+
+// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activations as its two slots say (tile row r is input
+// row in_row(r) of x); weight unit u = tid + 256 i is sm.b[cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2,
+// tile = u / 64: block column 8 tile + lane / 4 at element 8 (lane % 4) of the chunk, column j0 + that of w0, or
+// with NW == 2 block columns 0 .. 63 from w0 and 64 .. 127 from w1, both at j0 + column % 64. Rows past nt and
+// chunks past C load zeros; columns past n load the last column (never written).
 template <int NW, class In>
 __device__ __forceinline__ void tc_fetch(const float* x, In in_row, int nt, int k, const u16* w0, const u16* w1, int j0,
                                          int n, int st, int chunks, TcLoad& ld) {
   int tid = threadIdx.x;
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int f = tid + 256 * i, r = f / 16, e = 4 * (f % 16);
-    int c = TCK_STAGE * st + e / 32;
+  for (int i = 0; i < 2; i++) {
+    TcSlot q = tc_slot(tid + 256 * i);
+    int c = TCK_STAGE * st + q.cc;
+#pragma unroll
+    for (int up = 0; up < 2; up++) {
+      int r = 16 * q.mt + q.g + 8 * up;
 #ifdef FAULT_TC_ROW_MIX
-    if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
+      if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
 #endif
-    bool ok = r < nt && c < chunks;
-    ld.x[i] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)in_row(r) * (u64)k + 32 * c + e % 32))
-                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int u = tid + 256 * i, bc = u / 8, cw = TCK_STAGE * st + (u % 8) / 4;
+      bool ok = r < nt && c < chunks;
+      int e = 32 * c + 8 * q.t + 4 * q.h;
+      ld.x[i][up] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)in_row(r) * (u64)k + e))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int u = tid + 256 * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1), bc = 8 * (u >> 6) + (lane >> 2);
     const u16* w = NW == 2 && bc >= TCN / 2 ? w1 : w0;
     int col = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
     if (col >= n) col = n - 1;
-    ld.w[i] = cw < chunks ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * (u64)k + 32 * cw + 8 * (u % 4)))
+    ld.w[i] = cw < chunks ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * (u64)k + 32 * cw + 8 * (lane & 3)))
                           : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-// The held loads into the stage: activations split into pieces at their fragment words, weights as loaded.
+// The held loads into the stage: each A slot's activations split into pieces, one 16-byte store a piece; weights
+// as loaded.
 __device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
   int tid = threadIdx.x;
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int f = tid + 256 * i, r = f / 16, e = 4 * (f % 16);
-    int cc = e / 32, kk = e % 32, t = kk / 8, h = (kk % 8) / 4;
-    int mt = r / 16, rr = r % 16, lane = 4 * (rr % 8) + t, up = rr / 8;
-    u32 p0[3], p1[3];
-    tc_split2(ld.x[i].x, ld.x[i].y, p0);
-    tc_split2(ld.x[i].z, ld.x[i].w, p1);
+  for (int i = 0; i < 2; i++) {
+    TcSlot q = tc_slot(tid + 256 * i);
+    u32 a0[3], a1[3], a2[3], a3[3];
+    tc_split2(ld.x[i][0].x, ld.x[i][0].y, a0);  // row g, slots 2t, 2t + 1
+    tc_split2(ld.x[i][1].x, ld.x[i][1].y, a1);  // row g + 8
+    tc_split2(ld.x[i][0].z, ld.x[i][0].w, a2);  // row g, slots 2t + 8, 2t + 9
+    tc_split2(ld.x[i][1].z, ld.x[i][1].w, a3);  // row g + 8
 #pragma unroll
-    for (int pc = 0; pc < 3; pc++) {
-      u32* wd = reinterpret_cast<u32*>(&sm.a[cc][pc][mt][h][lane]);
-      wd[up] = p0[pc];      // a0 (row g) or a1 (row g + 8)
-      wd[2 + up] = p1[pc];  // a2 or a3
-    }
-    int u = tid + 256 * i, cl = u / 8;
-    sm.b[(u % 8) / 4][cl / 8][4 * (cl % 8) + u % 4] = ld.w[i];
+    for (int pc = 0; pc < 3; pc++)
+      sm.a[q.cc][pc][q.mt][q.h][4 * q.g + q.t] = make_uint4(a0[pc], a1[pc], a2[pc], a3[pc]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int u = tid + 256 * i;
+    sm.b[(u >> 5) & 1][u >> 6][u & 31] = ld.w[i];
   }
 }
 
