@@ -49,10 +49,10 @@ pub(super) fn kept_scope<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 }
 
 /// One keeper: on a worker not already inside a keeper, a [`keep_round`], then, if the round ended on idleness (not
-/// on the forward's end or a second forward), itself again as a new job of the scope, queued on this worker (so a frame below, if any, probes its join first). Taken
-/// by the forward's own thread or run from inside another keeper, it returns at once and that keeper is gone (its
-/// worker may sleep again, as without keepers): passing it on there would put it on top of the queue the frames
-/// below are waiting to pop.
+/// on the forward's end or a second forward), itself again as a new job of the scope, queued on this worker (so a
+/// frame below, if any, probes its join first). Taken by the forward's own thread or run from inside another keeper,
+/// it returns at once and that keeper is gone (its worker may sleep again, as without keepers): passing it on there
+/// would put it on top of the queue the frames below are waiting to pop.
 fn keep<'s>(s: &rayon::Scope<'s>, done: &'s AtomicBool, owner: usize) {
     KEEPER_CALLS.with(|c| c.set(c.get().wrapping_add(1)));
     if rayon::current_thread_index() == Some(owner) || IN_KEEPER.with(Cell::get) {
