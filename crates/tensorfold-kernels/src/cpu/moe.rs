@@ -4,6 +4,7 @@
 use super::ops::{linear, linear_serial, silu_mul, silu_mul_serial, worth_threads};
 use crate::backend::{Ffn, MoeParams};
 use crate::bytes::MatView;
+use crate::simd::exp::expf;
 use rayon::prelude::*;
 
 /// Routing of one row: `(expert, weight)` in rank order (highest `score + bias` first, ties to the lower
@@ -11,7 +12,7 @@ use rayon::prelude::*;
 /// sigmoid scores of the selected experts, divided by `sum + 1e-6` when `norm_topk_prob`, then scaled
 /// by `routed_scaling_factor`.
 pub fn route_row(logits: &[f32], bias: Option<&[f32]>, p: MoeParams) -> Vec<(usize, f32)> {
-    let scores: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+    let scores: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + expf(-l))).collect();
     let key = |e: usize| scores[e] + bias.map_or(0.0, |b| b[e]);
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));

@@ -321,10 +321,19 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     g.par_chunks_mut(4096).zip(u.par_chunks(4096)).for_each(|(g, u)| silu_mul_serial(g, u));
 }
 
-/// [`silu_mul`] on the calling thread (same arithmetic per element).
+/// [`silu_mul`] on the calling thread (same arithmetic per element; `exp` is [`simd::exp::expf`]).
 pub fn silu_mul_serial(g: &mut [f32], u: &[f32]) {
-    for (a, &b) in g.iter_mut().zip(u) {
-        *a = *a / (1.0 + (-*a).exp()) * b;
+    let level = simd::level();
+    let mut e = [0f32; 256];
+    for (g, u) in g.chunks_mut(256).zip(u.chunks(256)) {
+        let e = &mut e[..g.len()];
+        for (e, &a) in e.iter_mut().zip(g.iter()) {
+            *e = -a;
+        }
+        simd::exp::exp_in_place(level, e);
+        for ((a, &b), &e) in g.iter_mut().zip(u).zip(e.iter()) {
+            *a = *a / (1.0 + e) * b;
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 use std::sync::OnceLock;
 
 pub mod affine;
+pub mod exp;
 mod grid;
 pub use grid::{Rows, dot_grid, dot_grid_chunked, dot_rows};
 

@@ -223,7 +223,7 @@ impl<B: Backend> Drafter<B> {
             // `add` is the f32 sum cy + cm, the order the host used.
             let c = b.read(c);
             for (i, blk) in out.iter_mut().enumerate() {
-                blk.confidence.push(1.0 / (1.0 + (-(c[i] + bias)).exp()));
+                blk.confidence.push(1.0 / (1.0 + tensorfold_kernels::simd::exp::expf(-(c[i] + bias))));
             }
         }
         for sk in &kept.scores {

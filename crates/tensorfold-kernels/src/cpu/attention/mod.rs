@@ -5,7 +5,7 @@
 use super::ops::SendPtr;
 use crate::backend::{KernelError, Segment};
 use crate::shape::{check_cache_state, check_caches, check_len, row_positions};
-use crate::simd::{self, WRow};
+use crate::simd::{self, WRow, exp};
 use rayon::prelude::*;
 
 mod tiled;
@@ -79,15 +79,15 @@ pub fn attend_row(q: &[f32], cache: &CpuKv, kvh: usize, hd: usize, keys: usize, 
 
 /// Softmax attention of `q` over `keys` (key, value) head rows given by `key(j)`, in the one fixed order every
 /// attention kernel uses: scores by the canonical dot, max, `exp(s - max)` summed in key order, values
-/// accumulated in key order (multiply, then add), then divided by the sum.
+/// accumulated in key order (multiply, then add), then divided by the sum. `exp` is [`exp::expf`].
 fn attend<'a>(q: &[f32], keys: usize, key: impl Fn(usize) -> (&'a [f32], &'a [f32]), scale: f32, out: &mut [f32]) {
     let mut scores: Vec<f32> = (0..keys).map(|j| simd::dot(q, WRow::F32(key(j).0)) * scale).collect();
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+        *s -= max;
     }
+    exp::exp_in_place(simd::level(), &mut scores);
+    let sum = scores.iter().fold(0f32, |sum, &s| sum + s);
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
         for (o, &x) in out.iter_mut().zip(key(j).1) {

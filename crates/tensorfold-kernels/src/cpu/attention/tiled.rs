@@ -9,7 +9,7 @@
 use super::CpuKv;
 use crate::backend::Segment;
 use crate::cpu::ops::{SendPtr, worth_threads};
-use crate::simd::{self, Level, WRow};
+use crate::simd::{self, Level, WRow, exp};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -109,7 +109,7 @@ fn tile(level: Level, c: &Call, t: &Tile, scores: &mut Vec<f32>, acc: &mut Vec<f
     }
     let mut sums = vec![0f32; n_q];
     for (i, sum) in sums.iter_mut().enumerate() {
-        *sum = softmax_numerators(&mut scores[i * stride..i * stride + keys(i)], c.scale);
+        *sum = softmax_numerators(level, &mut scores[i * stride..i * stride + keys(i)], c.scale);
     }
     acc.clear();
     acc.resize(n_q * hd, 0.0);
@@ -137,19 +137,18 @@ fn tile(level: Level, c: &Call, t: &Tile, scores: &mut Vec<f32>, acc: &mut Vec<f
     }
 }
 
-/// Scales a query's scores, then replaces each by `exp(s - max)`; returns their sum in key order.
+/// Scales a query's scores, then replaces each by `exp(s - max)` ([`exp::expf`]); returns their sum in key order.
 #[inline(always)]
-fn softmax_numerators(s: &mut [f32], scale: f32) -> f32 {
+fn softmax_numerators(level: Level, s: &mut [f32], scale: f32) -> f32 {
     for v in s.iter_mut() {
         *v *= scale;
     }
     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
     for v in s.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v -= max;
     }
-    sum
+    exp::exp_in_place(level, s);
+    s.iter().fold(0f32, |sum, &v| sum + v)
 }
 
 /// One KV head's value rows in a cache.
