@@ -1,6 +1,6 @@
 //! Compares `simd::exp` with the host libm's `f32::exp` on all 2^32 inputs, and every level with the scalar form.
 //!
-//! `cargo run --release -p tensorfold-kernels --example exp_check` (about a minute on 2 cores). Prints the number of
+//! `cargo run --release -p tensorfold-kernels --example exp_check` (about 3 minutes, one thread). Prints the number of
 //! inputs where they differ and the first of them; exits 1 if any differ.
 
 use tensorfold_kernels::simd::{self, exp};
