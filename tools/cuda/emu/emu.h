@@ -124,7 +124,7 @@ void launch(void (*f)(A...), unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl_xor(v, off); }
 // Integers travel as their bits (a conversion to float would round keys above 2^24).

@@ -16,7 +16,7 @@ PARTS = {"dense": ["dense", "dense_tc", "dense_tcw"], "attention": ["attention",
 
 def module_text(mod):
     return "\n".join(open(SRC + f + ".cu").read() for f in PARTS.get(mod, [mod]))
-ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(\w+\)\s+)?(\w+)\s*\(')
+ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
 
 
 def unit(mod, define, out):

@@ -119,6 +119,26 @@ __device__ __forceinline__ u32 tc_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float tc_lo(u32 p) { return __uint_as_float(p << 16); }
 __device__ __forceinline__ float tc_hi(u32 p) { return __uint_as_float(p & 0xffff0000u); }
 
+// 16 bytes from global `src` to shared `dst` in flight (cp.async.cg, sm_80 and later), zeros when !ok (src is not
+// read); visible to this thread after tc_async_wait, to the block after a barrier past that. CPU: a plain copy.
+__device__ __forceinline__ void tc_async16(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();  // sm_80 and later only, as tc_bf16x2
+#else
+  *reinterpret_cast<uint4*>(dst) = ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+// Waits for every tc_async16 this thread issued.
+__device__ __forceinline__ void tc_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 // d += A B on the tensor cores for one m16n8k16 tile (a: this lane's A fragment, b0 b1: its B fragment).
 __device__ __forceinline__ void tc_mma(float d[4], const u32 a[4], u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

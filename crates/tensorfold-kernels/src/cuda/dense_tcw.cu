@@ -5,21 +5,29 @@
 // Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE
 // chunks; warp (wm, wn) = (warp / 4, warp % 4) the rows 32 wm .. +31 (two m16 tiles) and columns 32 wn .. +31 (four
 // n8 tiles). A stage holds the tile's A fragments (pieces split once, by tc_split2) and B fragments in lane order,
-// so each fragment is one 16-byte shared load.
+// so each fragment is one 16-byte shared load. The next stage's activations wait in registers and its weights land
+// by cp.async in the other of two B buffers while a stage is multiplied; two blocks share an SM.
 #define TCM 64
 #define TCN 128
 #define TCK_STAGE 2
+// Blocks an SM the wide forms are compiled for: registers capped at 65536 / (256 x this), 128 (the chunk loop stays
+// rolled to fit without spills). A block's dynamic shared memory is its TcSmem stage, then its segment totals
+// (TCW_TOT floats, [element][thread]): TCW_SMEM bytes, tc.rs's WIDE_SMEM.
+#define TCW_BLOCKS 2
 
 struct alignas(16) TcSmem {
   uint4 a[TCK_STAGE][3][TCM / 16][2][32];  // [chunk][piece][m16 tile][half][lane]: {a0, a1, a2, a3}
-  uint4 b[TCK_STAGE][TCN / 8][32];         // [chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
+  uint4 b[2][TCK_STAGE][TCN / 8][32];      // [buffer][chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
 };
+#define TCW_TOT (2 * 4 * 4 * 256)
+#define TCW_SMEM (sizeof(TcSmem) + 4 * TCW_TOT)
+static_assert(sizeof(TcSmem) % 16 == 0, "the totals start on 16 bytes");
+static_assert(TCW_SMEM == 90112, "tc.rs's WIDE_SMEM");
 
-// One stage's global loads, held in registers while the stage before it is multiplied: 2 x 2 float4 of activations
-// (two A slots, rows g and g + 8 of each) and 4 x 16 bytes of weights a thread.
+// One stage's activation loads, held in registers while the stage before it is multiplied: 2 x 2 float4 (two A
+// slots, rows g and g + 8 of each). The weights go straight to shared memory (tc_fetch_w).
 struct TcLoad {
   float4 x[2][2];
-  uint4 w[4];
 };
 
 // A slot of the stage's A fragments: sm.a[cc][piece][mt][h][4 g + t] holds elements 8 t + 4 h .. + 3 of chunk cc of
@@ -30,7 +38,7 @@ struct TcLoad {
 struct TcSlot {
   int cc, mt, h, g, t;
 };
-static_assert(TCK_STAGE == 2 && TCM == 64 && TCN == 128, "tc_slot and tc_fetch's bit fields are 2 chunks, 4 m16 tiles");
+static_assert(TCK_STAGE == 2 && TCM == 64 && TCN == 128, "tc_slot's, tc_fetch_w's bit fields: 2 chunks, 4 m16 tiles");
 __device__ __forceinline__ TcSlot tc_slot(int s) {
   TcSlot q;
   q.t = s & 3;
@@ -41,18 +49,13 @@ __device__ __forceinline__ TcSlot tc_slot(int s) {
   return q;
 }
 
-// Thread `tid`'s loads of stage `st` (chunks TCK_STAGE st ..): activations as its two slots say (tile row r is input
-// row in_row(r) of x); weight unit u = tid + 256 i is sm.b[cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2,
-// tile = u / 64: block column 8 tile + lane / 4 at element 8 (lane % 4) of the chunk, column j0 + that of w0, or
-// with NW == 2 block columns 0 .. 63 from w0 and 64 .. 127 from w1, both at j0 + column % 64. Rows past nt and
-// chunks past C load zeros; columns past n load the last column (never written).
-template <int NW, class In>
-__device__ __forceinline__ void tc_fetch(const float* x, In in_row, int nt, int k, const u16* w0, const u16* w1, int j0,
-                                         int n, int st, int chunks, TcLoad& ld) {
-  int tid = threadIdx.x;
+// Thread `tid`'s activation loads of stage `st` (chunks TCK_STAGE st ..), as its two slots say (tile row r is input
+// row in_row(r) of x); rows past nt and chunks past C load zeros.
+template <class In>
+__device__ __forceinline__ void tc_fetch_x(const float* x, In in_row, int nt, int k, int st, int chunks, TcLoad& ld) {
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    TcSlot q = tc_slot(tid + 256 * i);
+    TcSlot q = tc_slot(threadIdx.x + 256 * i);
     int c = TCK_STAGE * st + q.cc;
 #pragma unroll
     for (int up = 0; up < 2; up++) {
@@ -66,19 +69,30 @@ __device__ __forceinline__ void tc_fetch(const float* x, In in_row, int nt, int 
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-#pragma unroll
+}
+
+// Thread `tid`'s weight copies of stage `st` into buffer `buf`, in flight until tc_async_wait: unit u = tid + 256 i
+// is b[buf][cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2, tile = u / 64: block column 8 tile + lane / 4 at
+// element 8 (lane % 4) of the chunk, column j0 + that of w0, or with NW == 2 block columns 0 .. 63 from w0 and 64 ..
+// 127 from w1, both at j0 + column % 64. Chunks past C are zeros; columns past n load the last column (never
+// written).
+template <int NW>
+__device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const u16* w0, const u16* w1, int j0, int n,
+                                           int st, int chunks) {
+  int tid = threadIdx.x;
+#pragma unroll 1
   for (int i = 0; i < 4; i++) {
     int u = tid + 256 * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1), bc = 8 * (u >> 6) + (lane >> 2);
     const u16* w = NW == 2 && bc >= TCN / 2 ? w1 : w0;
     int col = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
     if (col >= n) col = n - 1;
-    ld.w[i] = cw < chunks ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * (u64)k + 32 * cw + 8 * (lane & 3)))
-                          : make_uint4(0u, 0u, 0u, 0u);
+    bool ok = cw < chunks;
+    const u16* src = w + (u64)col * (u64)k + (ok ? 32 * cw + 8 * (lane & 3) : 0);
+    tc_async16(&sm.b[buf][(u >> 5) & 1][u >> 6][lane], src, ok);
   }
 }
 
-// The held loads into the stage: each A slot's activations split into pieces, one 16-byte store a piece; weights
-// as loaded.
+// The held activation loads into the stage: each A slot's activations split into pieces, one 16-byte store a piece.
 __device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
   int tid = threadIdx.x;
 #pragma unroll
@@ -93,18 +107,19 @@ __device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
     for (int pc = 0; pc < 3; pc++)
       sm.a[q.cc][pc][q.mt][q.h][4 * q.g + q.t] = make_uint4(a0[pc], a1[pc], a2[pc], a3[pc]);
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int u = tid + 256 * i;
-    sm.b[(u >> 5) & 1][u >> 6][u & 31] = ld.w[i];
-  }
+}
+
+// Element (m16 tile a, n8 tile b, fragment element i) of this thread's segment totals in the block's totals.
+__device__ __forceinline__ float& tc_tot(float* tot, int a, int b, int i) {
+  return tot[(16 * a + 4 * b + i) * 256 + threadIdx.x];
 }
 
 // The wide block's sums: tile rows 0 .. nt - 1 (nt <= TCM; row i reads input row in_row(i)), block columns as
-// tc_fetch's, into this thread's tot[m16 tile][n8 tile][fragment element]. Every thread must call it (barriers).
+// tc_fetch_w's, into this thread's totals tc_tot(tot, m16 tile, n8 tile, fragment element) in shared memory (read
+// once a segment: registers for two blocks an SM). Every thread must call it (barriers).
 template <int NW, class In>
 __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const u16* w0,
-                                             const u16* w1, int j0, int n, float tot[2][4][4]) {
+                                             const u16* w1, int j0, int n, float* tot) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
   int chunks = k / 32, stages = (chunks + TCK_STAGE - 1) / TCK_STAGE;
   float acc[2][4][4];
@@ -113,7 +128,7 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
 #pragma unroll
     for (int b = 0; b < 4; b++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) { acc[a][b][i] = 0.0f; tot[a][b][i] = 0.0f; }
+      for (int i = 0; i < 4; i++) { acc[a][b][i] = 0.0f; tc_tot(tot, a, b, i) = 0.0f; }
 #ifdef FAULT_TC_WIDTH_SPLIT
   const int segs = 2;  // planted: the wide form splits k in two segments (a split chosen by the width)
 #else
@@ -129,39 +144,45 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
         for (int b = 0; b < 4; b++)
 #pragma unroll
           for (int i = 0; i < 4; i++) {
-            tot[a][b][i] = seg == 0 ? acc[a][b][i] : tot[a][b][i] + acc[a][b][i];
+            tc_tot(tot, a, b, i) = seg == 0 ? acc[a][b][i] : tc_tot(tot, a, b, i) + acc[a][b][i];
             acc[a][b][i] = 0.0f;
           }
       seg++;
     }
   };
   TcLoad ld;
-  if (stages > 0) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, 0, chunks, ld);
+  if (stages > 0) {
+    tc_fetch_x(x, in_row, nt, k, 0, chunks, ld);
+    tc_fetch_w<NW>(sm, 0, k, w0, w1, j0, n, 0, chunks);
+  }
   for (int st = 0; st < stages; st++) {
-    __syncthreads();  // the stage before is multiplied
+    __syncthreads();  // the stage before is multiplied: A and the other weight buffer are free
     tc_put(sm, ld);
+    tc_async_wait();  // this stage's weight copies have landed
     __syncthreads();
-    if (st + 1 < stages) tc_fetch<NW>(x, in_row, nt, k, w0, w1, j0, n, st + 1, chunks, ld);
-#pragma unroll
+    if (st + 1 < stages) {
+      tc_fetch_x(x, in_row, nt, k, st + 1, chunks, ld);
+      tc_fetch_w<NW>(sm, (st + 1) & 1, k, w0, w1, j0, n, st + 1, chunks);
+    }
+#pragma unroll 1
     for (int cc = 0; cc < TCK_STAGE; cc++) {
       int c = TCK_STAGE * st + cc;
       if (c >= chunks) break;
       close_until(c);
-      u32 a[2][3][2][4];
+      // One m16 tile's fragments at a time (24 registers, not 48: two blocks an SM fit 128 a thread); each
+      // accumulator still takes the chunks in order.
 #pragma unroll
-      for (int mi = 0; mi < 2; mi++)
+      for (int mi = 0; mi < 2; mi++) {
+        u32 a[3][2][4];
 #pragma unroll
         for (int pc = 0; pc < 3; pc++)
 #pragma unroll
           for (int h = 0; h < 2; h++) {
             uint4 v = sm.a[cc][pc][2 * wm + mi][h][lane];
-            a[mi][pc][h][0] = v.x; a[mi][pc][h][1] = v.y; a[mi][pc][h][2] = v.z; a[mi][pc][h][3] = v.w;
+            a[pc][h][0] = v.x; a[pc][h][1] = v.y; a[pc][h][2] = v.z; a[pc][h][3] = v.w;
           }
 #pragma unroll
-      for (int ni = 0; ni < 4; ni++) {
-        uint4 q = sm.b[cc][4 * wn + ni][lane];
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++) tc_chunk(acc[mi][ni], a[mi], q);
+        for (int ni = 0; ni < 4; ni++) tc_chunk(acc[mi][ni], a, sm.b[st & 1][cc][4 * wn + ni][lane]);
       }
     }
   }
@@ -172,9 +193,9 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
 // column j - j0 (y1 unused); NW == 2: y0 from w0 and y1 from w1 at column j (block columns j - j0 and 64 + j - j0),
 // which meet in shared memory. Every thread must call it (barriers).
 template <int NW, class Put>
-__device__ __forceinline__ void tc_wide_out(TcSmem& sm, const float tot[2][4][4], int nt, int j0, int n, Put put) {
+__device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int j0, int n, Put put) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
-  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 40
+  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 56
   if (NW == 2) __syncthreads();             // the last stage is multiplied
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
@@ -184,9 +205,9 @@ __device__ __forceinline__ void tc_wide_out(TcSmem& sm, const float tot[2][4][4]
       for (int i = 0; i < 4; i++) {
         int r = 32 * wm + 16 * mi + g + (i >= 2 ? 8 : 0), bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
         if (NW == 1) {
-          if (r < nt && j0 + bc < n) put(r, j0 + bc, tot[mi][ni][i], 0.0f);
+          if (r < nt && j0 + bc < n) put(r, j0 + bc, tc_tot(tot, mi, ni, i), 0.0f);
         } else {
-          o[r * TCN + bc] = tot[mi][ni][i];
+          o[r * TCN + bc] = tc_tot(tot, mi, ni, i);
         }
       }
   if (NW == 1) return;
@@ -199,39 +220,42 @@ __device__ __forceinline__ void tc_wide_out(TcSmem& sm, const float tot[2][4][4]
 
 // Wide entry points. Grid x: row tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column
 // blocks of TCN (TCN / 2 for the gate-up forms, which read two matrices).
-extern "C" __global__ void __launch_bounds__(256) linear_tcw_bf16(const float* x, int rows, int k, int n,
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS) linear_tcw_bf16(const float* x, int rows, int k, int n,
                                                                   const u16* w, const float* bias, float* out) {
   PDL_ENTRY();
-  __shared__ TcSmem sm;
+  extern __shared__ float tcw_dyn[];
+  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
+  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
   int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;
-  float tot[2][4][4];
   tc_wide_sums<1>(sm, x, [&](int i) { return r0 + i; }, nt, k, w, w, j0, n, tot);
   tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {
     out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;
   });
 }
 
-extern "C" __global__ void __launch_bounds__(256) gateup_tcw_bf16(const float* x, int rows, int k, int n,
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS) gateup_tcw_bf16(const float* x, int rows, int k, int n,
                                                                   const u16* g, const u16* u, float* act) {
   PDL_ENTRY();
-  __shared__ TcSmem sm;
+  extern __shared__ float tcw_dyn[];
+  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
+  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
   int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;
-  float tot[2][4][4];
   tc_wide_sums<2>(sm, x, [&](int i) { return r0 + i; }, nt, k, g, u, j0, n, tot);
   tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
     act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);
   });
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_gateup_tcw_bf16(const float* x, int k, int n, const u64* tab,
-                                                                      const int* tiles, const int* ntiles,
-                                                                      const int* list, int kk, float* act) {
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
+    moe_gateup_tcw_bf16(const float* x, int k, int n, const u64* tab, const int* tiles, const int* ntiles,
+                        const int* list, int kk, float* act) {
   PDL_ENTRY();
-  __shared__ TcSmem sm;
+  extern __shared__ float tcw_dyn[];
+  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
+  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
   int t = blockIdx.x;
   if (t >= *ntiles) return;
   int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;
-  float tot[2][4][4];
   tc_wide_sums<2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, tc_expert(tab, e, 0), tc_expert(tab, e, 1),
                   j0, n, tot);
   tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
@@ -239,16 +263,17 @@ extern "C" __global__ void __launch_bounds__(256) moe_gateup_tcw_bf16(const floa
   });
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_down_tcw_bf16(const float* act, int k, int n, const u64* tab,
-                                                                    const int* tiles, const int* ntiles,
-                                                                    const int* list, float* y) {
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
+    moe_down_tcw_bf16(const float* act, int k, int n, const u64* tab, const int* tiles, const int* ntiles,
+                      const int* list, float* y) {
   PDL_ENTRY();
-  __shared__ TcSmem sm;
+  extern __shared__ float tcw_dyn[];
+  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
+  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
   int t = blockIdx.x;
   if (t >= *ntiles) return;
   int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;
   const u16* w = tc_expert(tab, e, 2);
-  float tot[2][4][4];
   tc_wide_sums<1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);
   tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });
 }

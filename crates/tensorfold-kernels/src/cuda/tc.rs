@@ -70,15 +70,24 @@ fn narrow_entry(kind: &str, form: Form, grp: usize) -> Result<&'static str, Cuda
     })
 }
 
-/// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down).
-fn wide_entry(kind: &str) -> Result<&'static str, CudaError> {
-    Ok(match kind {
+/// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): the stage of two chunks' A pieces (24 KiB),
+/// two buffers of two chunks' B fragments (32 KiB), then 32 segment totals a thread of 256 (32 KiB): 88 KiB, so two
+/// blocks an SM fit.
+const WIDE_SMEM: usize = 2 * 3 * (TCM / 16) * 2 * 32 * 16 + 2 * 2 * (TCN / 8) * 32 * 16 + 2 * 4 * 4 * 256 * 4;
+const _: () = assert!(WIDE_SMEM == 90_112, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
+
+/// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down) over `grid` blocks.
+fn wide_launch(be: &CudaBackend, kind: &str, grid: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
+    let name = match kind {
         "linear" => "linear_tcw_bf16",
         "gateup" => "gateup_tcw_bf16",
         "moe_gateup" => "moe_gateup_tcw_bf16",
         "moe_down" => "moe_down_tcw_bf16",
         _ => return Err(CudaError::Shape(format!("no wide tensor-core {kind}"))),
-    })
+    };
+    let f = be.func(Src::Dense, name)?;
+    be.dev.allow_smem(&f, WIDE_SMEM)?;
+    be.dev.launch(&f, grid, BLOCK, WIDE_SMEM as u32, args)
 }
 
 /// Row tiles of `tile` rows for the narrow or few-row form of a `rows`-row call, within the grid's y limit.
@@ -158,8 +167,7 @@ fn dense(
     if be.dev.wide(rows) {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        let f = be.func(Src::Dense, wide_entry(kind)?)?;
-        return be.dev.launch(&f, grid, BLOCK, 0, &args);
+        return wide_launch(be, kind, grid, &args);
     }
     let (form, tile) = if rows <= FEW_ROWS { (Form::Few, FEW_ROWS) } else { (Form::Narrow, 16) };
     let tiles = narrow_tiles(rows, tile)?;
@@ -208,8 +216,7 @@ pub(crate) fn grouped(
     if p.wide {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(p.bound, "tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        let f = be.func(Src::Dense, wide_entry(kind)?)?;
-        return be.dev.launch(&f, grid, BLOCK, 0, &[&[Arg::P(input), ki, ni][..], &tail].concat());
+        return wide_launch(be, kind, grid, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
     let grp = narrow_group(be, Form::Few, n, p.bound, gateup);
     let f = be.func(Src::Dense, narrow_entry(kind, Form::Few, grp)?)?;
