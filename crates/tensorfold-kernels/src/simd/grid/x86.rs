@@ -4,7 +4,7 @@
 use super::Weights;
 use crate::simd::LANES;
 use crate::simd::affine::Chunked;
-use crate::simd::affine::x86::{chunk512, chunk512_as, q4_chunk, q4_table};
+use crate::simd::affine::x86::{chunk512, chunk512_as, q4_chunk, q4_chunk_vbmi, q4_table};
 use crate::simd::x86::{bf16x16, pad};
 use std::arch::x86_64::*;
 
@@ -114,37 +114,64 @@ impl<const Q4: bool> Src for Codes<'_, Q4> {
     }
     #[inline(always)]
     unsafe fn fours(x: &[f32], w4: &[Self; 4]) -> [__m512; 4] {
-        let (n, shift) = (w4[0].0.len, w4[0].0.shift);
+        let shift = w4[0].0.shift;
         if !Q4 || w4.iter().any(|w| w.0.shift != shift) {
             // SAFETY: forwarded (the trait's walk).
             return unsafe { fours_by_chunk(x, w4) };
         }
-        // 4-bit rows: each row's group table built once a group, then one permute a chunk (the same values
-        // `load` gives, taken by the same FMAs in the same order).
-        let d = pf_distance(w4[0].row_bytes());
-        // SAFETY: avx512f and avx512vl present (the caller's promise).
-        let mut a = [unsafe { _mm512_setzero_ps() }; 4];
-        for g0 in (0..n).step_by(1 << shift) {
-            // SAFETY: g0 < n; the chunks below are inside every row and x (groups hold whole chunks).
-            unsafe {
-                let mut t = [_mm512_setzero_ps(); 4];
-                for i in 0..4 {
-                    t[i] = q4_table(&w4[i].0, g0);
+        // SAFETY: `Q4` rows are `Codes<true>` (the same type).
+        let w4 = unsafe { &*(w4 as *const [Self; 4]).cast::<[Codes<true>; 4]>() };
+        if std::arch::is_x86_feature_detected!("avx512vbmi") {
+            // SAFETY: avx512vbmi detected; the rest is the caller's promise.
+            unsafe { fours_q4_vbmi(x, w4) }
+        } else {
+            // SAFETY: the caller's promise.
+            unsafe { fours_q4::<false>(x, w4) }
+        }
+    }
+}
+/// [`Codes::fours`] over 4-bit rows of one group size: each row's group table built once a group, then one
+/// permute a chunk (the same values `load` gives, taken by the same FMAs in the same order); `VBMI` picks how the
+/// codes become permute lanes ([`q4_chunk_vbmi`] or [`q4_chunk`]: the same lanes).
+///
+/// # Safety
+/// As [`Src::fours`], every row 4-bit with one group size; with `VBMI`, avx512vbmi present.
+#[inline(always)]
+unsafe fn fours_q4<const VBMI: bool>(x: &[f32], w4: &[Codes<true>; 4]) -> [__m512; 4] {
+    let (n, shift) = (w4[0].0.len, w4[0].0.shift);
+    let d = pf_distance(w4[0].row_bytes());
+    // SAFETY: avx512f and avx512vl present (the caller's promise).
+    let mut a = [unsafe { _mm512_setzero_ps() }; 4];
+    for g0 in (0..n).step_by(1 << shift) {
+        // SAFETY: g0 < n; the chunks below are inside every row and x (groups hold whole chunks).
+        unsafe {
+            let mut t = [_mm512_setzero_ps(); 4];
+            for i in 0..4 {
+                t[i] = q4_table(&w4[i].0, g0);
+            }
+            for o in (g0..g0 + (1 << shift)).step_by(LANES) {
+                if (o / 2).is_multiple_of(64) {
+                    // Each 64-byte line of codes once, at any group size.
+                    w4.iter().for_each(|w| w.prefetch(o, d));
                 }
-                for o in (g0..g0 + (1 << shift)).step_by(LANES) {
-                    if (o / 2).is_multiple_of(64) {
-                        // Each 64-byte line of codes once, at any group size.
-                        w4.iter().for_each(|w| w.prefetch(o, d));
-                    }
-                    let xv = _mm512_loadu_ps(x.as_ptr().add(o));
-                    for i in 0..4 {
-                        a[i] = _mm512_fmadd_ps(xv, q4_chunk(&w4[i].0, t[i], o), a[i]);
-                    }
+                let xv = _mm512_loadu_ps(x.as_ptr().add(o));
+                for i in 0..4 {
+                    let w = if VBMI { q4_chunk_vbmi(&w4[i].0, t[i], o) } else { q4_chunk(&w4[i].0, t[i], o) };
+                    a[i] = _mm512_fmadd_ps(xv, w, a[i]);
                 }
             }
         }
-        a
     }
+    a
+}
+/// [`fours_q4`] compiled with VBMI.
+///
+/// # Safety
+/// As [`fours_q4`]; avx512f, avx512vl and avx512vbmi present.
+#[target_feature(enable = "avx512f,avx512vl,avx512vbmi")]
+unsafe fn fours_q4_vbmi(x: &[f32], w4: &[Codes<true>; 4]) -> [__m512; 4] {
+    // SAFETY: forwarded.
+    unsafe { fours_q4::<true>(x, w4) }
 }
 /// How far ahead [`row_by_fours`] prefetches a weight row of `row_bytes` bytes (bf16 values or codes), in bytes.
 /// The walk reads 4 adjacent rows together, so a line `d` past row `r`'s position is useful only once it is past
@@ -417,4 +444,42 @@ fn fold16(acc: &[__m512; 16]) -> __m512 {
     let sum = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(u, v), _mm512_shuffle_ps::<0xDD>(u, v));
     let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(idx, sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bytes::{Dtype, MatView};
+    use crate::cpu::ops::wrow;
+
+    /// The VBMI walk of 4-bit rows and the plain one give every accumulator the same bits (the grid tests reach only
+    /// the one this CPU picks), at each group size.
+    #[test]
+    fn vbmi_and_plain_q4_walks_agree() {
+        let have =
+            |f| std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl") && f;
+        if !have(std::arch::is_x86_feature_detected!("avx512vbmi")) {
+            return;
+        }
+        let n = 512;
+        let v = |i: usize, s: u32| ((i as u32).wrapping_mul(2654435761).wrapping_add(s) % 2001) as f32 / 1000.0 - 1.0;
+        let x: Vec<f32> = (0..n).map(|i| v(i, 5)).collect();
+        let w: Vec<f32> = (0..4 * n).map(|i| v(i, 11)).collect();
+        for g in [16, 32, 64, 128] {
+            let m = MatView::from_f32(4, n, &w).quantize_affine(Dtype::Q4, g).expect("4-bit rows");
+            let rows: Vec<Codes<true>> = (0..4).map(|j| Codes(Chunked::of(wrow(&m, j)).expect("chunked"))).collect();
+            let w4: &[Codes<true>; 4] = rows.as_slice().try_into().expect("4 rows");
+            let bits = |a: [__m512; 4]| {
+                a.map(|r| {
+                    let mut l = [0f32; 16];
+                    // SAFETY: avx512f present (checked); l holds 16 f32.
+                    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), r) };
+                    l.map(f32::to_bits)
+                })
+            };
+            // SAFETY: avx512f, avx512vl and avx512vbmi checked; x and the rows hold n elements in whole groups.
+            let (plain, vbmi) = unsafe { (fours_q4::<false>(&x, w4), fours_q4_vbmi(&x, w4)) };
+            assert_eq!(bits(plain), bits(vbmi), "group {g}");
+        }
+    }
 }
