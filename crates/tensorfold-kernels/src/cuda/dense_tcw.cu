@@ -11,7 +11,7 @@
 #define TCN 128
 #define TCK_STAGE 2
 // Blocks an SM the wide forms are compiled for: registers capped at 65536 / (256 x this), 128 (the chunk loop stays
-// rolled to fit without spills). A block's dynamic shared memory is its TcSmem stage, then its segment totals
+// rolled to fit without spills). Two fit an SM's shared memory on Hopper (228 KiB); parts with less run one. A block's dynamic shared memory is its TcSmem stage, then its segment totals
 // (TCW_TOT floats, [element][thread]): TCW_SMEM bytes, tc.rs's WIDE_SMEM.
 #define TCW_BLOCKS 2
 
@@ -220,8 +220,8 @@ __device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int 
 
 // Wide entry points. Grid x: row tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column
 // blocks of TCN (TCN / 2 for the gate-up forms, which read two matrices).
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS) linear_tcw_bf16(const float* x, int rows, int k, int n,
-                                                                  const u16* w, const float* bias, float* out) {
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
+    linear_tcw_bf16(const float* x, int rows, int k, int n, const u16* w, const float* bias, float* out) {
   PDL_ENTRY();
   extern __shared__ float tcw_dyn[];
   TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
@@ -233,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS) linear_tcw_bf16(co
   });
 }
 
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS) gateup_tcw_bf16(const float* x, int rows, int k, int n,
-                                                                  const u16* g, const u16* u, float* act) {
+extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
+    gateup_tcw_bf16(const float* x, int rows, int k, int n, const u16* g, const u16* u, float* act) {
   PDL_ENTRY();
   extern __shared__ float tcw_dyn[];
   TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);

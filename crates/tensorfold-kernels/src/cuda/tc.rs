@@ -72,7 +72,7 @@ fn narrow_entry(kind: &str, form: Form, grp: usize) -> Result<&'static str, Cuda
 
 /// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): the stage of two chunks' A pieces (24 KiB),
 /// two buffers of two chunks' B fragments (32 KiB), then 32 segment totals a thread of 256 (32 KiB): 88 KiB, so two
-/// blocks an SM fit.
+/// blocks fit a Hopper SM (228 KiB); a part with less shared memory runs one.
 const WIDE_SMEM: usize = 2 * 3 * (TCM / 16) * 2 * 32 * 16 + 2 * 2 * (TCN / 8) * 32 * 16 + 2 * 4 * 4 * 256 * 4;
 const _: () = assert!(WIDE_SMEM == 90_112, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
 

@@ -173,7 +173,7 @@ pub(super) mod x86 {
 
     /// [`q4_chunk`] on AVX-512 VBMI: the same lanes from one 8-byte broadcast and one `vpmultishiftqb` (quadword
     /// `q` takes its low dword's byte from bit `8 q`, code `2 q`, its high dword's from bit `8 q + 4`, code `2 q +
-    /// 1`), three instructions where [`nibble_lanes`] takes five: the same weights.
+    /// 1`), where [`nibble_lanes`] takes two loads, two broadcasts and a shift: the same weights.
     ///
     /// # Safety
     /// avx512f, avx512vl and avx512vbmi present; `o + 16 <= w.len`, `w.nibbles`.
