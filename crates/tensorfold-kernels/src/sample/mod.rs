@@ -142,14 +142,8 @@ fn check_logits(logits: &[f32]) -> Result<(), SampleError> {
 /// NaN / ±inf index (never a silent pick); [`SampleError::TooManyLogits`] past `u32` ids.
 pub fn greedy_pick(logits: &[f32]) -> Result<u32, SampleError> {
     check_logits(logits)?;
-    let mut best = 0usize;
-    for (i, &x) in logits.iter().enumerate().skip(1) {
-        if x > logits[best] {
-            best = i;
-        }
-    }
     // check_logits proved every index fits in u32.
-    Ok(best as u32)
+    Ok(scan::first_max(crate::simd::level(), logits) as u32)
 }
 
 /// splitmix64's output mixing function (Steele, Lea & Flood 2014; constants of Vigna's
@@ -187,6 +181,11 @@ fn noise(u: f64) -> f64 {
 
 /// A safe upper bound of [`gumbel`], used to skip tokens that cannot win.
 const GUMBEL_MAX: f64 = 40.0;
+
+mod filters;
+mod scan;
+use crate::simd::Level;
+use filters::survivors;
 
 /// The keyed uniform below which a token `need` short of the best score so far cannot reach it: the uniform whose
 /// noise is `floor(need) - 1`, a whole unit under `need` (far past the rounding of the logarithms and of the score's
@@ -264,6 +263,11 @@ fn order_key(id: usize, logit: f32) -> u64 {
 /// [`SampleError::EmptyLogits`], [`SampleError::NonFinite`] with the first bad index,
 /// [`SampleError::TooManyLogits`].
 pub fn draw(params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u32, SampleError> {
+    draw_at(crate::simd::level(), params, position, logits)
+}
+
+/// [`draw`] with the whole-vocabulary scan at `level` (every level gives the same id).
+fn draw_at(level: Level, params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u32, SampleError> {
     params.validate()?;
     if params.is_greedy() {
         return greedy_pick(logits);
@@ -276,37 +280,7 @@ pub fn draw(params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u3
     let top_p_on = params.top_p < 1.0;
 
     // Candidates as a prefix of the sorted order, or `None` for "every id".
-    let sorted: Option<Vec<u32>> = if top_k_on || top_p_on {
-        let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &x)| order_key(i, x)).collect();
-        if top_k_on {
-            keys.select_nth_unstable(params.top_k - 1);
-            keys.truncate(params.top_k);
-        }
-        keys.sort_unstable();
-        // The low 32 bits of a key are the id.
-        let mut ids: Vec<u32> = keys.iter().map(|&k| k as u32).collect();
-        if top_p_on {
-            let s_max = scaled(ids[0]);
-            // The top-k survivors are the keys up to the last one kept.
-            let last = order_key(ids[ids.len() - 1] as usize, logits[ids[ids.len() - 1] as usize]);
-            let z =
-                lane_sum(n, |i| if order_key(i, logits[i]) <= last { (scaled(i as u32) - s_max).exp() } else { 0.0 });
-            let bound = f64::from(params.top_p) * z;
-            let mut mass = 0.0;
-            let mut keep = ids.len();
-            for (j, &id) in ids.iter().enumerate() {
-                mass += (scaled(id) - s_max).exp();
-                if mass >= bound {
-                    keep = j + 1;
-                    break;
-                }
-            }
-            ids.truncate(keep);
-        }
-        Some(ids)
-    } else {
-        None
-    };
+    let sorted = (top_k_on || top_p_on).then(|| survivors(params, logits, inv_t));
 
     let top = match &sorted {
         Some(ids) => ids[0],
@@ -319,28 +293,32 @@ pub fn draw(params: &SamplingParams, position: u64, logits: &[f32]) -> Result<u3
     let floors = uniform_floors();
     let mut best_id = top;
     let mut best = s_max + gumbel(key, top);
+    // The exact test of one id; returns the best score after it.
     let mut consider = |id: u32| {
         let s = scaled(id);
         if id == top || s + GUMBEL_MAX < best {
-            return;
+            return best;
         }
         if min_p > 0.0 && (s - s_max).exp() < min_p {
-            return;
+            return best;
         }
         let u = keyed_uniform(key, id);
         if u < uniform_floor(floors, best - s) {
-            return;
+            return best;
         }
         let score = s + noise(u);
         if score > best || (score == best && id < best_id) {
             best = score;
             best_id = id;
         }
+        best
     };
     match &sorted {
-        Some(ids) => ids.iter().for_each(|&id| consider(id)),
-        // check_logits proved every index fits in u32.
-        None => (0..n as u32).for_each(consider),
+        Some(ids) => ids.iter().for_each(|&id| {
+            consider(id);
+        }),
+        // check_logits proved every index fits in u32; the scan passes every id this test might keep.
+        None => scan::Scan { logits, inv_t, key, floors }.each(level, s_max + gumbel(key, top), consider),
     }
     Ok(best_id)
 }
@@ -514,6 +492,37 @@ mod tests {
             // p = (0.329, 0.298, 0.269, 0.045, 0.017): top_p 0.6 keeps ids 0 and 1.
             let tp = draw(&SamplingParams { top_p: 0.6, ..sampled(9) }, pos, &logits).unwrap();
             assert!(tp < 2);
+        }
+    }
+
+    /// Top-p walks that pass the first 256 and 4,096 sorted keys (flat logits) keep the reference's ids.
+    #[test]
+    fn long_top_p_walks_match_the_reference() {
+        let logits: Vec<f32> = (0..6_000u64).map(|i| (mix64(i ^ 5) % 1_000) as f32 / 1_000.0).collect();
+        for (top_k, top_p) in [(0, 0.99), (0, 0.5), (0, 0.03), (5_000, 0.9), (300, 0.95)] {
+            let p = SamplingParams { top_k, top_p, ..sampled(11) };
+            for pos in 0..6 {
+                assert_eq!(draw(&p, pos, &logits).unwrap(), reference(&p, pos, &logits), "top_k {top_k} top_p {top_p}");
+            }
+        }
+    }
+
+    /// The whole-vocabulary scan and pick give the portable level's ids at every level, at a vocabulary's size and
+    /// odd tails, across temperatures and min-p, and equal the brute-force reference.
+    #[test]
+    fn every_level_draws_the_same_id() {
+        for (n, spread) in [(65_536usize, 30.0f32), (50_003, 8.0), (37, 3.0)] {
+            let logits: Vec<f32> = (0..n as u64).map(|i| (mix64(i ^ 77) % 10_000) as f32 / 10_000.0 * spread).collect();
+            for (t, min_p) in [(1.0, 0.0), (0.7, 0.0), (1.6, 0.02), (0.05, 0.0)] {
+                let p = SamplingParams { temperature: t, min_p, ..sampled(9) };
+                for pos in 0..12 {
+                    let want = draw_at(Level::Portable, &p, pos, &logits).unwrap();
+                    assert_eq!(draw_at(crate::simd::level(), &p, pos, &logits).unwrap(), want, "n {n} t {t} pos {pos}");
+                    if n < 100 {
+                        assert_eq!(want, reference(&p, pos, &logits));
+                    }
+                }
+            }
         }
     }
 
