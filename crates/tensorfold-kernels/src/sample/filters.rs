@@ -3,8 +3,8 @@
 use super::{SamplingParams, lane_sum, order_key};
 
 /// The top-k and top-p survivors of `logits` (finite, non-empty) in the order of [`order_key`], as [`super::draw`]'s steps 1
-/// and 2 say. Sorts only as far as top-p's walk reaches: the first 256 keys, then 4,096, then all (the sorted
-/// first keys of a selection are the sort's own prefix, so the kept ids are the same).
+/// and 2 say. Sorts only as far as top-p's walk reaches: the first 256 keys, then 16 times as many each time until
+/// all (the sorted first keys of a selection are the sort's own prefix, so the kept ids are the same).
 pub(super) fn survivors(params: &SamplingParams, logits: &[f32], inv_t: f64) -> Vec<u32> {
     let scaled = |id: u32| f64::from(logits[id as usize]) * inv_t;
     let ids = |keys: &[u64]| keys.iter().map(|&k| k as u32).collect::<Vec<u32>>(); // a key's low 32 bits: the id
