@@ -20,13 +20,8 @@ pub(super) fn survivors(params: &SamplingParams, logits: &[f32], inv_t: f64) -> 
     // The top-k survivors are the keys up to the largest one kept; the first is the best score.
     let (first, last) = keys.iter().fold((u64::MAX, 0), |(lo, hi), &k| (lo.min(k), hi.max(k)));
     let s_max = scaled(first as u32);
-    let z =
-        lane_sum(
-            logits.len(),
-            |i| {
-                if order_key(i, logits[i]) <= last { (scaled(i as u32) - s_max).exp() } else { 0.0 }
-            },
-        );
+    let weight = |i: usize| if order_key(i, logits[i]) <= last { (scaled(i as u32) - s_max).exp() } else { 0.0 };
+    let z = lane_sum(logits.len(), weight);
     let bound = f64::from(params.top_p) * z;
     let mut m = keys.len().min(256);
     loop {

@@ -297,7 +297,8 @@ fn draw_at(level: Level, params: &SamplingParams, position: u64, logits: &[f32])
 
     let floors = uniform_floors();
     let mut best_id = top;
-    let mut best = s_max + gumbel(key, top);
+    let start = s_max + gumbel(key, top);
+    let mut best = start;
     // The exact test of one id; returns the best score after it.
     let mut consider = |id: u32| {
         let s = scaled(id);
@@ -323,7 +324,7 @@ fn draw_at(level: Level, params: &SamplingParams, position: u64, logits: &[f32])
             consider(id);
         }),
         // check_logits proved every index fits in u32; the scan passes every id this test might keep.
-        None => scan::Scan { logits, inv_t, key, floors }.each(level, s_max + gumbel(key, top), consider),
+        None => scan::Scan { logits, inv_t, key, floors }.each(level, start, consider),
     }
     Ok(best_id)
 }
