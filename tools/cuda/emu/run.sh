@@ -47,15 +47,17 @@ for fx in tests/fixtures/*/ $(for m in $mlx; do echo "tests/fixtures/mlx/$m/"; d
     fi
 done
 [ "$fixtures" -gt 0 ] || { echo "FAIL: no fixture with a reference found"; status=1; }
-# The tensor-core linears (TENSORFOLD_CUDA_TENSOR_CORES=1) in a whole model: the bf16 MoE fixture's matrices take them.
-fx=tests/fixtures/lfm2-moe-bf16-fused
-if TENSORFOLD_CUDA_TENSOR_CORES=1 "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact-tc.log" 2>&1; then
-    echo "ok: exact --device cuda $(basename "$fx") with tensor cores"
-else
-    status=1
-    echo "FAIL: exact --device cuda $(basename "$fx") with tensor cores"
-    grep -E "FAIL|error" "$DIR/exact-tc.log" | head -5 || true
-fi
+# The tensor-core linears (TENSORFOLD_CUDA_TENSOR_CORES=1) in a whole model: the bf16 MoE fixture's matrices take
+# them, and the 4-bit MoE fixture's codes take the quantized tensor-core forms (group 64: two chunks a group).
+for fx in tests/fixtures/lfm2-moe-bf16-fused tests/fixtures/mlx/lfm2-moe-bf16-q4g64; do
+    if TENSORFOLD_CUDA_TENSOR_CORES=1 "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact-tc.log" 2>&1; then
+        echo "ok: exact --device cuda $(basename "$fx") with tensor cores"
+    else
+        status=1
+        echo "FAIL: exact --device cuda $(basename "$fx") with tensor cores"
+        grep -E "FAIL|error" "$DIR/exact-tc.log" | head -5 || true
+    fi
+done
 # Held drafts on the device path (the verify embeds the drafter's picks on the device): the default pair's drafted
 # reply must equal its --no-drafts reply, with drafts verified.
 gen() { "$TENSORFOLD_BIN" generate --device cuda --prompt 'def fibonacci(n):' --max-tokens 16 --ignore-eos "$@"; }

@@ -106,7 +106,8 @@ pub(crate) fn experts(
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
     let tc = be.dev.tensor_cores() && super::tc::experts_ok(owned);
-    let wide = be.dev.wide_moe(rows, nassign, total) && (tc || wide_experts(owned, inter, h));
+    let wide = be.dev.wide_moe(rows, nassign, total)
+        && if tc { super::tc::experts_wide(owned) } else { wide_experts(owned, inter, h) };
     let slots = match (wide, tc) {
         (true, true) => TCM,
         (true, false) => WTM,
@@ -173,8 +174,9 @@ fn run_tiles(
             kk: t.kk,
             wide: plan.rt == TCM,
         };
-        super::tc::grouped(be, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &p)?;
-        return super::tc::grouped(be, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &p);
+        let (w1, w2) = (&owned[0].w1, &owned[0].w2);
+        super::tc::grouped(be, ("moe_gateup", w1), (x.ptr()?, act.ptr()?), (h, inter), &p)?;
+        return super::tc::grouped(be, ("moe_down", w2), (act.ptr()?, y.ptr()?), (inter, h), &p);
     }
     grouped(be, &owned[0].w1, "moe_gateup", (x.ptr()?, act.ptr()?), (h, inter), &t)?;
     grouped(be, &owned[0].w2, "moe_down", (act.ptr()?, y.ptr()?), (inter, h), &t)

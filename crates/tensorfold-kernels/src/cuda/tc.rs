@@ -47,27 +47,26 @@ fn narrow_group(be: &CudaBackend, form: Form, n: usize, tiles: usize, gateup: bo
     [4, 2].into_iter().find(|&g| g <= most && blocks(g) >= want).unwrap_or(1)
 }
 
-/// The entry of `kind` (linear, gateup, moe_gateup, moe_down) in `form` at `grp` column groups: one entry each,
-/// so a small group count keeps its own (smaller) register count. The MoE tiles run the few-row form only.
-fn narrow_entry(kind: &str, form: Form, grp: usize) -> Result<&'static str, CudaError> {
-    Ok(match (kind, form, grp) {
-        ("linear", Form::Narrow, 1) => "linear_tc1_bf16",
-        ("linear", Form::Narrow, 2) => "linear_tc2_bf16",
-        ("linear", Form::Narrow, 4) => "linear_tc4_bf16",
-        ("linear", Form::Few, 1) => "linear_tcf1_bf16",
-        ("linear", Form::Few, 2) => "linear_tcf2_bf16",
-        ("linear", Form::Few, 4) => "linear_tcf4_bf16",
-        ("gateup", Form::Narrow, 1) => "gateup_tc1_bf16",
-        ("gateup", Form::Narrow, 2) => "gateup_tc2_bf16",
-        ("gateup", Form::Few, 1) => "gateup_tcf1_bf16",
-        ("gateup", Form::Few, 2) => "gateup_tcf2_bf16",
-        ("moe_gateup", Form::Few, 1) => "moe_gateup_tcf1_bf16",
-        ("moe_gateup", Form::Few, 2) => "moe_gateup_tcf2_bf16",
-        ("moe_down", Form::Few, 1) => "moe_down_tcf1_bf16",
-        ("moe_down", Form::Few, 2) => "moe_down_tcf2_bf16",
-        ("moe_down", Form::Few, 4) => "moe_down_tcf4_bf16",
-        _ => return Err(CudaError::Shape(format!("no {form:?} tensor-core {kind} at {grp} column groups"))),
-    })
+/// The entry of `kind` (linear, gateup, moe_gateup, moe_down) in `form` at `grp` column groups for matrices like
+/// `w` (dense_tc.cu's `TC_NARROW_ENTRIES`: one entry each, so a small group count keeps its own, smaller register
+/// count). The MoE tiles run the few-row form only.
+fn narrow_entry(kind: &str, form: Form, grp: usize, w: &CudaMat) -> Result<String, CudaError> {
+    let most = match (kind, form) {
+        ("linear", _) | ("moe_down", Form::Few) => 4,
+        ("gateup", _) | ("moe_gateup", Form::Few) => 2,
+        _ => 0,
+    };
+    if !matches!(grp, 1 | 2 | 4) || grp > most {
+        return Err(CudaError::Shape(format!("no {form:?} tensor-core {kind} at {grp} column groups")));
+    }
+    let f = if form == Form::Narrow { "tc" } else { "tcf" };
+    Ok(format!("{kind}_{f}{grp}_{}", w.tc_dtype()))
+}
+
+/// A matrix's arguments of the narrow and few-row entries: values, scales, biases (0 for bf16), then the group.
+fn mat_args(w: &CudaMat) -> Result<[Arg; 4], CudaError> {
+    let (wp, sp, bp) = w.ptrs()?;
+    Ok([Arg::P(wp), Arg::P(sp), Arg::P(bp), Arg::I(int(w.group, "group")?)])
 }
 
 /// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): the stage of two chunks' A pieces (24 KiB),
@@ -104,7 +103,8 @@ fn narrow_tiles(rows: usize, tile: usize) -> Result<u32, CudaError> {
 /// block) or the narrow one (16 rows by 8, 16 or 32 columns: [`narrow_group`]). All give a row the same bits.
 pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
     let (wp, _, _) = w.ptrs()?;
-    dense(be, "linear", (xp, rows), (w.cols, w.rows), &[Arg::P(wp), Arg::P(bias), Arg::P(op)])
+    let narrow = [&mat_args(w)?[..], &[Arg::P(bias), Arg::P(op)]].concat();
+    dense(be, "linear", (xp, rows), w, (&[Arg::P(wp), Arg::P(bias), Arg::P(op)], &narrow))
 }
 
 /// Up to three linears of one input `xp` (`[rows, k]`, every matrix a tensor-core one: the caller checked) in one
@@ -125,15 +125,11 @@ pub(crate) fn few_linears(
     if gx == 0 {
         return Ok(true);
     }
-    let name = match grp {
-        1 => "linear3_tcf1_bf16",
-        2 => "linear3_tcf2_bf16",
-        _ => "linear3_tcf4_bf16",
-    };
-    let f = be.func(Src::Dense, name)?;
+    let f = be.func(Src::Dense, &format!("linear3_tcf{grp}_{}", mats[0].tc_dtype()))?;
     let tm = be.dev.stage(&table)?;
     let tp = tm.as_ref().map_or(0, |m| m.ptr);
-    let args = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(mats[0].cols, "cols")?), Arg::P(tp)];
+    let (ri, ki, gi) = (int(rows, "rows")?, int(mats[0].cols, "cols")?, int(mats[0].group, "group")?);
+    let args = [Arg::P(xp), Arg::I(ri), Arg::I(ki), Arg::I(gi), Arg::P(tp)];
     be.dev.launch(&f, (gx, 1, 1), NARROW_BLOCK, 0, &args)?;
     Ok(true)
 }
@@ -148,31 +144,34 @@ pub(crate) fn gateup(
     act: u64,
 ) -> Result<(), CudaError> {
     let ((gp, _, _), (up, _, _)) = (g.ptrs()?, u.ptrs()?);
-    dense(be, "gateup", (xp, rows), (g.cols, g.rows), &[Arg::P(gp), Arg::P(up), Arg::P(act)])
+    let (ga, ua) = (mat_args(g)?, mat_args(u)?);
+    let narrow = [&ga[..3], &ua[..], &[Arg::P(act)]].concat();
+    dense(be, "gateup", (xp, rows), g, (&[Arg::P(gp), Arg::P(up), Arg::P(act)], &narrow))
 }
 
-/// One dense call of `kind` (`linear` or `gateup`) over `rows` rows of `xp` (`[rows, k]`) into `n` outputs, the
-/// kernel's matrix and output arguments in `tail`: the wide form for calls that take the wide tiles, else the
-/// few-row form for at most [`FEW_ROWS`] rows, else the narrow one, at [`narrow_group`]'s column groups.
+/// One dense call of `kind` (`linear` or `gateup`) over `rows` rows of `xp` (`[rows, w.cols]`) into `w.rows`
+/// outputs, the kernel's matrix and output arguments in `tails` (the wide entry's, the narrow and few-row entries'):
+/// the wide form for calls that take the wide tiles of a bf16 matrix, else the few-row form for at most
+/// [`FEW_ROWS`] rows, else the narrow one, at [`narrow_group`]'s column groups.
 fn dense(
     be: &CudaBackend,
     kind: &str,
     (xp, rows): (u64, usize),
-    (k, n): (usize, usize),
-    tail: &[Arg],
+    w: &CudaMat,
+    (wide_tail, tail): (&[Arg], &[Arg]),
 ) -> Result<(), CudaError> {
-    let gateup = kind == "gateup";
+    let (gateup, k, n) = (kind == "gateup", w.cols, w.rows);
     let head = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?)];
-    let args = [&head[..], tail].concat();
-    if be.dev.wide(rows) {
+    if be.dev.wide(rows) && w.tc_wide() {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        return wide_launch(be, kind, grid, &args);
+        return wide_launch(be, kind, grid, &[&head[..], wide_tail].concat());
     }
+    let args = [&head[..], tail].concat();
     let (form, tile) = if rows <= FEW_ROWS { (Form::Few, FEW_ROWS) } else { (Form::Narrow, 16) };
     let tiles = narrow_tiles(rows, tile)?;
     let grp = narrow_group(be, form, n, tiles as usize, gateup);
-    let f = be.func(Src::Dense, narrow_entry(kind, form, grp)?)?;
+    let f = be.func(Src::Dense, &narrow_entry(kind, form, grp, w)?)?;
     let grid = (int(n.div_ceil(form.group_cols() * grp), "blocks")? as u32, tiles, 1);
     be.dev.launch(&f, grid, NARROW_BLOCK, 0, &args)
 }
@@ -180,6 +179,12 @@ fn dense(
 /// Whether the tensor-core expert tiles serve these experts: every w1, w3 and w2 a tensor-core matrix.
 pub(crate) fn experts_ok(experts: &[Ffn<CudaMat>]) -> bool {
     !experts.is_empty() && experts.iter().all(|f| f.w1.tc() && f.w3.tc() && f.w2.tc())
+}
+
+/// Whether the wide tensor-core expert tiles serve these experts (bf16 ones; quantized experts take the few-row
+/// tiles at every width).
+pub(crate) fn experts_wide(experts: &[Ffn<CudaMat>]) -> bool {
+    experts_ok(experts) && experts.iter().all(|f| f.w1.tc_wide() && f.w3.tc_wide() && f.w2.tc_wide())
 }
 
 /// A MoE call's plan as the tensor-core expert tiles read it: the expert table, the plan's tiles, their count and
@@ -197,10 +202,11 @@ pub(crate) struct TcPlan {
 
 /// One grouped expert kernel on the tensor cores: `moe_gateup` reads `x` `[rows, k]` and writes `act` `[slots,
 /// n]`; `moe_down` reads `act` `[slots, k]` and writes each assignment's row of `y`. Narrow tiles in
-/// launches of at most [`GRID_YZ`] tiles.
+/// launches of at most [`GRID_YZ`] tiles. `w` is the kind's matrix of the first expert (the experts share its dtype
+/// and group).
 pub(crate) fn grouped(
     be: &CudaBackend,
-    kind: &str,
+    (kind, w): (&str, &CudaMat),
     (input, output): (u64, u64),
     (k, n): (usize, usize),
     p: &TcPlan,
@@ -219,8 +225,9 @@ pub(crate) fn grouped(
         return wide_launch(be, kind, grid, &[&[Arg::P(input), ki, ni][..], &tail].concat());
     }
     let grp = narrow_group(be, Form::Few, n, p.bound, gateup);
-    let f = be.func(Src::Dense, narrow_entry(kind, Form::Few, grp)?)?;
-    let mut args = [&[Arg::P(input), ki, ni][..], &tail, &[Arg::I(0)]].concat();
+    let f = be.func(Src::Dense, &narrow_entry(kind, Form::Few, grp, w)?)?;
+    let gi = Arg::I(int(w.group, "group")?);
+    let mut args = [&[Arg::P(input), ki, ni, plan[0], gi][..], &tail[1..], &[Arg::I(0)]].concat();
     let last = args.len() - 1;
     let gx = int(n.div_ceil(Form::Few.group_cols() * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {

@@ -77,10 +77,28 @@ impl CudaMat {
         self.cols.is_multiple_of(8) && (!self.dtype.is_affine() || self.group.is_multiple_of(8))
     }
 
-    /// Whether the tensor-core linears (dense_tc.cu) serve this matrix: bf16 with k a non-zero multiple of 32 (whole
-    /// chunks of the tensor-core chain). Fixed by the matrix, so a matrix has one form at every width.
+    /// Whether the tensor-core linears (dense_tc.cu) serve this matrix: k a non-zero multiple of 32 (whole chunks of
+    /// the tensor-core chain), bf16, or Q8 / Q4 whose group is 32 times a power of two (a chunk then lies in one
+    /// group: its value is `s * sum(q x) + b * sum(x)`). Fixed by the matrix, so a matrix has one form at every width.
     pub(crate) fn tc(&self) -> bool {
-        self.dtype == Dtype::Bf16 && self.cols > 0 && self.cols.is_multiple_of(32)
+        let whole = self.cols > 0 && self.cols.is_multiple_of(32);
+        let group = self.group >= 32 && self.group.is_power_of_two() && self.cols.is_multiple_of(self.group);
+        whole && (self.dtype == Dtype::Bf16 || (self.dtype.is_affine() && group))
+    }
+
+    /// Whether the wide tensor-core form (dense_tcw.cu, bf16 only) serves this matrix; a quantized tensor-core
+    /// matrix runs the narrow forms at every width (the same bits, fewer rows a block).
+    pub(crate) fn tc_wide(&self) -> bool {
+        self.tc() && self.dtype == Dtype::Bf16
+    }
+
+    /// The dtype suffix of this matrix's tensor-core entry points (dense_tc.cu's `TC_NARROW_ENTRIES`).
+    pub(crate) fn tc_dtype(&self) -> &'static str {
+        match self.dtype {
+            Dtype::Q8 => "q8",
+            Dtype::Q4 => "q4",
+            _ => "bf16",
+        }
     }
 
     /// The dense.cu entry point of kernel family `kind` (`linear`, `gateup`, `moe_gateup`, `moe_down`) for this matrix.
