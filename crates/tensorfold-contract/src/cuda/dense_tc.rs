@@ -274,7 +274,7 @@ impl Kernel for LinearTc {
                         .into_iter()
                         .flat_map(move |d| groups.clone().map(move |g| format!("{k}_{f}{g}_{d}")))
                 });
-                small.chain([format!("{k}_tcw_bf16")])
+                small.chain(["bf16", "q8", "q4"].map(|d| format!("{k}_tcw_{d}")))
             })
             .chain(["bf16", "q8", "q4"].into_iter().flat_map(|d| [1, 2, 4].map(move |g| format!("linear3_tcf{g}_{d}"))))
             .collect::<Vec<_>>();

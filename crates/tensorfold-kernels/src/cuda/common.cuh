@@ -132,7 +132,20 @@ __device__ __forceinline__ void tc_async16(void* dst, const void* src, bool ok) 
 #endif
 }
 
-// Waits for every tc_async16 this thread issued.
+// B (4 or 8) bytes from global `src` to shared `dst` in flight (cp.async.ca), zeros when !ok; as tc_async16.
+template <int B>
+__device__ __forceinline__ void tc_async_small(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(B), "r"(ok ? B : 0) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();  // sm_80 and later only, as tc_bf16x2
+#else
+  for (int i = 0; i < B; i++) static_cast<u8*>(dst)[i] = ok ? static_cast<const u8*>(src)[i] : (u8)0;
+#endif
+}
+
+// Waits for every tc_async16 and tc_async_small this thread issued.
 __device__ __forceinline__ void tc_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");

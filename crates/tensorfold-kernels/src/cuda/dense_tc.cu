@@ -30,15 +30,21 @@ __device__ __forceinline__ void tc_split2(float v0, float v1, u32 p[3]) {
 #endif
 }
 
-// One chunk into a segment's sums acc: a fresh partial over a[piece][half] with the weights q (this lane's 16 bytes
-// of its column: q.x q.y the first half's B fragment, q.z q.w the second's), then one f32 add an element.
-__device__ __forceinline__ void tc_chunk(float acc[4], const u32 a[3][2][4], uint4 q) {
-  float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+// One chunk's tensor-core partial p from +0 over a[piece][half] with the weights q, in piece then half order.
+__device__ __forceinline__ void tc_partial(float p[4], const u32 a[3][2][4], uint4 q) {
+  p[0] = p[1] = p[2] = p[3] = 0.0f;
 #pragma unroll
   for (int pc = 0; pc < 3; pc++) {
     tc_mma(p, a[pc][0], q.x, q.y);
     tc_mma(p, a[pc][1], q.z, q.w);
   }
+}
+
+// One chunk into a segment's sums acc: a fresh partial over a[piece][half] with the weights q (this lane's 16 bytes
+// of its column: q.x q.y the first half's B fragment, q.z q.w the second's), then one f32 add an element.
+__device__ __forceinline__ void tc_chunk(float acc[4], const u32 a[3][2][4], uint4 q) {
+  float p[4];
+  tc_partial(p, a, q);
 #pragma unroll
   for (int i = 0; i < 4; i++) acc[i] = acc[i] + p[i];
 }
@@ -458,12 +464,6 @@ __device__ __forceinline__ Mat tc_mat(const void* w, const float* ws, const floa
   m.biases = wb;
   m.group = group;
   return m;
-}
-
-// Expert e's bf16 values of matrix `which` (0 w1, 1 w3, 2 w2) in a MoE call's table (9 words an expert, as dense.cu's
-// expert_mat).
-__device__ __forceinline__ const u16* tc_expert(const u64* tab, int e, int which) {
-  return reinterpret_cast<const u16*>(tab[9 * (u64)e + 3 * (u64)which]);
 }
 
 // Narrow (NAME_tcG_DT) and few-row (NAME_tcfG_DT) entry points, one for each group count G and weight dtype (bf16,

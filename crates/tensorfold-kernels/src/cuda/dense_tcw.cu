@@ -1,4 +1,4 @@
-//! Tensor-core linears, the wide form (prefill and wide MoE tiles): 64 x 128 blocks from shared-memory stages, the narrow form's chain (dense_tc.cu) at every width.
+//! Tensor-core linears, the wide form (prefill and wide MoE tiles): 64 x 128 blocks from shared-memory stages, the narrow form's chain (dense_tc.cu) at every width, bf16 and MLX Q8 / Q4 weights.
 // Appended to dense.cu's module after dense_tc.cu (cuda/device/sources.rs), whose pieces, chunk partials and
 // segments it uses: a row's bits are the narrow and few-row forms'.
 
@@ -18,11 +18,14 @@
 struct alignas(16) TcSmem {
   uint4 a[TCK_STAGE][3][TCM / 16][2][32];  // [chunk][piece][m16 tile][half][lane]: {a0, a1, a2, a3}
   uint4 b[2][TCK_STAGE][TCN / 8][32];      // [buffer][chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
+                                           // (Q8: the first 8 bytes, 8 codes; Q4: the first 4)
+  float xs[TCK_STAGE][TCM];                // quantized: each tile row's sum of x over a chunk (tc_xsum's order)
+  float sb[2][TCK_STAGE][2][TCN];          // quantized: [buffer][chunk][scale, bias][block column]
 };
 #define TCW_TOT (2 * 4 * 4 * 256)
 #define TCW_SMEM (sizeof(TcSmem) + 4 * TCW_TOT)
 static_assert(sizeof(TcSmem) % 16 == 0, "the totals start on 16 bytes");
-static_assert(TCW_SMEM == 90112, "tc.rs's WIDE_SMEM");
+static_assert(TCW_SMEM == 94720, "tc.rs's WIDE_SMEM");
 
 // One stage's activation loads, held in registers while the stage before it is multiplied: 2 x 2 float4 (two A
 // slots, rows g and g + 8 of each). The weights go straight to shared memory (tc_fetch_w).
@@ -71,33 +74,72 @@ __device__ __forceinline__ void tc_fetch_x(const float* x, In in_row, int nt, in
   }
 }
 
+// The matrix of block column bc and its column (w0's column j0 + bc, or with NW == 2 block columns 0 .. 63 from m0 and
+// 64 .. 127 from m1, both at j0 + bc % 64; a column past n: the last one, never written).
+template <int NW>
+__device__ __forceinline__ const Mat& tc_block_col(const Mat& m0, const Mat& m1, int j0, int n, int bc, int* col) {
+  int c = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
+  *col = c < n ? c : n - 1;
+  return NW == 2 && bc >= TCN / 2 ? m1 : m0;
+}
+
 // Thread `tid`'s weight copies of stage `st` into buffer `buf`, in flight until tc_async_wait: unit u = tid + 256 i
 // is b[buf][cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2, tile = u / 64: block column 8 tile + lane / 4 at
-// element 8 (lane % 4) of the chunk, column j0 + that of w0, or with NW == 2 block columns 0 .. 63 from w0 and 64 ..
-// 127 from w1, both at j0 + column % 64. Chunks past C are zeros; columns past n load the last column (never
-// written).
-template <int NW>
-__device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const u16* w0, const u16* w1, int j0, int n,
-                                           int st, int chunks) {
+// element 8 (lane % 4) of the chunk (tc_block_col's column); a quantized matrix's scales and biases of the stage's
+// chunks go to sb (unit v = tid + 256 i, i < 2: chunk i, block column tid / 2, the bias when tid is odd). Chunks past
+// C are zeros.
+template <int DT, int NW>
+__device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const Mat& m0, const Mat& m1, int j0, int n,
+                                           int st, int chunks, int gs) {
   int tid = threadIdx.x;
 #pragma unroll 1
   for (int i = 0; i < 4; i++) {
-    int u = tid + 256 * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1), bc = 8 * (u >> 6) + (lane >> 2);
-    const u16* w = NW == 2 && bc >= TCN / 2 ? w1 : w0;
-    int col = j0 + (NW == 2 ? bc % (TCN / 2) : bc);
-    if (col >= n) col = n - 1;
+    int u = tid + 256 * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1), bc = 8 * (u >> 6) + (lane >> 2), col;
+    const Mat& m = tc_block_col<NW>(m0, m1, j0, n, bc, &col);
     bool ok = cw < chunks;
-    const u16* src = w + (u64)col * (u64)k + (ok ? 32 * cw + 8 * (lane & 3) : 0);
-    tc_async16(&sm.b[buf][(u >> 5) & 1][u >> 6][lane], src, ok);
+    const u8* src = tc_col<DT>(m, col, k, lane & 3).w + (ok ? (u64)cw * (4 * TC_LANE_BYTES(DT)) : 0);
+    void* dst = &sm.b[buf][(u >> 5) & 1][u >> 6][lane];
+    if (DT == DT_BF16) tc_async16(dst, src, ok);
+    else tc_async_small<TC_LANE_BYTES(DT)>(dst, src, ok);
+  }
+  if (DT == DT_BF16) return;
+#pragma unroll
+  for (int i = 0; i < TCK_STAGE; i++) {
+    int bc = tid >> 1, cw = TCK_STAGE * st + i, col;
+    const Mat& m = tc_block_col<NW>(m0, m1, j0, n, bc, &col);
+    bool ok = cw < chunks;
+    const TcCol cl = tc_col<DT>(m, col, k, 0);
+    const float* src = (tid & 1 ? cl.b : cl.s) + (ok ? cw >> gs : 0);
+    tc_async_small<4>(&sm.sb[buf][i][tid & 1][bc], src, ok);
   }
 }
 
 // The held activation loads into the stage: each A slot's activations split into pieces, one 16-byte store a piece.
+// QT (a quantized matrix): also each tile row's sum of x over each chunk into xs, in tc_xsum's order: the lane of half
+// 0 sums its 4 elements in order, the lane of half 1 (lane ^ 8) goes on with its 4, then the butterfly over t.
+template <bool QT>
 __device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
   int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     TcSlot q = tc_slot(tid + 256 * i);
+    if (QT) {
+#pragma unroll
+      for (int up = 0; up < 2; up++) {
+        const float4& v = ld.x[i][up];
+        float own = v.x + v.y;
+        own = own + v.z;
+        own = own + v.w;
+        float s = __shfl_xor_sync(0xffffffffu, own, 8);  // half 1: half 0's sum of the first 4
+        s = s + v.x;
+        s = s + v.y;
+        s = s + v.z;
+        s = s + v.w;
+        s = s + __shfl_xor_sync(0xffffffffu, s, 1);
+        s = s + __shfl_xor_sync(0xffffffffu, s, 2);
+        if (q.h == 1 && q.t == 0) sm.xs[q.cc][16 * q.mt + q.g + 8 * up] = s;
+      }
+    }
     u32 a0[3], a1[3], a2[3], a3[3];
     tc_split2(ld.x[i][0].x, ld.x[i][0].y, a0);  // row g, slots 2t, 2t + 1
     tc_split2(ld.x[i][1].x, ld.x[i][1].y, a1);  // row g + 8
@@ -117,10 +159,12 @@ __device__ __forceinline__ float& tc_tot(float* tot, int a, int b, int i) {
 // The wide block's sums: tile rows 0 .. nt - 1 (nt <= TCM; row i reads input row in_row(i)), block columns as
 // tc_fetch_w's, into this thread's totals tc_tot(tot, m16 tile, n8 tile, fragment element) in shared memory (read
 // once a segment: registers for two blocks an SM). Every thread must call it (barriers).
-template <int NW, class In>
-__device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const u16* w0,
-                                             const u16* w1, int j0, int n, float* tot) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
+template <int DT, int NW, class In>
+__device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const Mat& w0,
+                                             const Mat& w1, int j0, int n, float* tot) {
+  constexpr bool QT = DT != DT_BF16;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
+  int gs = QT ? tc_group_shift(w0.group) : 0;
   int chunks = k / 32, stages = (chunks + TCK_STAGE - 1) / TCK_STAGE;
   float acc[2][4][4];
 #pragma unroll
@@ -153,16 +197,16 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
   TcLoad ld;
   if (stages > 0) {
     tc_fetch_x(x, in_row, nt, k, 0, chunks, ld);
-    tc_fetch_w<NW>(sm, 0, k, w0, w1, j0, n, 0, chunks);
+    tc_fetch_w<DT, NW>(sm, 0, k, w0, w1, j0, n, 0, chunks, gs);
   }
   for (int st = 0; st < stages; st++) {
     __syncthreads();  // the stage before is multiplied: A and the other weight buffer are free
-    tc_put(sm, ld);
+    tc_put<QT>(sm, ld);
     tc_async_wait();  // this stage's weight copies have landed
     __syncthreads();
     if (st + 1 < stages) {
       tc_fetch_x(x, in_row, nt, k, st + 1, chunks, ld);
-      tc_fetch_w<NW>(sm, (st + 1) & 1, k, w0, w1, j0, n, st + 1, chunks);
+      tc_fetch_w<DT, NW>(sm, (st + 1) & 1, k, w0, w1, j0, n, st + 1, chunks, gs);
     }
 #pragma unroll 1
     for (int cc = 0; cc < TCK_STAGE; cc++) {
@@ -181,8 +225,26 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
             uint4 v = sm.a[cc][pc][2 * wm + mi][h][lane];
             a[pc][h][0] = v.x; a[pc][h][1] = v.y; a[pc][h][2] = v.z; a[pc][h][3] = v.w;
           }
+        if (!QT) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) tc_chunk(acc[mi][ni], a, sm.b[st & 1][cc][4 * wn + ni][lane]);
+          for (int ni = 0; ni < 4; ni++) tc_chunk(acc[mi][ni], a, sm.b[st & 1][cc][4 * wn + ni][lane]);
+          continue;
+        }
+        // Lane element i: tile row 32 wm + 16 mi + g (+ 8 for i >= 2), block column 32 wn + 8 ni + 2t + (i & 1).
+        const float xr[2] = {sm.xs[cc][32 * wm + 16 * mi + g], sm.xs[cc][32 * wm + 16 * mi + g + 8]};
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+          Raw8 r;
+          r.a = sm.b[st & 1][cc][4 * wn + ni][lane];
+          float p[4];
+          tc_partial(p, a, tc_wfrag<DT>(r));
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            int bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
+            float v = tc_affine(p[i], sm.sb[st & 1][cc][0][bc], sm.sb[st & 1][cc][1][bc], xr[i >> 1]);
+            acc[mi][ni][i] = acc[mi][ni][i] + v;
+          }
+        }
       }
     }
   }
@@ -218,62 +280,69 @@ __device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int 
   }
 }
 
-// Wide entry points. Grid x: row tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column
-// blocks of TCN (TCN / 2 for the gate-up forms, which read two matrices).
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
-    linear_tcw_bf16(const float* x, int rows, int k, int n, const u16* w, const float* bias, float* out) {
-  PDL_ENTRY();
-  extern __shared__ float tcw_dyn[];
-  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
-  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
-  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;
-  tc_wide_sums<1>(sm, x, [&](int i) { return r0 + i; }, nt, k, w, w, j0, n, tot);
-  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {
-    out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;
-  });
-}
-
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
-    gateup_tcw_bf16(const float* x, int rows, int k, int n, const u16* g, const u16* u, float* act) {
-  PDL_ENTRY();
-  extern __shared__ float tcw_dyn[];
-  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
-  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
-  int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;
-  tc_wide_sums<2>(sm, x, [&](int i) { return r0 + i; }, nt, k, g, u, j0, n, tot);
-  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
-    act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);
-  });
-}
-
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
-    moe_gateup_tcw_bf16(const float* x, int k, int n, const u64* tab, const int* tiles, const int* ntiles,
-                        const int* list, int kk, float* act) {
-  PDL_ENTRY();
-  extern __shared__ float tcw_dyn[];
-  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
-  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
-  int t = blockIdx.x;
-  if (t >= *ntiles) return;
-  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;
-  tc_wide_sums<2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, tc_expert(tab, e, 0), tc_expert(tab, e, 1),
-                  j0, n, tot);
-  tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {
-    act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);
-  });
-}
-
-extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)
-    moe_down_tcw_bf16(const float* act, int k, int n, const u64* tab, const int* tiles, const int* ntiles,
-                      const int* list, float* y) {
-  PDL_ENTRY();
-  extern __shared__ float tcw_dyn[];
-  TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);
-  float* tot = tcw_dyn + sizeof(TcSmem) / 4;
-  int t = blockIdx.x;
-  if (t >= *ntiles) return;
-  int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;
-  const u16* w = tc_expert(tab, e, 2);
-  tc_wide_sums<1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);
-  tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });
-}
+// Wide entry points, one a weight dtype (NAME_tcw_bf16, _q8, _q4; the arguments of the narrow entries). Grid x: row
+// tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column blocks of TCN (TCN / 2 for the
+// gate-up forms, which read two matrices).
+#define TCW_ENTRIES(SFX, DT)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
+      linear_tcw_##SFX(const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb,  \
+                       int group, const float* bias, float* out) {                                               \
+    PDL_ENTRY();                                                                                                 \
+    extern __shared__ float tcw_dyn[];                                                                           \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
+    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;          \
+    const Mat m = tc_mat(w, ws, wb, group);                                                                      \
+    tc_wide_sums<DT, 1>(sm, x, [&](int i) { return r0 + i; }, nt, k, m, m, j0, n, tot);                          \
+    tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {                                       \
+      out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;                                                  \
+    });                                                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
+      gateup_tcw_##SFX(const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb,  \
+                       const void* u, const float* us, const float* ub, int group, float* act) {                 \
+    PDL_ENTRY();                                                                                                 \
+    extern __shared__ float tcw_dyn[];                                                                           \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
+    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;    \
+    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return r0 + i; }, nt, k, tc_mat(g, gs, gb, group),                   \
+                        tc_mat(u, us, ub, group), j0, n, tot);                                                   \
+    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                   \
+      act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                        \
+    });                                                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
+      moe_gateup_tcw_##SFX(const float* x, int k, int n, const u64* tab, int group, const int* tiles,            \
+                           const int* ntiles, const int* list, int kk, float* act) {                             \
+    PDL_ENTRY();                                                                                                 \
+    extern __shared__ float tcw_dyn[];                                                                           \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
+    int t = blockIdx.x;                                                                                          \
+    if (t >= *ntiles) return;                                                                                    \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;        \
+    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, expert_mat(tab, e, 0, group),    \
+                        expert_mat(tab, e, 1, group), j0, n, tot);                                               \
+    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                   \
+      act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                        \
+    });                                                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
+      moe_down_tcw_##SFX(const float* act, int k, int n, const u64* tab, int group, const int* tiles,            \
+                         const int* ntiles, const int* list, float* y) {                                         \
+    PDL_ENTRY();                                                                                                 \
+    extern __shared__ float tcw_dyn[];                                                                           \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
+    int t = blockIdx.x;                                                                                          \
+    if (t >= *ntiles) return;                                                                                    \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;              \
+    const Mat w = expert_mat(tab, e, 2, group);                                                                  \
+    tc_wide_sums<DT, 1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);                        \
+    tc_wide_out<1>(sm, tot, nt, j0, n,                                                                           \
+                   [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });                \
+  }
+TCW_ENTRIES(bf16, DT_BF16)
+TCW_ENTRIES(q8, DT_Q8)
+TCW_ENTRIES(q4, DT_Q4)

@@ -106,8 +106,7 @@ pub(crate) fn experts(
         be.dev.memset(y.ptr()?, 0, f32_bytes(y.len())?)?;
     }
     let tc = be.dev.tensor_cores() && super::tc::experts_ok(owned);
-    let wide = be.dev.wide_moe(rows, nassign, total)
-        && if tc { super::tc::experts_wide(owned) } else { wide_experts(owned, inter, h) };
+    let wide = be.dev.wide_moe(rows, nassign, total) && (tc || wide_experts(owned, inter, h));
     let slots = match (wide, tc) {
         (true, true) => TCM,
         (true, false) => WTM,

@@ -340,8 +340,7 @@ pub(crate) fn linears(
         return Ok(());
     }
     let tc = be.dev.tensor_cores() && mats.iter().all(|m| m.tc());
-    let tc_wide = tc && be.dev.wide(rows) && mats.iter().all(|m| m.tc_wide());
-    if tc && !tc_wide && super::tc::few_linears(be, (x.ptr()?, rows), mats, outs)? {
+    if tc && !be.dev.wide(rows) && super::tc::few_linears(be, (x.ptr()?, rows), mats, outs)? {
         return Ok(());
     }
     if tc || mats.iter().all(|m| wide_kernel(be, m, "linear", rows, m.rows).is_some()) {

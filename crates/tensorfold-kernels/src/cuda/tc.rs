@@ -70,21 +70,27 @@ fn mat_args(w: &CudaMat) -> Result<[Arg; 4], CudaError> {
 }
 
 /// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): the stage of two chunks' A pieces (24 KiB),
-/// two buffers of two chunks' B fragments (32 KiB), then 32 segment totals a thread of 256 (32 KiB): 88 KiB, so two
-/// blocks fit a Hopper SM (228 KiB); a part with less shared memory runs one.
-const WIDE_SMEM: usize = 2 * 3 * (TCM / 16) * 2 * 32 * 16 + 2 * 2 * (TCN / 8) * 32 * 16 + 2 * 4 * 4 * 256 * 4;
-const _: () = assert!(WIDE_SMEM == 90_112, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
+/// two buffers of two chunks' B fragments (32 KiB), a quantized matrix's row sums of x (two chunks, 512 bytes) and
+/// two buffers of two chunks' scales and biases (4 KiB), then 32 segment totals a thread of 256 (32 KiB): 92.5 KiB,
+/// so two blocks fit a Hopper SM (228 KiB); a part with less shared memory runs one.
+const WIDE_SMEM: usize = 2 * 3 * (TCM / 16) * 2 * 32 * 16
+    + 2 * 2 * (TCN / 8) * 32 * 16
+    + 2 * TCM * 4
+    + 2 * 2 * 2 * TCN * 4
+    + 2 * 4 * 4 * 256 * 4;
+const _: () = assert!(WIDE_SMEM == 94_720, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
 
-/// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down) over `grid` blocks.
-fn wide_launch(be: &CudaBackend, kind: &str, grid: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
-    let name = match kind {
-        "linear" => "linear_tcw_bf16",
-        "gateup" => "gateup_tcw_bf16",
-        "moe_gateup" => "moe_gateup_tcw_bf16",
-        "moe_down" => "moe_down_tcw_bf16",
-        _ => return Err(CudaError::Shape(format!("no wide tensor-core {kind}"))),
-    };
-    let f = be.func(Src::Dense, name)?;
+/// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down) for matrices like `w` over `grid` blocks.
+fn wide_launch(
+    be: &CudaBackend,
+    (kind, w): (&str, &CudaMat),
+    grid: (u32, u32, u32),
+    args: &[Arg],
+) -> Result<(), CudaError> {
+    if !matches!(kind, "linear" | "gateup" | "moe_gateup" | "moe_down") {
+        return Err(CudaError::Shape(format!("no wide tensor-core {kind}")));
+    }
+    let f = be.func(Src::Dense, &format!("{kind}_tcw_{}", w.tc_dtype()))?;
     be.dev.allow_smem(&f, WIDE_SMEM)?;
     be.dev.launch(&f, grid, BLOCK, WIDE_SMEM as u32, args)
 }
@@ -102,9 +108,7 @@ fn narrow_tiles(rows: usize, tile: usize) -> Result<u32, CudaError> {
 /// ([`super::device::Dev::wide`]), else the few-row form for at most [`FEW_ROWS`] rows (16, 32 or 64 columns a
 /// block) or the narrow one (16 rows by 8, 16 or 32 columns: [`narrow_group`]). All give a row the same bits.
 pub(crate) fn linear(be: &CudaBackend, xp: u64, rows: usize, w: &CudaMat, bias: u64, op: u64) -> Result<(), CudaError> {
-    let (wp, _, _) = w.ptrs()?;
-    let narrow = [&mat_args(w)?[..], &[Arg::P(bias), Arg::P(op)]].concat();
-    dense(be, "linear", (xp, rows), w, (&[Arg::P(wp), Arg::P(bias), Arg::P(op)], &narrow))
+    dense(be, "linear", (xp, rows), w, &[&mat_args(w)?[..], &[Arg::P(bias), Arg::P(op)]].concat())
 }
 
 /// Up to three linears of one input `xp` (`[rows, k]`, every matrix a tensor-core one: the caller checked) in one
@@ -143,31 +147,22 @@ pub(crate) fn gateup(
     (g, u): (&CudaMat, &CudaMat),
     act: u64,
 ) -> Result<(), CudaError> {
-    let ((gp, _, _), (up, _, _)) = (g.ptrs()?, u.ptrs()?);
     let (ga, ua) = (mat_args(g)?, mat_args(u)?);
-    let narrow = [&ga[..3], &ua[..], &[Arg::P(act)]].concat();
-    dense(be, "gateup", (xp, rows), g, (&[Arg::P(gp), Arg::P(up), Arg::P(act)], &narrow))
+    dense(be, "gateup", (xp, rows), g, &[&ga[..3], &ua[..], &[Arg::P(act)]].concat())
 }
 
 /// One dense call of `kind` (`linear` or `gateup`) over `rows` rows of `xp` (`[rows, w.cols]`) into `w.rows`
-/// outputs, the kernel's matrix and output arguments in `tails` (the wide entry's, the narrow and few-row entries'):
-/// the wide form for calls that take the wide tiles of a bf16 matrix, else the few-row form for at most
-/// [`FEW_ROWS`] rows, else the narrow one, at [`narrow_group`]'s column groups.
-fn dense(
-    be: &CudaBackend,
-    kind: &str,
-    (xp, rows): (u64, usize),
-    w: &CudaMat,
-    (wide_tail, tail): (&[Arg], &[Arg]),
-) -> Result<(), CudaError> {
+/// outputs, the kernel's matrix and output arguments in `tail`: the wide form for calls that take the wide tiles,
+/// else the few-row form for at most [`FEW_ROWS`] rows, else the narrow one, at [`narrow_group`]'s column groups.
+fn dense(be: &CudaBackend, kind: &str, (xp, rows): (u64, usize), w: &CudaMat, tail: &[Arg]) -> Result<(), CudaError> {
     let (gateup, k, n) = (kind == "gateup", w.cols, w.rows);
     let head = [Arg::P(xp), Arg::I(int(rows, "rows")?), Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?)];
-    if be.dev.wide(rows) && w.tc_wide() {
+    let args = [&head[..], tail].concat();
+    if be.dev.wide(rows) {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(rows.div_ceil(TCM), "row tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        return wide_launch(be, kind, grid, &[&head[..], wide_tail].concat());
+        return wide_launch(be, (kind, w), grid, &args);
     }
-    let args = [&head[..], tail].concat();
     let (form, tile) = if rows <= FEW_ROWS { (Form::Few, FEW_ROWS) } else { (Form::Narrow, 16) };
     let tiles = narrow_tiles(rows, tile)?;
     let grp = narrow_group(be, form, n, tiles as usize, gateup);
@@ -179,12 +174,6 @@ fn dense(
 /// Whether the tensor-core expert tiles serve these experts: every w1, w3 and w2 a tensor-core matrix.
 pub(crate) fn experts_ok(experts: &[Ffn<CudaMat>]) -> bool {
     !experts.is_empty() && experts.iter().all(|f| f.w1.tc() && f.w3.tc() && f.w2.tc())
-}
-
-/// Whether the wide tensor-core expert tiles serve these experts (bf16 ones; quantized experts take the few-row
-/// tiles at every width).
-pub(crate) fn experts_wide(experts: &[Ffn<CudaMat>]) -> bool {
-    experts_ok(experts) && experts.iter().all(|f| f.w1.tc_wide() && f.w3.tc_wide() && f.w2.tc_wide())
 }
 
 /// A MoE call's plan as the tensor-core expert tiles read it: the expert table, the plan's tiles, their count and
@@ -219,15 +208,16 @@ pub(crate) fn grouped(
         tail.push(Arg::I(p.kk));
     }
     tail.push(Arg::P(output));
+    let gi = Arg::I(int(w.group, "group")?);
+    let head = [Arg::P(input), ki, ni, plan[0], gi];
     if p.wide {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(p.bound, "tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        return wide_launch(be, kind, grid, &[&[Arg::P(input), ki, ni][..], &tail].concat());
+        return wide_launch(be, (kind, w), grid, &[&head[..], &tail[1..]].concat());
     }
     let grp = narrow_group(be, Form::Few, n, p.bound, gateup);
     let f = be.func(Src::Dense, &narrow_entry(kind, Form::Few, grp, w)?)?;
-    let gi = Arg::I(int(w.group, "group")?);
-    let mut args = [&[Arg::P(input), ki, ni, plan[0], gi][..], &tail[1..], &[Arg::I(0)]].concat();
+    let mut args = [&head[..], &tail[1..], &[Arg::I(0)]].concat();
     let last = args.len() - 1;
     let gx = int(n.div_ceil(Form::Few.group_cols() * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {

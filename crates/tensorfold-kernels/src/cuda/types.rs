@@ -86,12 +86,6 @@ impl CudaMat {
         whole && (self.dtype == Dtype::Bf16 || (self.dtype.is_affine() && group))
     }
 
-    /// Whether the wide tensor-core form (dense_tcw.cu, bf16 only) serves this matrix; a quantized tensor-core
-    /// matrix runs the narrow forms at every width (the same bits, fewer rows a block).
-    pub(crate) fn tc_wide(&self) -> bool {
-        self.tc() && self.dtype == Dtype::Bf16
-    }
-
     /// The dtype suffix of this matrix's tensor-core entry points (dense_tc.cu's `TC_NARROW_ENTRIES`).
     pub(crate) fn tc_dtype(&self) -> &'static str {
         match self.dtype {
