@@ -26,7 +26,8 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "SECONDS", env = "TENSORFOLD_DEVICE_DEADLINE")]
     pub device_deadline: Option<f64>,
     /// With `--device cuda`: run the linears, MoE experts and attention on tensor cores (bf16 `mma.sync`, each f32
-    /// activation as three bf16 pieces, f32 accumulation; sm_80 and later). Not lossy (the kernel contract's bounds
+    /// activation as three bf16 pieces, f32 accumulation; MLX 4- and 8-bit matrices enter as their codes, scaled
+    /// per 32-element chunk; sm_80 and later). Not lossy (the kernel contract's bounds
     /// hold) and row-invariant, but its bits differ from the default CUDA-core forms', so it is the whole process's
     /// mode. Faster prefill and many-stream decode, slower one-stream decode (docs/cuda.md). Off by default; the
     /// environment's `TENSORFOLD_CUDA_TENSOR_CORES=1` turns it on too.

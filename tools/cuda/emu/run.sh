@@ -50,12 +50,12 @@ done
 # The tensor-core linears (TENSORFOLD_CUDA_TENSOR_CORES=1) in a whole model: the bf16 MoE fixture's matrices take
 # them, and the 4-bit MoE fixture's codes take the quantized tensor-core forms (group 64: two chunks a group).
 for fx in tests/fixtures/lfm2-moe-bf16-fused tests/fixtures/mlx/lfm2-moe-bf16-q4g64; do
-    if TENSORFOLD_CUDA_TENSOR_CORES=1 "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact-tc.log" 2>&1; then
+    if TENSORFOLD_CUDA_TENSOR_CORES=1 "$TENSORFOLD_BIN" exact --device cuda --model "$fx" --reference "$fx/reference.safetensors" >"$DIR/exact-tc-$(basename "$fx").log" 2>&1; then
         echo "ok: exact --device cuda $(basename "$fx") with tensor cores"
     else
         status=1
         echo "FAIL: exact --device cuda $(basename "$fx") with tensor cores"
-        grep -E "FAIL|error" "$DIR/exact-tc.log" | head -5 || true
+        grep -E "FAIL|error" "$DIR/exact-tc-$(basename "$fx").log" | head -5 || true
     fi
 done
 # Held drafts on the device path (the verify embeds the drafter's picks on the device): the default pair's drafted

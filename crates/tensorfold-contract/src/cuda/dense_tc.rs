@@ -122,7 +122,7 @@ struct LinearTc(CudaBackend);
 impl LinearTc {
     /// Gate `multi`: q/k/v-style linears of one input in one call (one few-row launch at 1 and 3 rows, at 1, 2 and
     /// 4 column groups) give each output a `linear`'s bits.
-    fn multi(be: &CudaBackend, rng: &mut StdRng, dtype: Dtype) -> Gate {
+    fn multi(be: &CudaBackend, rng: &mut StdRng, dtype: (Dtype, usize)) -> Gate {
         let ws: Vec<_> =
             [40, 8, 72].iter().map(|&n| be.upload_mat(&tc_mat(rng, n, 64, dtype)).expect("upload")).collect();
         let mut diffs = 0;
@@ -140,19 +140,19 @@ impl LinearTc {
         Gate::new(
             "multi",
             diffs == 0,
-            format!("three {dtype:?} linears in one call against one each: {diffs} values differ"),
+            format!("three {:?} linears in one call against one each: {diffs} values differ", dtype.0),
         )
     }
 }
 
-/// Sets the narrow forms' column groups for a gate and puts the host's choice back when dropped.
 /// A `[n, k]` test matrix of `dtype` for the tensor-core forms: bf16, or bf16 values quantized to Q8 / Q4 in
-/// groups of 32.
-fn tc_mat(rng: &mut StdRng, n: usize, k: usize, dtype: Dtype) -> MatView {
+/// groups of `group`.
+fn tc_mat(rng: &mut StdRng, n: usize, k: usize, (dtype, group): (Dtype, usize)) -> MatView {
     let w = bf16_mat(rng, n, k, 0.5);
-    if dtype.is_affine() { w.quantize_affine(dtype, 32).expect("k divides into groups of 32") } else { w }
+    if dtype.is_affine() { w.quantize_affine(dtype, group).expect("k divides into groups") } else { w }
 }
 
+/// Sets the narrow forms' column groups for a gate and puts the host's choice back when dropped.
 struct GroupsAt<'a>(&'a CudaBackend, Option<usize>);
 
 impl<'a> GroupsAt<'a> {
@@ -171,11 +171,16 @@ impl Drop for GroupsAt<'_> {
 impl LinearTc {
     /// Gate `groups`: the few-row (1 row) and narrow (9 and 16 rows) forms at 1, 2 and 4 column groups a block (the
     /// linear; the gate-up reads two matrices, so 1 and 2) give every output the same bits.
-    fn groups(be: &CudaBackend, rng: &mut StdRng, dtype: Dtype) -> Gate {
+    fn groups(be: &CudaBackend, rng: &mut StdRng, dtype: (Dtype, usize)) -> Gate {
         // k = 1056: 33 chunks, segments of 8, 8, 8 and 9, so every group count walks full and partial batches.
         let k = 1056;
         let w = be.upload_mat(&tc_mat(rng, 72, k, dtype)).expect("upload");
-        let f = ffn(rng, k, 96, if dtype == Dtype::Q4 { "q4" } else { "bf16" });
+        let kind = match dtype.0 {
+            Dtype::Q8 => "q8",
+            Dtype::Q4 => "q4",
+            _ => "bf16",
+        };
+        let f = ffn(rng, k, 96, kind);
         let up_mat = |m: &MatView| be.upload_mat(m).expect("upload");
         let fm = Ffn { w1: up_mat(&f.w1), w3: up_mat(&f.w3), w2: up_mat(&f.w2) };
         let mut diffs = 0;
@@ -197,7 +202,7 @@ impl LinearTc {
         Gate::new(
             "groups",
             diffs == 0,
-            format!("{dtype:?} narrow forms at 2 and 4 column groups against 1: {diffs} values differ"),
+            format!("{:?} narrow forms at 2 and 4 column groups against 1: {diffs} values differ", dtype.0),
         )
     }
 }
@@ -245,10 +250,11 @@ impl Kernel for LinearTc {
             gates.push(affine_reference(&be, rng, &w, &shape));
             gates.push(super::dense::linear_invariance(&be, rng, &w, &shape));
         }
-        for dtype in [Dtype::Bf16, Dtype::Q8, Dtype::Q4] {
+        for dtype in [(Dtype::Bf16, 1), (Dtype::Q8, 64), (Dtype::Q4, 32)] {
             gates.push(Self::multi(&be, rng, dtype));
         }
-        for dtype in [Dtype::Bf16, Dtype::Q4] {
+        // k = 1056 is 33 chunks: groups of 32 (one chunk) only.
+        for dtype in [(Dtype::Bf16, 1), (Dtype::Q8, 32), (Dtype::Q4, 32)] {
             gates.push(Self::groups(&be, rng, dtype));
         }
         gates.extend(super::dense::swiglu_gates(&be, &swiglu_shapes(scale), rng));

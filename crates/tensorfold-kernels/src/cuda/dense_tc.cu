@@ -1,4 +1,4 @@
-//! Tensor-core linears for bf16 matrices with k % 32 == 0 (issue 22's first form): f32 activations as three bf16 pieces on mma.sync, one K order at every width.
+//! Tensor-core linears for bf16 and MLX Q8 / Q4 matrices with k % 32 == 0 (issue 22's first form): f32 activations as three bf16 pieces on mma.sync, one K order at every width.
 // Appended to dense.cu's module (cuda/device.rs), so it shares common.cuh. Only a process opened with tensor cores
 // on runs these (docs/cuda.md); then every width of such a matrix runs them, so a row has one set of bits.
 //
@@ -10,9 +10,9 @@
 //   [s * C / TC_SEGS, (s + 1) * C / TC_SEGS).
 // - A chunk's value is one tensor-core partial from +0: mma.sync m16n8k16 (bf16 in, f32 accumulate) over pieces
 //   hi, lo, lo2 in that order, each over the chunk's two k16 halves in order. Slot (2t + 8j + e) of half h of an mma
-//   holds element 8t + 4h + 2j + e of the chunk (t = lane % 4, j, e in {0, 1}): each lane loads 16 contiguous
-//   bytes of its weight column (tc_frag_split, the few-row form's operands and the wide tile's staging use the same
-//   map).
+//   holds element 8t + 4h + 2j + e of the chunk (t = lane % 4, j, e in {0, 1}): each lane loads 8 contiguous
+//   weights of its column (16 bytes of bf16, 8 of Q8 codes, 4 of Q4; tc_frag_split, the few-row form's operands
+//   and the wide tile's staging use the same map). A quantized chunk's value is below (tc_affine).
 // - A segment adds its chunks' values in increasing order from +0 with f32 adds; the segments add in order:
 //   ((seg0 + seg1) + seg2) + seg3.
 // The tensor cores' internal sum of a partial is not IEEE round-to-nearest, which is why each 32-element chunk gets

@@ -86,8 +86,8 @@ __device__ __forceinline__ const Mat& tc_block_col(const Mat& m0, const Mat& m1,
 // Thread `tid`'s weight copies of stage `st` into buffer `buf`, in flight until tc_async_wait: unit u = tid + 256 i
 // is b[buf][cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2, tile = u / 64: block column 8 tile + lane / 4 at
 // element 8 (lane % 4) of the chunk (tc_block_col's column); a quantized matrix's scales and biases of the stage's
-// chunks go to sb (unit v = tid + 256 i, i < 2: chunk i, block column tid / 2, the bias when tid is odd). Chunks past
-// C are zeros.
+// chunks go to sb (thread tid copies chunk i's (i < 2) scale, or its bias when tid is odd, of block column tid / 2).
+// Chunks past C are zeros.
 template <int DT, int NW>
 __device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const Mat& m0, const Mat& m1, int j0, int n,
                                            int st, int chunks, int gs) {
@@ -234,7 +234,7 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
         const float xr[2] = {sm.xs[cc][32 * wm + 16 * mi + g], sm.xs[cc][32 * wm + 16 * mi + g + 8]};
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) {
-          Raw8 r;
+          Raw8 r = {};
           r.a = sm.b[st & 1][cc][4 * wn + ni][lane];
           float p[4];
           tc_partial(p, a, tc_wfrag<DT>(r));
@@ -257,7 +257,7 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
 template <int NW, class Put>
 __device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int j0, int n, Put put) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
-  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 56
+  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 60.5
   if (NW == 2) __syncthreads();             // the last stage is multiplied
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)

@@ -146,7 +146,8 @@ pub struct Dev {
     /// gap between the two. Off under a profile (each kernel is timed alone).
     pub pdl: bool,
     /// `--tensor-cores` or `TENSORFOLD_CUDA_TENSOR_CORES=1` (sm_80 and later), or the contract's [`Dev::set_tensor_cores`]: bf16
-    /// matrices with k % 32 == 0 run the tensor-core linears (dense_tc.cu) at every width. Their bits differ from
+    /// matrices with k % 32 == 0, and MLX Q8 / Q4 ones whose group is 32 times a power of two, run the tensor-core
+    /// linears (dense_tc.cu, dense_tcw.cu) at every width. Their bits differ from
     /// the CUDA-core forms' (another fixed order, the same bound), so the setting holds for the process: a row's
     /// bits never depend on the call. Off by default until the decode forms match the CUDA cores' speed.
     tensor_cores: AtomicBool,
@@ -375,7 +376,8 @@ impl Dev {
         (was != UNSET).then_some(was)
     }
 
-    /// Whether bf16 matrices with k % 32 == 0 run the tensor-core linears (the mode is the process's: see `TENSORFOLD_CUDA_TENSOR_CORES`).
+    /// Whether the tensor-core linears serve the matrices they can (`CudaMat::tc`; the mode is the process's: see
+    /// `TENSORFOLD_CUDA_TENSOR_CORES`).
     pub fn tensor_cores(&self) -> bool {
         self.tensor_cores.load(Ordering::Relaxed)
     }

@@ -86,12 +86,14 @@ impl CudaMat {
         whole && (self.dtype == Dtype::Bf16 || (self.dtype.is_affine() && group))
     }
 
-    /// The dtype suffix of this matrix's tensor-core entry points (dense_tc.cu's `TC_NARROW_ENTRIES`).
+    /// The dtype suffix of this matrix's tensor-core entry points (dense_tc.cu's `TC_NARROW_ENTRIES`, dense_tcw.cu's
+    /// `TCW_ENTRIES`); an f32 matrix has none (its name is refused at lookup).
     pub(crate) fn tc_dtype(&self) -> &'static str {
         match self.dtype {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
             Dtype::Q8 => "q8",
             Dtype::Q4 => "q4",
-            _ => "bf16",
         }
     }
 
