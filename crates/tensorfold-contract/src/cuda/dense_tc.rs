@@ -28,9 +28,13 @@ fn shapes(scale: Scale) -> Vec<(usize, usize)> {
 /// Quantized shapes `(n, k, dtype, group)` the tensor-core forms serve (k % 32 == 0, groups of 32 times a power of
 /// two): chunk counts 2 to 65, groups of 1, 2 and 4 chunks, n past a whole block.
 fn affine_shapes(scale: Scale) -> Vec<(usize, usize, Dtype, usize)> {
-    let mut v =
-        vec![(40, 64, Dtype::Q4, 32), (96, 128, Dtype::Q8, 64), (130, 256, Dtype::Q4, 128), (24, 2080, Dtype::Q8, 32)];
-    v.push((72, 2048, Dtype::Q4, 64));
+    let mut v = vec![
+        (40, 64, Dtype::Q4, 32),
+        (96, 128, Dtype::Q8, 64),
+        (130, 256, Dtype::Q4, 128),
+        (24, 2080, Dtype::Q8, 32),
+        (72, 2048, Dtype::Q4, 64),
+    ];
     if scale == Scale::Served {
         v.extend([(6144, 2048, Dtype::Q4, 64), (2048, 2048, Dtype::Q8, 64), (2048, 1536, Dtype::Q4, 64)]);
     }

@@ -60,7 +60,7 @@ fn narrow_entry(kind: &str, form: Form, grp: usize, w: &CudaMat) -> Result<Strin
         return Err(CudaError::Shape(format!("no {form:?} tensor-core {kind} at {grp} column groups")));
     }
     let f = if form == Form::Narrow { "tc" } else { "tcf" };
-    Ok(format!("{kind}_{f}{grp}_{}", w.tc_dtype()))
+    Ok(format!("{kind}_{f}{grp}_{}", w.dtype_name()))
 }
 
 /// A matrix's arguments of the narrow and few-row entries: values, scales, biases (0 for bf16), then the group.
@@ -90,7 +90,7 @@ fn wide_launch(
     if !matches!(kind, "linear" | "gateup" | "moe_gateup" | "moe_down") {
         return Err(CudaError::Shape(format!("no wide tensor-core {kind}")));
     }
-    let f = be.func(Src::Dense, &format!("{kind}_tcw_{}", w.tc_dtype()))?;
+    let f = be.func(Src::Dense, &format!("{kind}_tcw_{}", w.dtype_name()))?;
     be.dev.allow_smem(&f, WIDE_SMEM)?;
     be.dev.launch(&f, grid, BLOCK, WIDE_SMEM as u32, args)
 }
@@ -129,7 +129,7 @@ pub(crate) fn few_linears(
     if gx == 0 {
         return Ok(true);
     }
-    let f = be.func(Src::Dense, &format!("linear3_tcf{grp}_{}", mats[0].tc_dtype()))?;
+    let f = be.func(Src::Dense, &format!("linear3_tcf{grp}_{}", mats[0].dtype_name()))?;
     let tm = be.dev.stage(&table)?;
     let tp = tm.as_ref().map_or(0, |m| m.ptr);
     let (ri, ki, gi) = (int(rows, "rows")?, int(mats[0].cols, "cols")?, int(mats[0].group, "group")?);
@@ -202,22 +202,20 @@ pub(crate) fn grouped(
 ) -> Result<(), CudaError> {
     let gateup = kind == "moe_gateup";
     let (ki, ni) = (Arg::I(int(k, "cols")?), Arg::I(int(n, "outputs")?));
-    let plan = [p.tab, p.tiles, p.ntiles, p.list].map(Arg::P);
-    let mut tail: Vec<Arg> = plan.to_vec();
-    if gateup {
-        tail.push(Arg::I(p.kk));
-    }
-    tail.push(Arg::P(output));
     let gi = Arg::I(int(w.group, "group")?);
-    let head = [Arg::P(input), ki, ni, plan[0], gi];
+    let mut args = vec![Arg::P(input), ki, ni, Arg::P(p.tab), gi, Arg::P(p.tiles), Arg::P(p.ntiles), Arg::P(p.list)];
+    if gateup {
+        args.push(Arg::I(p.kk));
+    }
+    args.push(Arg::P(output));
     if p.wide {
         let cols = if gateup { TCN / 2 } else { TCN };
         let grid = (int(p.bound, "tiles")? as u32, int(n.div_ceil(cols), "blocks")? as u32, 1);
-        return wide_launch(be, (kind, w), grid, &[&head[..], &tail[1..]].concat());
+        return wide_launch(be, (kind, w), grid, &args);
     }
     let grp = narrow_group(be, Form::Few, n, p.bound, gateup);
     let f = be.func(Src::Dense, &narrow_entry(kind, Form::Few, grp, w)?)?;
-    let mut args = [&head[..], &tail[1..], &[Arg::I(0)]].concat();
+    args.push(Arg::I(0));
     let last = args.len() - 1;
     let gx = int(n.div_ceil(Form::Few.group_cols() * grp), "blocks")? as u32;
     for tile0 in (0..p.bound).step_by(GRID_YZ) {

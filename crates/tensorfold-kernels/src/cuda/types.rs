@@ -86,9 +86,9 @@ impl CudaMat {
         whole && (self.dtype == Dtype::Bf16 || (self.dtype.is_affine() && group))
     }
 
-    /// The dtype suffix of this matrix's tensor-core entry points (dense_tc.cu's `TC_NARROW_ENTRIES`, dense_tcw.cu's
-    /// `TCW_ENTRIES`); an f32 matrix has none (its name is refused at lookup).
-    pub(crate) fn tc_dtype(&self) -> &'static str {
+    /// The dtype in this matrix's kernel names (dense.cu's entries; dense_tc.cu's `TC_NARROW_ENTRIES` and
+    /// dense_tcw.cu's `TCW_ENTRIES` for the tensor-core ones, where f32 has none: its name is refused at lookup).
+    pub(crate) fn dtype_name(&self) -> &'static str {
         match self.dtype {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
@@ -99,13 +99,7 @@ impl CudaMat {
 
     /// The dense.cu entry point of kernel family `kind` (`linear`, `gateup`, `moe_gateup`, `moe_down`) for this matrix.
     pub(crate) fn kernel(&self, kind: &str) -> String {
-        let dt = match self.dtype {
-            Dtype::F32 => "f32",
-            Dtype::Bf16 => "bf16",
-            Dtype::Q8 => "q8",
-            Dtype::Q4 => "q4",
-        };
-        format!("{kind}_{dt}_{}", if self.v8() { "v8" } else { "v1" })
+        format!("{kind}_{}_{}", self.dtype_name(), if self.v8() { "v8" } else { "v1" })
     }
 
     /// [`Self::kernel`], and the output columns a block of it covers: the `_r1` form (a row at a time, 8 loads in
