@@ -119,6 +119,8 @@ pub struct Dev {
     /// The device's name as the driver reports it.
     pub name: String,
     cache: Option<PathBuf>,
+    /// NVRTC's version ([`nvrtc::version`]), part of every kernel cache key.
+    nvrtc: String,
     modules: Mutex<Modules>,
     /// The first failure waiting to be reported, and whether it left the device unusable.
     error: Mutex<Option<(String, bool)>>,
@@ -253,6 +255,7 @@ impl Dev {
             arch: format!("sm_{major}{minor}"),
             name,
             cache: nvrtc::cache_dir(),
+            nvrtc: nvrtc::version(),
             modules: Mutex::default(),
             error: Mutex::default(),
             consts: Mutex::default(),
@@ -447,7 +450,7 @@ impl Dev {
     fn load(&self, src: Src, define: Option<&'static str>) -> Result<Arc<CudaModule>, CudaError> {
         let source = src.source_for(define);
         let opts = nvrtc::options(&self.arch, define);
-        let key = nvrtc::cache_key(&source, &self.arch, &opts);
+        let key = nvrtc::cache_key(&source, &self.arch, &self.nvrtc, &opts);
         if let Some(dir) = &self.cache
             && let Some(img) = nvrtc::cached(dir, src.name(), &key)
             && let Ok(m) = self.load_image(img)

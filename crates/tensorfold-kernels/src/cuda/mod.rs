@@ -341,7 +341,11 @@ mod tests {
                 // A planted build never reads a shipped module from the kernel cache, nor the other way round.
                 let define = faults_of(&planted).remove(0);
                 let (plain, fault) = (nvrtc::options("sm_90", None), nvrtc::options("sm_90", Some(&define)));
-                assert_ne!(nvrtc::cache_key(&shipped, "sm_90", &plain), nvrtc::cache_key(&planted, "sm_90", &fault));
+                let (shipped_key, planted_key) = (
+                    nvrtc::cache_key(&shipped, "sm_90", "13.0", &plain),
+                    nvrtc::cache_key(&planted, "sm_90", "13.0", &fault),
+                );
+                assert_ne!(shipped_key, planted_key);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! NVRTC compilation of the embedded kernel sources for the device's architecture, with an on-disk cache of the
-//! results keyed by a hash of the source, the architecture and the options.
+//! results keyed by a hash of the source, the architecture, the compiler's version and the options.
 
 use super::CudaError;
 use cudarc::nvrtc::{result, sys};
@@ -44,11 +44,28 @@ pub fn options(arch: &str, define: Option<&str>) -> Vec<String> {
     o
 }
 
-/// The cache key of a module: 32 hex digits of SHA-256 over the source, the architecture and the options, each
-/// length-prefixed so no two different inputs share a key by concatenation.
-pub fn cache_key(source: &str, arch: &str, options: &[String]) -> String {
+/// This process's NVRTC as `MAJOR.MINOR` (`nvrtcVersion`), `unknown` when the library does not say, `none` when
+/// it cannot be loaded. Part of every cache key: machine code from one compiler is never loaded for another (a
+/// toolkit upgrade compiles afresh; a cache folder shared by machines with different toolkits keeps both).
+pub fn version() -> String {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return "none".into();
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out pointers for the call.
+    match unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result() {
+        Ok(()) => format!("{major}.{minor}"),
+        Err(_) => "unknown".into(),
+    }
+}
+
+/// The cache key of a module: 32 hex digits of SHA-256 over the source, the architecture, the compiler's version
+/// ([`version`]) and the options, each length-prefixed so no two different inputs share a key by concatenation.
+pub fn cache_key(source: &str, arch: &str, compiler: &str, options: &[String]) -> String {
     let mut h = Sha256::new();
-    for part in std::iter::once(source).chain(std::iter::once(arch)).chain(options.iter().map(|s| s.as_str())) {
+    let parts = [source, arch, compiler].into_iter().chain(options.iter().map(|s| s.as_str()));
+    for part in parts {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -140,18 +157,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cache_key_is_stable_and_covers_source_arch_and_options() {
+    fn the_cache_key_is_stable_and_covers_source_arch_compiler_and_options() {
         let o = options("sm_90", None);
-        let k = cache_key("extern \"C\" __global__ void f() {}", "sm_90", &o);
+        let src = "extern \"C\" __global__ void f() {}";
+        let k = cache_key(src, "sm_90", "13.0", &o);
         assert_eq!(k.len(), 32);
         assert!(k.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(k, cache_key("extern \"C\" __global__ void f() {}", "sm_90", &o));
-        assert_ne!(k, cache_key("extern \"C\" __global__ void g() {}", "sm_90", &o));
-        assert_ne!(k, cache_key("extern \"C\" __global__ void f() {}", "sm_80", &o));
+        assert_eq!(k, cache_key(src, "sm_90", "13.0", &o));
+        assert_ne!(k, cache_key("extern \"C\" __global__ void g() {}", "sm_90", "13.0", &o));
+        assert_ne!(k, cache_key(src, "sm_80", "13.0", &o));
+        // Another NVRTC never loads this one's machine code.
+        assert_ne!(k, cache_key(src, "sm_90", "12.9", &o));
         let planted = options("sm_90", Some("FAULT_X"));
-        assert_ne!(k, cache_key("extern \"C\" __global__ void f() {}", "sm_90", &planted));
+        assert_ne!(k, cache_key(src, "sm_90", "13.0", &planted));
         // Length prefixes: moving a character between parts changes the key.
-        assert_ne!(cache_key("ab", "c", &[]), cache_key("a", "bc", &[]));
+        assert_ne!(cache_key("ab", "c", "", &[]), cache_key("a", "bc", "", &[]));
+        assert_ne!(cache_key("a", "b", "c1", &[]), cache_key("a", "bc", "1", &[]));
     }
 
     #[test]
