@@ -321,7 +321,7 @@ fn a_non_finite_drafter_score_turns_drafting_off_for_its_stream_only() {
         let toks: Vec<u32> = ev.iter().filter_map(|e| if let Event::Token(t) = e { Some(*t) } else { None }).collect();
         ev.into_iter()
             .find_map(|e| match e {
-                Event::Finished { reason, error, stats } => Some((reason, error, stats, toks.clone())),
+                Event::Finished { reason, error, stats, .. } => Some((reason, error, stats, toks.clone())),
                 _ => None,
             })
             .expect("finished")
@@ -383,7 +383,7 @@ fn a_drafter_failure_in_a_batched_block_pass_costs_no_stream_a_token() {
         let (reason, error, stats) = ev
             .iter()
             .find_map(|e| match e {
-                Event::Finished { reason, error, stats } => Some((*reason, error.clone(), stats.clone())),
+                Event::Finished { reason, error, stats, .. } => Some((*reason, error.clone(), stats.clone())),
                 _ => None,
             })
             .expect("finished");

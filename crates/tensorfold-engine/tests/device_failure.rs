@@ -76,6 +76,8 @@ fn a_device_error_that_leaves_the_device_usable_fails_its_stream_alone() {
         if i == 1 {
             assert_eq!(s.reason, Some(FinishReason::Error));
             assert!(s.error.as_deref().is_some_and(|e| e.contains("out of memory")), "{:?}", s.error);
+            // A device error is not the reserve's named out-of-memory, whatever its message says.
+            assert!(!s.out_of_memory, "{s:?}");
         } else {
             assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
         }
@@ -86,7 +88,7 @@ fn a_device_error_that_leaves_the_device_usable_fails_its_stream_alone() {
 /// Whether `s` finished with the reserve's out-of-memory error, having run no round.
 fn refused_by_name(s: &common::Seen) -> bool {
     let named = s.error.as_deref().is_some_and(|e| e.starts_with("OutOfMemory: kv_reserve could not allocate"));
-    s.reason == Some(FinishReason::Error) && named && s.tokens.is_empty() && s.cached.is_none()
+    s.reason == Some(FinishReason::Error) && named && s.out_of_memory && s.tokens.is_empty() && s.cached.is_none()
 }
 
 #[test]

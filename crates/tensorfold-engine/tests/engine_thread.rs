@@ -45,7 +45,7 @@ fn collect(rx: Receiver<Event>) -> Reply {
                 assert!(cached.is_some(), "a token before Prefilled");
                 tokens.push(t);
             }
-            Event::Finished { reason, error, stats } => {
+            Event::Finished { reason, error, stats, .. } => {
                 assert_eq!(error, None);
                 return Reply { tokens, cached: cached.expect("prefilled"), reason, stats };
             }

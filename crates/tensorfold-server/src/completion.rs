@@ -58,6 +58,9 @@ pub struct Outcome {
     pub error: Option<String>,
     /// The engine went away without finishing the stream (shutting down): the answer is 503, not 500.
     pub stopped: bool,
+    /// The stream failed for want of device memory then (the engine's `out_of_memory`): the answer is 503 with
+    /// `Retry-After`, not 500, since the same request may succeed later.
+    pub out_of_memory: bool,
     /// The drafter's error for this reply, if it failed (the reply then finished without drafts).
     pub draft_error: Option<String>,
     /// When the first and the last token arrived (the access log's TTFT and decode rate).
@@ -230,6 +233,7 @@ impl Running {
             accepted_at: Vec::new(),
             error: None,
             stopped: false,
+            out_of_memory: false,
             draft_error: None,
             first_token_at: None,
             last_token_at: None,
@@ -276,7 +280,7 @@ impl Running {
                         return Some(out);
                     }
                 }
-                Event::Finished { reason, error, stats } => {
+                Event::Finished { reason, error, out_of_memory, stats } => {
                     out.take_draft_stats(&stats);
                     self.guard.done = true;
                     let tail = detok.take().map(|d| d.finish()).unwrap_or_default();
@@ -296,6 +300,7 @@ impl Running {
                     };
                     if reason == FinishReason::Error {
                         out.error = Some(error.unwrap_or_else(|| "the stream failed".into()));
+                        out.out_of_memory = out_of_memory;
                     }
                     return Some(out);
                 }

@@ -54,6 +54,21 @@ impl ApiError {
         Self { status, message: message.into(), kind, param: None, code: None }
     }
 
+    /// A stream the device had no memory for then (the engine finished it alone, `OutOfMemory: ...`): 503 with
+    /// `Retry-After` and code `insufficient_memory`, since the same request may succeed once other streams finish.
+    pub fn out_of_memory(message: impl Into<String>) -> Self {
+        Self::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code("insufficient_memory")
+    }
+
+    /// The answer to a stream that failed with `message` while the engine runs: [`ApiError::out_of_memory`] when
+    /// it found no device memory, else 500.
+    pub fn stream_failed(message: impl Into<String>, out_of_memory: bool) -> Self {
+        if out_of_memory {
+            return Self::out_of_memory(message);
+        }
+        Self::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
     /// The reply body.
     pub fn body(&self) -> ErrorResponse {
         let (message, kind, param, code) = (self.message.clone(), self.kind, self.param.clone(), self.code);

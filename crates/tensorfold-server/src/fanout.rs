@@ -57,9 +57,10 @@ pub(crate) async fn collect(
             .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
         if let Some(e) = &out.error {
             log.outcome(&out);
-            let status =
-                if r.engine.is_alive() { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::SERVICE_UNAVAILABLE };
-            return Err(ApiError::status(status, "server_error", e.clone()));
+            if !r.engine.is_alive() {
+                return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.clone()));
+            }
+            return Err(ApiError::stream_failed(e.clone(), out.out_of_memory));
         }
         metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
         choices.push((pieces, out));
@@ -145,8 +146,9 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
                 }?;
                 if let Some(e) = &out.error {
                     log.outcome(&out);
-                    log.failed(StatusCode::INTERNAL_SERVER_ERROR);
-                    send(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()).to_json());
+                    let err = ApiError::stream_failed(e.clone(), out.out_of_memory);
+                    log.failed(err.status);
+                    send(err.to_json());
                     return None;
                 }
                 if let Some(t) = tools.as_mut() {

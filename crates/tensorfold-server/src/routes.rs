@@ -155,7 +155,7 @@ async fn respond(s: AppState, r: Ready, ids: Vec<u32>, params: Params, a: Answer
         if out.stopped || !r.engine.is_alive() {
             return Err(stopped_error(e));
         }
-        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone()));
+        return Err(ApiError::stream_failed(e.clone(), out.out_of_memory));
     }
     metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
@@ -221,11 +221,8 @@ fn stream(
         }
         log.outcome(&out);
         if let Some(e) = &out.error {
-            let err = if out.stopped {
-                stopped_error(e)
-            } else {
-                ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.clone())
-            };
+            let err =
+                if out.stopped { stopped_error(e) } else { ApiError::stream_failed(e.clone(), out.out_of_memory) };
             log.failed(err.status);
             send(err.to_json());
         } else {

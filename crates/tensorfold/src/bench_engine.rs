@@ -98,7 +98,7 @@ fn collect(rx: Receiver<Event>) -> anyhow::Result<Reply> {
     for e in rx.iter() {
         match e {
             Event::Token(t) => tokens.push(t),
-            Event::Finished { reason, error, stats } => return Ok(Reply { tokens, reason, error, stats }),
+            Event::Finished { reason, error, stats, .. } => return Ok(Reply { tokens, reason, error, stats }),
             _ => {}
         }
     }

@@ -21,14 +21,15 @@ impl<T: Target> Core<T> {
     }
 
     /// Finishes running request `id`, whose state the target could not reserve, with that error (reason `error`):
-    /// out of memory is that request's alone, and every other stream runs on. A lost device is recorded instead,
-    /// and the step's check ends every request with it ([`Core::fail_all`]).
+    /// out of memory is that request's alone (its event says so: a retry may succeed), and every other stream runs
+    /// on. A lost device is recorded instead, and the step's check ends every request with it ([`Core::fail_all`]).
     pub(super) fn refuse_state(&mut self, id: RequestId, e: ForwardError) {
         self.note_device(&e);
         if self.failure.is_none()
             && let Some(i) = self.lanes.iter().position(|s| s.id == id)
         {
-            self.finish(i, FinishReason::Error, Some(e.to_string()));
+            let oom = matches!(e, ForwardError::Kernel(KernelError::OutOfMemory { .. }));
+            self.finish_as(i, FinishReason::Error, Some(e.to_string()), oom);
         }
     }
 

@@ -123,7 +123,7 @@ impl<T: Target> Core<T> {
         let followers = std::mem::take(&mut w.followers);
         for mut m in std::iter::once(w).chain(followers) {
             let stats = Stats { prompt_tokens: m.req.prompt.len(), queued: now - m.submitted, ..Stats::default() };
-            m.sink.send(Event::Finished { reason, error: error.clone(), stats });
+            m.sink.send(Event::Finished { reason, error: error.clone(), out_of_memory: false, stats });
         }
     }
 

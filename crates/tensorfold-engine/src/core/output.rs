@@ -116,6 +116,11 @@ impl<T: Target> Core<T> {
 
     /// Ends lane `i`: its last event, its lane and its memory are released at once.
     pub(super) fn finish(&mut self, i: usize, reason: FinishReason, error: Option<String>) {
+        self.finish_as(i, reason, error, false);
+    }
+
+    /// [`Core::finish`], the event's `out_of_memory` set as given.
+    pub(super) fn finish_as(&mut self, i: usize, reason: FinishReason, error: Option<String>, out_of_memory: bool) {
         let mut s = self.lanes.swap_remove(i);
         self.release_followers(s.id);
         let now = self.clock.now();
@@ -123,6 +128,6 @@ impl<T: Target> Core<T> {
         let mut stats = s.stats;
         stats.generated_tokens = s.generated;
         stats.decode = s.first_token.map_or_else(Default::default, |t| now - t);
-        s.sink.send(Event::Finished { reason, error, stats });
+        s.sink.send(Event::Finished { reason, error, out_of_memory, stats });
     }
 }

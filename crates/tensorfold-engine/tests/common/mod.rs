@@ -169,6 +169,8 @@ pub struct Seen {
     pub reason: Option<FinishReason>,
     /// The error message, if any.
     pub error: Option<String>,
+    /// `Finished.out_of_memory`.
+    pub out_of_memory: bool,
     /// Its stats.
     pub stats: Stats,
 }
@@ -202,9 +204,10 @@ impl Watch {
                     assert!(self.seen.cached.is_some(), "request {}: a token before Prefilled", self.id);
                     self.seen.tokens.push(t);
                 }
-                Event::Finished { reason, error, stats } => {
+                Event::Finished { reason, error, out_of_memory, stats } => {
                     self.seen.reason = Some(reason);
                     self.seen.error = error;
+                    self.seen.out_of_memory = out_of_memory;
                     self.seen.finished_round = Some(round);
                     self.seen.stats = stats;
                 }

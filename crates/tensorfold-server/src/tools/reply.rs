@@ -173,6 +173,7 @@ mod tests {
             accepted_at: vec![],
             error: None,
             stopped: false,
+            out_of_memory: false,
             draft_error: None,
             first_token_at: None,
             last_token_at: None,

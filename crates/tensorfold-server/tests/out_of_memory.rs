@@ -1,0 +1,139 @@
+//! A stream the device has no memory for (the target's reserve answers `KernelError::OutOfMemory`) fails alone and
+//! is answered 503 with `Retry-After` and code `insufficient_memory`, streamed or not: a retry may succeed, unlike
+//! a 500. The requests that fit are served as before, and the server stays up.
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::{Caps, Engine, EngineConfig, ForwardCall, SegOut, Target};
+use tensorfold_kernels::KernelError;
+use tensorfold_model::ForwardError;
+use tensorfold_server::state::Ready;
+use tensorfold_server::{ServeOptions, serve_on};
+
+/// Positions the fake device can hold for one stream.
+const ROOM: usize = 64;
+
+/// The fake target, whose reserve finds no room for a stream of more than [`ROOM`] positions.
+struct Tight(FakeTarget);
+
+impl Target for Tight {
+    type State = Vec<u32>;
+    type Held = ();
+    fn caps(&self) -> Caps {
+        self.0.caps()
+    }
+    fn new_state(&self) -> Vec<u32> {
+        self.0.new_state()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        self.0.pos(s)
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.0.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.0.stream_bytes(tokens, verify_rows)
+    }
+    fn reserve(&self, _: &mut Vec<u32>, tokens: usize, _: usize) -> Result<(), ForwardError> {
+        if tokens > ROOM {
+            return Err(ForwardError::Kernel(KernelError::OutOfMemory {
+                what: "planted KV cache",
+                bytes: tokens * 1024,
+            }));
+        }
+        Ok(())
+    }
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.0.forward(call, states)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.0.keep(s, pos)
+    }
+}
+
+/// A server on the tight target; its address.
+async fn start() -> String {
+    // EOS never drawn (id 64 is past the fake's 64 logits), so a reply runs to max_tokens.
+    let engine = Engine::start(
+        Tight(FakeTarget { eos: vec![64], ..FakeTarget::new() }),
+        EngineConfig { max_draft: 0, ..EngineConfig::default() },
+    );
+    let ready = Ready { engine: engine.handle(), text: None, context: 4096, default_max_tokens: 8, devices: None };
+    let opts = ServeOptions {
+        addr: "127.0.0.1:0".parse().expect("an address"),
+        model_name: "tight".into(),
+        api_key: None,
+        grace: Duration::from_secs(1),
+        conn: Default::default(),
+        http: Default::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(serve_on(listener, opts, move || Ok((ready, engine)), std::future::pending()));
+    let client = client();
+    loop {
+        if let Ok(r) = client.get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            return base;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().expect("a client")
+}
+
+/// A completion of the prompt [1, 2, 3] and `max_tokens` tokens: status, `Retry-After`, body text.
+async fn complete(base: &str, max_tokens: usize, stream: bool, n: usize) -> (u16, Option<String>, String) {
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": max_tokens, "stream": stream, "n": n});
+    let r = client().post(format!("{base}/v1/completions")).json(&body).send().await.expect("answered");
+    let retry = r.headers().get("retry-after").map(|v| v.to_str().expect("ascii").to_string());
+    (r.status().as_u16(), retry, r.text().await.expect("a body"))
+}
+
+/// The error object of a body (a whole reply) or of a stream's last data event before `[DONE]`.
+fn error_of(text: &str) -> Value {
+    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").collect();
+    let last = data.last().copied().unwrap_or(text);
+    serde_json::from_str::<Value>(last).expect("JSON")["error"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_device_memory_is_answered_503_with_retry_after() {
+    let base = start().await;
+    // 3 prompt tokens + 100 to generate: more than the device holds for one stream.
+    for n in [1, 2] {
+        let (status, retry, body) = complete(&base, 100, false, n).await;
+        assert_eq!(status, 503, "n = {n}: {body}");
+        assert_eq!(retry.as_deref(), Some("1"), "n = {n}");
+        let e = error_of(&body);
+        assert_eq!(e["code"], "insufficient_memory", "{body}");
+        assert!(e["message"].as_str().is_some_and(|m| m.contains("OutOfMemory")), "{body}");
+    }
+    // A request that fits is served in full, before and after.
+    let (status, _, body) = complete(&base, 8, false, 1).await;
+    assert_eq!(status, 200, "{body}");
+    let reply: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(reply["usage"]["completion_tokens"], 8, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_reply_without_device_memory_ends_with_the_named_error() {
+    let base = start().await;
+    for n in [1, 2] {
+        let (status, _, body) = complete(&base, 100, true, n).await;
+        // The stream's head went out before the engine met the reserve; its last event names the error.
+        assert_eq!(status, 200, "{body}");
+        let e = error_of(&body);
+        assert_eq!(e["code"], "insufficient_memory", "n = {n}: {body}");
+        assert!(e["message"].as_str().is_some_and(|m| m.contains("OutOfMemory")), "{body}");
+        // One choice's stream closes with `[DONE]` after its error; several choices' stream ends at the error.
+        assert_eq!(body.trim_end().ends_with("data: [DONE]"), n == 1, "{body}");
+    }
+    let (status, _, body) = complete(&base, 8, true, 1).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("\"error\""), "{body}");
+}
