@@ -59,7 +59,8 @@ pub struct Outcome {
     /// The engine went away without finishing the stream (shutting down): the answer is 503, not 500.
     pub stopped: bool,
     /// The stream failed for want of device memory then (the engine's `out_of_memory`): the answer is 503 with
-    /// `Retry-After`, not 500, since the same request may succeed later.
+    /// `Retry-After` (streamed: the last event, code `insufficient_memory`), not 500, since the same request may
+    /// succeed later.
     pub out_of_memory: bool,
     /// The drafter's error for this reply, if it failed (the reply then finished without drafts).
     pub draft_error: Option<String>,

@@ -5,7 +5,8 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-/// An error answered to a client. Client mistakes are 4xx; only engine faults are 5xx.
+/// An error answered to a client. Client mistakes are 4xx; engine faults, and the server's own limits of the
+/// moment (loading, shutting down, no device memory for a stream, the connection cap), are 5xx.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     /// HTTP status.
@@ -88,7 +89,7 @@ pub const RETRY_AFTER_SECS: u64 = 1;
 
 impl ApiError {
     /// `Retry-After` seconds for this answer: every 429 (queue full, tokenizer busy) and 503 (loading, connection
-    /// cap, shutting down), none otherwise.
+    /// cap, shutting down, no device memory for a stream), none otherwise.
     pub fn retry_after(&self) -> Option<u64> {
         matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
             .then_some(RETRY_AFTER_SECS)

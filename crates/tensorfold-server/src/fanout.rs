@@ -12,6 +12,7 @@ use crate::api::Params;
 use crate::completion::{LogprobEntry, Outcome, Piece, Running, submit_n};
 use crate::error::ApiError;
 use crate::reply::{Chunk, Shape, engine_stats, usage};
+use crate::shutdown::stopped_error;
 use crate::state::{AppState, Ready};
 use axum::Json;
 use axum::http::StatusCode;
@@ -57,8 +58,9 @@ pub(crate) async fn collect(
             .ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the reply was lost"))?;
         if let Some(e) = &out.error {
             log.outcome(&out);
-            if !r.engine.is_alive() {
-                return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.clone()));
+            // The engine gone without finishing the stream is shutdown (503), as for one choice (routes.rs).
+            if out.stopped || !r.engine.is_alive() {
+                return Err(stopped_error(e));
             }
             return Err(ApiError::stream_failed(e.clone(), out.out_of_memory));
         }
@@ -146,7 +148,11 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
                 }?;
                 if let Some(e) = &out.error {
                     log.outcome(&out);
-                    let err = ApiError::stream_failed(e.clone(), out.out_of_memory);
+                    let err = if out.stopped {
+                        stopped_error(e)
+                    } else {
+                        ApiError::stream_failed(e.clone(), out.out_of_memory)
+                    };
                     log.failed(err.status);
                     send(err.to_json());
                     return None;

@@ -113,7 +113,7 @@ async fn a_stream_without_device_memory_is_answered_503_with_retry_after() {
         assert_eq!(e["code"], "insufficient_memory", "{body}");
         assert!(e["message"].as_str().is_some_and(|m| m.contains("OutOfMemory")), "{body}");
     }
-    // A request that fits is served in full, before and after.
+    // A request that fits is served in full after them: the server and the engine run on.
     let (status, _, body) = complete(&base, 8, false, 1).await;
     assert_eq!(status, 200, "{body}");
     let reply: Value = serde_json::from_str(&body).expect("JSON");

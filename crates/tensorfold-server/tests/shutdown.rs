@@ -91,12 +91,12 @@ fn opts(grace: Duration) -> ServeOptions {
     }
 }
 
-/// POSTs a non-streamed completion of 3000 tokens (far longer than any test waits).
-async fn long_completion(base: String) -> (u16, Value) {
+/// POSTs a non-streamed completion of `n` choices of 3000 tokens (far longer than any test waits).
+async fn long_completion(base: String, n: usize) -> (u16, Value) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let r = client
         .post(format!("{base}/v1/completions"))
-        .json(&json!({"prompt": [1, 2, 3], "max_tokens": 3000, "stream": false}))
+        .json(&json!({"prompt": [1, 2, 3], "max_tokens": 3000, "stream": false, "n": n}))
         .send()
         .await
         .expect("answered");
@@ -134,7 +134,7 @@ async fn a_stop_with_the_engine_wedged_returns_and_answers_the_request_in_flight
         let _ = stop_rx.await;
     }));
     wait_ready(&base).await;
-    let request = tokio::spawn(long_completion(base));
+    let request = tokio::spawn(long_completion(base, 1));
     wait_until(&entered).await;
     stop_tx.send(()).unwrap();
     // The bound `serve_on` states; the guard only turns a hang into a failure.
@@ -149,7 +149,8 @@ async fn a_stop_with_the_engine_wedged_returns_and_answers_the_request_in_flight
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_stopped_under_a_non_streamed_request_answers_503_every_time() {
-    for round in 0..3 {
+    // One choice (routes.rs) and two (fanout.rs): both read a stream the engine left unfinished as shutdown.
+    for (round, n) in [1, 2, 1, 2].into_iter().enumerate() {
         let (e, entered) = engine(false);
         let r = ready(&e);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -158,11 +159,11 @@ async fn an_engine_stopped_under_a_non_streamed_request_answers_503_every_time()
         let served =
             tokio::spawn(serve_on(listener, opts(Duration::from_secs(1)), move || Ok((r, ())), std::future::pending()));
         wait_ready(&base).await;
-        let request = tokio::spawn(long_completion(base));
+        let request = tokio::spawn(long_completion(base, n));
         wait_until(&entered).await;
         tokio::task::spawn_blocking(move || drop(e)).await.unwrap();
         let (status, body) = request.await.unwrap();
-        assert_eq!(status, 503, "round {round}: {body}");
+        assert_eq!(status, 503, "round {round}, n = {n}: {body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("shutting down"), "{body}");
         let err = served.await.unwrap().expect_err("an engine gone on its own stops the server");
         assert!(err.starts_with("engine stopped"), "{err}");

@@ -44,9 +44,10 @@ pub fn options(arch: &str, define: Option<&str>) -> Vec<String> {
     o
 }
 
-/// This process's NVRTC as `MAJOR.MINOR` (`nvrtcVersion`), `unknown` when the library does not say, `none` when
-/// it cannot be loaded. Part of every cache key: machine code from one compiler is never loaded for another (a
-/// toolkit upgrade compiles afresh; a cache folder shared by machines with different toolkits keeps both).
+/// This process's NVRTC as `MAJOR.MINOR` (`nvrtcVersion`; `unknown` when the call fails, `none` when no library
+/// loads, which a device's opening has already refused). Part of every cache key: machine code from one compiler
+/// release is never loaded for another (a toolkit upgrade of its major or minor version compiles afresh; a cache
+/// folder shared by machines with different toolkits keeps both). A patch release reports the same version.
 pub fn version() -> String {
     // SAFETY: only probes whether the shared library can be opened.
     if !unsafe { sys::is_culib_present() } {
