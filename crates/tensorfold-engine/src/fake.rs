@@ -1,8 +1,11 @@
-//! A fake target for engine tests: each row's logits are a hash of the WHOLE token history its stream was
-//! fed, up to and including that row, so any position, ordering or rollback bug changes every later token.
+//! A fake target for engine and server tests: each row's logits are a hash of the WHOLE token history its stream
+//! was fed, up to and including that row, so any position, ordering or rollback bug changes every later token; and
+//! the same target with one stream length's state reserve refused (out of memory, or a lost device).
 
 use crate::target::{Caps, ForwardCall, SegOut, Target, host_forward};
-use tensorfold_kernels::Segment;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
 /// The fake target: `vocab` logits a row, a context limit, and stop ids.
@@ -134,5 +137,65 @@ impl Target for FakeTarget {
         }
         s.truncate(pos);
         Ok(())
+    }
+}
+
+/// The fake target, except that reserving the state of a stream of `tokens` positions (prompt plus `max_tokens`)
+/// fails as a device out of memory would (`KernelError::OutOfMemory` from `kv_reserve`), or with `lost` as a lost
+/// one. `refused` counts the reserves it failed.
+#[derive(Clone)]
+pub struct RefusedReserve {
+    /// The target that does the work.
+    pub inner: FakeTarget,
+    /// The refused stream's positions.
+    pub tokens: usize,
+    /// Fail as a lost device rather than out of memory.
+    pub lost: bool,
+    /// Reserves failed so far.
+    pub refused: Arc<AtomicUsize>,
+}
+
+impl RefusedReserve {
+    /// Refuses streams of `tokens` positions, out of memory.
+    pub fn new(inner: FakeTarget, tokens: usize) -> Self {
+        Self { inner, tokens, lost: false, refused: Arc::default() }
+    }
+}
+
+impl Target for RefusedReserve {
+    type State = Vec<u32>;
+    type Held = ();
+
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+    fn new_state(&self) -> Vec<u32> {
+        self.inner.new_state()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        self.inner.pos(s)
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.inner.stream_bytes(tokens, verify_rows)
+    }
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.inner.forward(call, states)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+    fn reserve(&self, s: &mut Vec<u32>, tokens: usize, verify_rows: usize) -> Result<(), ForwardError> {
+        if tokens != self.tokens {
+            return self.inner.reserve(s, tokens, verify_rows);
+        }
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        Err(ForwardError::Kernel(if self.lost {
+            KernelError::DeviceLost { kernel: "kv_reserve", message: "planted: GPU 0 stopped answering".into() }
+        } else {
+            KernelError::OutOfMemory { what: "kv_reserve", bytes: tokens * 1024 }
+        }))
     }
 }

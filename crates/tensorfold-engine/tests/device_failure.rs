@@ -5,10 +5,11 @@
 
 mod common;
 
-use common::{Fault, Poisoned, RefusedReserve, core, reference, run_scheduled};
+use common::{Fault, Poisoned, core, reference, run_scheduled};
 use std::time::{Duration, Instant};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::fake::RefusedReserve;
 use tensorfold_engine::{Engine, Event, FinishReason, Request, SubmitError};
 
 fn requests() -> Vec<(usize, Request)> {

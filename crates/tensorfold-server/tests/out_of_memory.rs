@@ -4,65 +4,23 @@
 
 use serde_json::{Value, json};
 use std::time::Duration;
-use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::{Caps, Engine, EngineConfig, ForwardCall, SegOut, Target};
-use tensorfold_kernels::KernelError;
-use tensorfold_model::ForwardError;
+use tensorfold_engine::fake::{FakeTarget, RefusedReserve};
+use tensorfold_engine::{Engine, EngineConfig};
 use tensorfold_server::state::Ready;
 use tensorfold_server::{ServeOptions, serve_on};
 
-/// Positions the fake device can hold for one stream.
-const ROOM: usize = 64;
+/// The refused stream: the prompt [1, 2, 3] and 100 tokens to generate (the reserve asks for both).
+const REFUSED_MAX_TOKENS: usize = 100;
 
-/// The fake target, whose reserve finds no room for a stream of more than [`ROOM`] positions.
-struct Tight(FakeTarget);
-
-impl Target for Tight {
-    type State = Vec<u32>;
-    type Held = ();
-    fn caps(&self) -> Caps {
-        self.0.caps()
-    }
-    fn new_state(&self) -> Vec<u32> {
-        self.0.new_state()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        self.0.pos(s)
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.0.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
-        self.0.stream_bytes(tokens, verify_rows)
-    }
-    fn reserve(&self, _: &mut Vec<u32>, tokens: usize, _: usize) -> Result<(), ForwardError> {
-        if tokens > ROOM {
-            return Err(ForwardError::Kernel(KernelError::OutOfMemory {
-                what: "planted KV cache",
-                bytes: tokens * 1024,
-            }));
-        }
-        Ok(())
-    }
-    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
-        self.0.forward(call, states)
-    }
-    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
-        self.0.keep(s, pos)
-    }
-}
-
-/// A server on the tight target; its address.
+/// A server on a target whose reserve refuses the streams of [`REFUSED_MAX_TOKENS`]; its address.
 async fn start() -> String {
     // EOS never drawn (id 64 is past the fake's 64 logits), so a reply runs to max_tokens.
-    let engine = Engine::start(
-        Tight(FakeTarget { eos: vec![64], ..FakeTarget::new() }),
-        EngineConfig { max_draft: 0, ..EngineConfig::default() },
-    );
+    let target = RefusedReserve::new(FakeTarget { eos: vec![64], ..FakeTarget::new() }, 3 + REFUSED_MAX_TOKENS);
+    let engine = Engine::start(target, EngineConfig { max_draft: 0, ..EngineConfig::default() });
     let ready = Ready { engine: engine.handle(), text: None, context: 4096, default_max_tokens: 8, devices: None };
     let opts = ServeOptions {
         addr: "127.0.0.1:0".parse().expect("an address"),
-        model_name: "tight".into(),
+        model_name: "refused".into(),
         api_key: None,
         grace: Duration::from_secs(1),
         conn: Default::default(),
@@ -104,9 +62,8 @@ fn error_of(text: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_without_device_memory_is_answered_503_with_retry_after() {
     let base = start().await;
-    // 3 prompt tokens + 100 to generate: more than the device holds for one stream.
     for n in [1, 2] {
-        let (status, retry, body) = complete(&base, 100, false, n).await;
+        let (status, retry, body) = complete(&base, REFUSED_MAX_TOKENS, false, n).await;
         assert_eq!(status, 503, "n = {n}: {body}");
         assert_eq!(retry.as_deref(), Some("1"), "n = {n}");
         let e = error_of(&body);
@@ -124,7 +81,7 @@ async fn a_stream_without_device_memory_is_answered_503_with_retry_after() {
 async fn a_streamed_reply_without_device_memory_ends_with_the_named_error() {
     let base = start().await;
     for n in [1, 2] {
-        let (status, _, body) = complete(&base, 100, true, n).await;
+        let (status, _, body) = complete(&base, REFUSED_MAX_TOKENS, true, n).await;
         // The stream's head went out before the engine met the reserve; its last event names the error.
         assert_eq!(status, 200, "{body}");
         let e = error_of(&body);

@@ -2,7 +2,6 @@
 //! scheduled driver of `Core::step` with a fixed clock, a recording target, and seeded request mixes.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -372,49 +371,6 @@ impl Target for Poisoned {
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)
-    }
-}
-
-/// The fake target, except that reserving the state of a stream of `tokens` positions (prompt plus `max_tokens`)
-/// fails as a device out of memory would, or with `lost` as a lost one. `refused` counts the reserves it failed.
-#[derive(Clone)]
-pub struct RefusedReserve {
-    /// The target that does the work.
-    pub inner: FakeTarget,
-    /// The refused stream's positions.
-    pub tokens: usize,
-    /// Fail as a lost device rather than out of memory.
-    pub lost: bool,
-    /// Reserves failed so far.
-    pub refused: Arc<AtomicUsize>,
-}
-
-impl RefusedReserve {
-    /// Refuses streams of `tokens` positions, out of memory.
-    pub fn new(inner: FakeTarget, tokens: usize) -> Self {
-        Self { inner, tokens, lost: false, refused: Arc::default() }
-    }
-}
-
-impl Target for RefusedReserve {
-    delegate_target!(FakeTarget, except_reserve);
-
-    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
-        self.inner.forward(call, states)
-    }
-    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
-        self.inner.keep(s, pos)
-    }
-    fn reserve(&self, s: &mut Vec<u32>, tokens: usize, verify_rows: usize) -> Result<(), ForwardError> {
-        if tokens != self.tokens {
-            return self.inner.reserve(s, tokens, verify_rows);
-        }
-        self.refused.fetch_add(1, Ordering::SeqCst);
-        Err(ForwardError::Kernel(if self.lost {
-            KernelError::DeviceLost { kernel: "kv_reserve", message: "planted: GPU 0 stopped answering".into() }
-        } else {
-            KernelError::OutOfMemory { what: "kv_reserve", bytes: tokens * 1024 }
-        }))
     }
 }
 
