@@ -113,8 +113,8 @@ fn indexed(chunk: Chunk, i: usize) -> String {
 
 /// An SSE reply of several choices: every choice's first chunk in index order, then each choice's chunks as its
 /// stream releases them (pieces, or its own tool-call deltas, indexed within the choice; its finish chunk), then
-/// the usage chunk if asked (completion tokens summed) and `[DONE]`. A client that leaves cancels every choice's
-/// stream.
+/// the usage chunk if asked (completion tokens summed) and `[DONE]`. A choice that fails ends the reply as one
+/// choice's stream ends (its error event, then `[DONE]`) and cancels the others; so does a client that leaves.
 fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     let include_usage = params.include_usage;
@@ -123,61 +123,62 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
             let _ = tx.send(Ok(SseEvent::default().data(indexed(first.clone(), i))));
         }
     }
-    let tasks: Vec<_> = runs
-        .into_iter()
-        .enumerate()
-        .map(|(i, running)| {
-            let (tx, shape, log) = (tx.clone(), shape.clone(), log.clone());
-            let mut tools = crate::tools::StreamTools::new(params.tools.as_ref());
-            tokio::spawn(async move {
-                let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
-                let want_lp = running.wants_logprobs();
-                let mut offset = 0;
-                let driving = running.drive(|p: Piece| {
-                    let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
-                    let chunks = match tools.as_mut() {
-                        Some(t) => t.chunks(&shape, &p.text, lp),
-                        None => vec![shape.piece_chunk(p.text, lp)],
-                    };
-                    offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-                    chunks.into_iter().all(|c| send(indexed(c, i)))
-                });
-                let mut out = tokio::select! {
-                    out = driving => out,
-                    _ = tx.closed() => None,
-                }?;
-                if let Some(e) = &out.error {
-                    log.outcome(&out);
-                    let err = if out.stopped {
-                        stopped_error(e)
-                    } else {
-                        ApiError::stream_failed(e.clone(), out.out_of_memory)
-                    };
-                    log.failed(err.status);
-                    send(err.to_json());
-                    return None;
-                }
-                if let Some(t) = tools.as_mut() {
-                    for c in t.finish(&shape) {
-                        send(indexed(c, i));
-                    }
-                    out.finish_reason = if t.called() { "tool_calls" } else { out.finish_reason };
-                }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, running) in runs.into_iter().enumerate() {
+        let (tx, shape, log) = (tx.clone(), shape.clone(), log.clone());
+        let mut tools = crate::tools::StreamTools::new(params.tools.as_ref());
+        tasks.spawn(async move {
+            let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
+            let want_lp = running.wants_logprobs();
+            let mut offset = 0;
+            let driving = running.drive(|p: Piece| {
+                let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
+                let chunks = match tools.as_mut() {
+                    Some(t) => t.chunks(&shape, &p.text, lp),
+                    None => vec![shape.piece_chunk(p.text, lp)],
+                };
+                offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
+                chunks.into_iter().all(|c| send(indexed(c, i)))
+            });
+            let mut out = tokio::select! {
+                out = driving => out,
+                _ = tx.closed() => None,
+            }?;
+            if let Some(e) = &out.error {
                 log.outcome(&out);
-                metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
-                send(indexed(shape.finish_chunk(&out), i)).then_some(out)
-            })
-        })
-        .collect();
+                let err =
+                    if out.stopped { stopped_error(e) } else { ApiError::stream_failed(e.clone(), out.out_of_memory) };
+                log.failed(err.status);
+                send(err.to_json());
+                return None;
+            }
+            if let Some(t) = tools.as_mut() {
+                for c in t.finish(&shape) {
+                    send(indexed(c, i));
+                }
+                out.finish_reason = if t.called() { "tool_calls" } else { out.finish_reason };
+            }
+            log.outcome(&out);
+            metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
+            send(indexed(shape.finish_chunk(&out), i)).then_some((i, out))
+        });
+    }
     tokio::spawn(async move {
         let mut outs = Vec::new();
-        for t in tasks {
-            match t.await {
+        while let Some(done) = tasks.join_next().await {
+            match done {
                 Ok(Some(out)) => outs.push(out),
-                // A failed or abandoned choice ends the reply (its error, if any, was sent).
-                _ => return,
+                // A failed or abandoned choice ends the reply at once, as one choice's would: the others are
+                // cancelled (their engine streams with them), and `[DONE]` follows the failed one's error.
+                _ => {
+                    tasks.abort_all();
+                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+                    return;
+                }
             }
         }
+        outs.sort_by_key(|(i, _)| *i);
+        let outs: Vec<_> = outs.into_iter().map(|(_, out)| out).collect();
         if include_usage && let Some(first) = outs.first() {
             let mut u = serde_json::to_value(shape.usage_chunk(first)).expect("string keys");
             let completion: usize = outs.iter().map(|o| o.tokens.len()).sum();
