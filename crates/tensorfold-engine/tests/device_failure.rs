@@ -67,18 +67,25 @@ fn the_engine_thread_stops_and_refuses_later_requests() {
 
 #[test]
 fn a_device_error_that_leaves_the_device_usable_fails_its_stream_alone() {
+    for fault in [Fault::DeviceError, Fault::DeviceOutOfMemory] {
+        device_error_fails_its_stream_alone(fault);
+    }
+}
+
+/// A forward that meets `fault` on the second request's rows (a usable device) fails that request alone, flagged out
+/// of memory only for `Fault::DeviceOutOfMemory`; the others equal their solo runs and the engine runs on.
+fn device_error_fails_its_stream_alone(fault: Fault) {
     let reqs = requests();
     let inner = FakeTarget::new();
-    let target =
-        Poisoned { inner: inner.clone(), poison: reqs[1].1.prompt.clone(), after: 3, fault: Fault::DeviceError };
+    let target = Poisoned { inner: inner.clone(), poison: reqs[1].1.prompt.clone(), after: 3, fault };
     let mut c = core(target, EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() });
     let seen = run_scheduled(&mut c, &reqs, |_| {});
     for (i, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
         if i == 1 {
             assert_eq!(s.reason, Some(FinishReason::Error));
             assert!(s.error.as_deref().is_some_and(|e| e.contains("out of memory")), "{:?}", s.error);
-            // A device error is not the reserve's named out-of-memory, whatever its message says.
-            assert!(!s.out_of_memory, "{s:?}");
+            // Only the typed out-of-memory is flagged: a device error is not, whatever its message says.
+            assert_eq!(s.out_of_memory, fault == Fault::DeviceOutOfMemory, "{s:?}");
         } else {
             assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
         }

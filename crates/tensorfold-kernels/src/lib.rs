@@ -12,6 +12,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod deadline;
+pub mod error;
 pub mod sample;
 pub mod shape;
 pub mod simd;

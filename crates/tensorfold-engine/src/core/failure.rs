@@ -1,10 +1,12 @@
 //! Device failures: a forward or a draft that fails with `KernelError::DeviceLost` (a sticky driver error, a failed
 //! collective) leaves stream states undefined, so the engine ends every stream with the error and stops, rather than
 //! run on and risk wrong output. Other errors (out of memory, a refused shape) fail their streams alone
-//! (`drop_failed`, and `refuse_state` for a state the target could not reserve).
+//! (`drop_failed`, and `refuse_state` for a state the target could not reserve); out of memory, in a reserve or
+//! inside a forward, is flagged in the stream's finish event.
 
 use super::Core;
 use super::plan::Entry;
+use super::runner::RowsError;
 use crate::request::{FinishReason, RequestId};
 use crate::target::{SegOut, Target};
 use tensorfold_kernels::KernelError;
@@ -28,7 +30,7 @@ impl<T: Target> Core<T> {
         if self.failure.is_none()
             && let Some(i) = self.lanes.iter().position(|s| s.id == id)
         {
-            let oom = matches!(e, ForwardError::Kernel(KernelError::OutOfMemory { .. }));
+            let oom = matches!(&e, ForwardError::Kernel(k) if k.is_out_of_memory());
             self.finish_as(i, FinishReason::Error, Some(e.to_string()), oom);
         }
     }
@@ -50,12 +52,13 @@ impl<T: Target> Core<T> {
         self.counters.failure = Some(msg);
     }
 
-    /// Finishes the entries whose forward failed (an error for that stream only) and returns the others,
+    /// Finishes the entries whose forward failed (an error for that stream only; out of memory says so in its event)
+    /// and returns the others,
     /// pointed at their lanes again (finishing reorders lanes), with their outputs.
     pub(super) fn drop_failed(
         &mut self,
         entries: Vec<Entry>,
-        results: Vec<Result<SegOut, String>>,
+        results: Vec<Result<SegOut, RowsError>>,
     ) -> (Vec<Entry>, Vec<SegOut>) {
         let tagged: Vec<_> = entries.into_iter().zip(results).map(|(e, r)| (self.lanes[e.lane].id, e, r)).collect();
         let (mut ran, mut outs) = (Vec::new(), Vec::new());
@@ -67,7 +70,7 @@ impl<T: Target> Core<T> {
                 }
                 Err(err) => {
                     if let Some(i) = self.lanes.iter().position(|s| s.id == id) {
-                        self.finish(i, FinishReason::Error, Some(err));
+                        self.finish_as(i, FinishReason::Error, Some(err.message), err.out_of_memory);
                     }
                 }
             }

@@ -11,7 +11,7 @@ use crate::target::{SegOut, Target};
 
 impl<T: Target> Core<T> {
     /// Applies the forward's `results` (one an entry of `plan`) in entry order.
-    pub(super) fn update(&mut self, plan: RoundPlan<T::Held>, results: Vec<Result<SegOut, String>>) {
+    pub(super) fn update(&mut self, plan: RoundPlan<T::Held>, results: Vec<Result<SegOut, super::runner::RowsError>>) {
         let (mut entries, outs) = self.drop_failed(plan.entries, results);
         let refused = self.apply_held(&mut entries, plan.held);
         let ids: Vec<RequestId> = entries.iter().map(|e| self.lanes[e.lane].id).collect();

@@ -7,12 +7,21 @@ use super::plan::{Entry, RoundPlan};
 use crate::keyed::DrawSpec;
 use crate::target::{ForwardCall, SegOut, SegWant, Target};
 use tensorfold_kernels::Segment;
+use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::HeldRows;
+
+/// A forward's failure as its streams finish with it: the message, and whether it was out of memory (the event says
+/// so: a retry may succeed).
+#[derive(Clone, Debug)]
+pub(super) struct RowsError {
+    pub(super) message: String,
+    pub(super) out_of_memory: bool,
+}
 
 impl<T: Target> Core<T> {
     /// One forward over every planned row (or one per stream when shared rounds are off): each entry's
     /// draws (and logits where asked), or its error. Windows with drafts get a draw for every row.
-    pub(super) fn run_forward(&mut self, plan: &RoundPlan<T::Held>) -> Vec<Result<SegOut, String>> {
+    pub(super) fn run_forward(&mut self, plan: &RoundPlan<T::Held>) -> Vec<Result<SegOut, RowsError>> {
         let held = plan.held.as_ref();
         let alone =
             |core: &mut Self, e: &Entry| core.forward_rows(std::slice::from_ref(e), held).map(|mut l| l.remove(0));
@@ -30,9 +39,9 @@ impl<T: Target> Core<T> {
     }
 
     /// One target forward over the rows of `entries`.
-    fn forward_rows(&mut self, entries: &[Entry], held: Option<&T::Held>) -> Result<Vec<SegOut>, String> {
+    fn forward_rows(&mut self, entries: &[Entry], held: Option<&T::Held>) -> Result<Vec<SegOut>, RowsError> {
         if let Some(f) = &self.failure {
-            return Err(f.clone());
+            return Err(RowsError { message: f.clone(), out_of_memory: false });
         }
         let mut tokens = Vec::new();
         let mut segs = Vec::new();
@@ -54,7 +63,8 @@ impl<T: Target> Core<T> {
             entries.iter().map(|e| &mut picked[e.lane].take().expect("one segment a lane").state).collect();
         self.target.forward(&call, &mut states).map_err(|e| {
             self.note_device(&e);
-            e.to_string()
+            let out_of_memory = matches!(&e, ForwardError::Kernel(k) if k.is_out_of_memory());
+            RowsError { message: e.to_string(), out_of_memory }
         })
     }
 

@@ -309,8 +309,10 @@ pub enum Fault {
     RefuseCall,
     /// Any call holding its rows fails on the device for good (a lost GPU, a failed collective).
     DeviceLost,
-    /// Any call holding its rows meets a device error that leaves the device usable (out of memory).
+    /// Any call holding its rows meets a device error that leaves the device usable (a driver error).
     DeviceError,
+    /// Any call holding its rows runs out of device memory (the device stays usable; a retry may succeed).
+    DeviceOutOfMemory,
 }
 
 /// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
@@ -349,6 +351,10 @@ impl Poisoned {
                 Fault::DeviceError => {
                     let message = "planted: out of memory".to_string();
                     return Err(ForwardError::Kernel(KernelError::Device { kernel: "linear", message }));
+                }
+                Fault::DeviceOutOfMemory => {
+                    let message = "planted: out of memory (CUDA_ERROR_OUT_OF_MEMORY)".to_string();
+                    return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "linear", message }));
                 }
                 Fault::NanLogits => {}
             }

@@ -122,8 +122,9 @@ pub struct Dev {
     /// NVRTC's version ([`nvrtc::version`]), part of every kernel cache key.
     nvrtc: String,
     modules: Mutex<Modules>,
-    /// The first failure waiting to be reported, and whether it left the device unusable.
-    error: Mutex<Option<(String, bool)>>,
+    /// The first failure waiting to be reported: the call and the error, and the error itself (whether it left the
+    /// device unusable, or was out of memory).
+    error: Mutex<Option<(String, CudaError)>>,
     /// Everything that touches the stream: the staging arena, the queue of deferred operations and the graphs.
     /// Held while an operation is recorded or issued, so no thread's work of this device lands inside another's
     /// capture (work enqueued through [`Dev::stream`] is outside it: see there).
@@ -570,7 +571,7 @@ impl Dev {
         if let Err(e) = r {
             let mut g = lock(&self.error);
             if g.is_none() {
-                *g = Some((format!("{what}: {e}"), e.is_lost()));
+                *g = Some((format!("{what}: {e}"), e));
             }
         }
     }
@@ -583,8 +584,9 @@ impl Dev {
     /// Reports (and clears) a waiting failure as `kernel`'s error.
     pub fn take(&self, kernel: &'static str) -> Result<(), KernelError> {
         match lock(&self.error).take() {
-            Some((message, true)) => Err(KernelError::DeviceLost { kernel, message }),
-            Some((message, false)) => Err(KernelError::Device { kernel, message }),
+            Some((message, CudaError::Lost { .. })) => Err(KernelError::DeviceLost { kernel, message }),
+            Some((message, CudaError::OutOfMemory { .. })) => Err(KernelError::DeviceOutOfMemory { kernel, message }),
+            Some((message, _)) => Err(KernelError::Device { kernel, message }),
             None => Ok(()),
         }
     }

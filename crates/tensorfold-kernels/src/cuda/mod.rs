@@ -116,6 +116,7 @@ impl CudaError {
     pub(crate) fn kernel(self, kernel: &'static str) -> KernelError {
         match self {
             CudaError::Lost { .. } => KernelError::DeviceLost { kernel, message: self.to_string() },
+            CudaError::OutOfMemory { .. } => KernelError::DeviceOutOfMemory { kernel, message: self.to_string() },
             _ => KernelError::Device { kernel, message: self.to_string() },
         }
     }
@@ -288,6 +289,20 @@ mod tests {
             Err(CudaError::NoDevice { ordinal, .. }) => assert_eq!(ordinal, 4096),
             Err(e) => assert!(matches!(e, CudaError::NoDriver | CudaError::NoNvrtc | CudaError::Driver { .. }), "{e}"),
         }
+    }
+
+    /// A call's error keeps its kind as a kernel error: a lost device stops the engine, out of memory is a stream's
+    /// alone (503 with `Retry-After`), anything else a device error (500).
+    #[test]
+    fn cuda_errors_keep_their_kind_as_kernel_errors() {
+        let (what, message) = ("cuMemAllocAsync".to_string(), "CUDA_ERROR_OUT_OF_MEMORY".to_string());
+        let oom = CudaError::OutOfMemory { what: what.clone(), message: message.clone() }.kernel("linear");
+        assert!(matches!(oom, KernelError::DeviceOutOfMemory { kernel: "linear", .. }), "{oom}");
+        assert!(oom.is_out_of_memory() && oom.to_string().starts_with("OutOfMemory:"), "{oom}");
+        let lost = CudaError::Lost { what: what.clone(), message: message.clone() }.kernel("linear");
+        assert!(matches!(lost, KernelError::DeviceLost { .. }) && !lost.is_out_of_memory(), "{lost}");
+        let other = CudaError::Driver { what, message }.kernel("linear");
+        assert!(matches!(other, KernelError::Device { .. }) && !other.is_out_of_memory(), "{other}");
     }
 
     /// The `FAULT_...` symbols a module's source tests.
