@@ -11,7 +11,7 @@ use crate::answer::Answer;
 use crate::api::Params;
 use crate::completion::{LogprobEntry, Outcome, Piece, Running, submit_n};
 use crate::error::ApiError;
-use crate::reply::{Chunk, Shape, engine_stats, usage};
+use crate::reply::{Chunk, PieceChunks, Shape, engine_stats, usage};
 use crate::shutdown::stopped_error;
 use crate::state::{AppState, Ready};
 use axum::Json;
@@ -129,17 +129,9 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
         let mut tools = crate::tools::StreamTools::new(params.tools.as_ref());
         tasks.spawn(async move {
             let send = |data: String| tx.send(Ok(SseEvent::default().data(data))).is_ok();
-            let want_lp = running.wants_logprobs();
-            let mut offset = 0;
-            let driving = running.drive(|p: Piece| {
-                let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
-                let chunks = match tools.as_mut() {
-                    Some(t) => t.chunks(&shape, &p.text, lp),
-                    None => vec![shape.piece_chunk(p.text, lp)],
-                };
-                offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-                chunks.into_iter().all(|c| send(indexed(c, i)))
-            });
+            let mut pieces = PieceChunks::new(running.wants_logprobs());
+            let driving =
+                running.drive(|p: Piece| pieces.of(&shape, tools.as_mut(), p).into_iter().all(|c| send(indexed(c, i))));
             let mut out = tokio::select! {
                 out = driving => out,
                 _ = tx.closed() => None,

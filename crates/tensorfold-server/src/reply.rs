@@ -1,7 +1,7 @@
 //! Building one completion's OpenAI reply and stream chunks (`crate::protocol`) from what its life produced
 //! (`crate::completion`): text pieces, logprobs, usage and the engine block, in the route's shape (chat or not).
 
-use crate::completion::{LogprobEntry, Outcome};
+use crate::completion::{LogprobEntry, Outcome, Piece};
 use crate::protocol::{
     ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobToken, ChatLogprobs, ChatReplyMessage,
     ChatStreamChoice, CompletionChoice, CompletionLogprobs, CompletionResponse, CompletionStreamResponse, DeltaMessage,
@@ -255,5 +255,31 @@ pub(crate) fn engine_stats(o: &Outcome) -> EngineStats {
         mean_accepted_length: o.mean_accepted_length(),
         draft_error: o.draft_error.clone(),
         seed: o.seed,
+    }
+}
+
+/// A stream's chunks of its released pieces, in order: content chunks, or the tool-call deltas of the stream's
+/// [`crate::tools::StreamTools`], each with the logprobs of the tokens behind it (if asked) at their text offset in
+/// the whole reply.
+pub struct PieceChunks {
+    logprobs: bool,
+    offset: usize,
+}
+
+impl PieceChunks {
+    /// For a stream that asked for logprobs (`logprobs`) or not.
+    pub fn new(logprobs: bool) -> Self {
+        Self { logprobs, offset: 0 }
+    }
+
+    /// The chunks of piece `p`.
+    pub fn of(&mut self, shape: &Shape, tools: Option<&mut crate::tools::StreamTools>, p: Piece) -> Vec<Chunk> {
+        let lp = self.logprobs.then_some((p.logprobs.as_slice(), self.offset));
+        let chunks = match tools {
+            Some(t) => t.chunks(shape, &p.text, lp),
+            None => vec![shape.piece_chunk(p.text, lp)],
+        };
+        self.offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
+        chunks
     }
 }

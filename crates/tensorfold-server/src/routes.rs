@@ -9,7 +9,7 @@ use crate::protocol::{
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse, Field, HealthResponse, ModelList,
     TokenizeRequest, TokenizeResponse,
 };
-use crate::reply::Shape;
+use crate::reply::{PieceChunks, Shape};
 use crate::shutdown::{Shutdown, stopped_error};
 use crate::state::{AppState, Ready};
 use axum::Json;
@@ -188,17 +188,8 @@ fn stream(
         {
             return;
         }
-        let want_lp = running.wants_logprobs();
-        let mut offset = 0;
-        let driving = running.drive(|p: Piece| {
-            let lp = want_lp.then_some((p.logprobs.as_slice(), offset));
-            let chunks = match tools.as_mut() {
-                Some(t) => t.chunks(&shape, &p.text, lp),
-                None => vec![shape.piece_chunk(p.text, lp)],
-            };
-            offset += p.logprobs.iter().map(|e| e.token.len()).sum::<usize>();
-            chunks.iter().all(|c| send(c.to_json()))
-        });
+        let mut pieces = PieceChunks::new(running.wants_logprobs());
+        let driving = running.drive(|p: Piece| pieces.of(&shape, tools.as_mut(), p).iter().all(|c| send(c.to_json())));
         // A client that leaves while nothing is being sent (a long prefill, text held back) is noticed at once:
         // dropping the reply cancels its engine stream.
         let out = tokio::select! {
