@@ -25,7 +25,7 @@ done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "ncu: $NCU"
 MET="sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_tensor_op_hmma.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-for side in B; do
+for side in B A; do  # A only if time is left: the shared-memory wavefronts of both forms
   bin=$BIN; [ $side = A ] && bin=$PREV_BIN
   [ "$(left)" -gt 90 ] || break
   TENSORFOLD_CUDA_GRAPHS=0 timeout $(( $(left) - 30 )) "$NCU" --clock-control none -k "regex:moe_gateup_tcw_bf16|moe_down_tcw_bf16|linear_tcw_bf16" \
