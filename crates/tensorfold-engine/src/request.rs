@@ -207,9 +207,10 @@ pub enum Event {
         reason: FinishReason,
         /// A message when `reason` is `Error`.
         error: Option<String>,
-        /// With `reason` `Error`: the device had no room for the stream's state then (`KernelError::OutOfMemory`
-        /// from the target's reserve), no fault of the request's or the device's, so the same request may succeed
-        /// later (the server answers 503 with `Retry-After`).
+        /// With `reason` `Error`: the device had no room then, for the stream's state (`KernelError::OutOfMemory`
+        /// from the target's reserve) or inside a forward that failed for this stream
+        /// ([`tensorfold_kernels::KernelError::is_out_of_memory`]), no fault of the request's or the device's, so the
+        /// same request may succeed later (the server answers 503 with `Retry-After`).
         out_of_memory: bool,
         /// Counters and timings.
         stats: Stats,

@@ -98,7 +98,8 @@ pub struct Pick {
 /// - **A device failure is sticky** (the CUDA backend; the CPU has none): an infallible call that fails (a launch,
 ///   an allocation, a copy) poisons its output (NaN, or a buffer without memory), records the failure, and returns;
 ///   the next fallible call, or [`Diagnostics::check`], reports it as [`KernelError::Device`] (or
-///   [`KernelError::DeviceLost`] when the device is unusable) and clears it. While one is waiting, [`Memory::read`]
+///   [`KernelError::DeviceLost`] when the device is unusable, [`KernelError::DeviceOutOfMemory`] when it was out of
+///   memory) and clears it. While one is waiting, [`Memory::read`]
 ///   returns NaN and [`Sampling::draw_rows`] a device error for each row. Every layer of a forward makes a fallible
 ///   call (its attention or conv) and poisoned logits flag their rows as non-finite, so a round whose device work
 ///   failed never yields a token silently.

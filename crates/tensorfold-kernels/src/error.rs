@@ -16,7 +16,8 @@ pub enum KernelError {
     /// A segment names a cache outside the slice it was given, or segments overlap.
     #[error("segment table is invalid: {0}")]
     Segments(String),
-    /// The device failed (a driver or compiler error, out of device memory; the CUDA backend only): the call's
+    /// The device failed (a driver or compiler error; the CUDA backend only; out of memory is
+    /// [`KernelError::DeviceOutOfMemory`]): the call's
     /// outputs, and those of the infallible calls since the last report, are not valid.
     #[error("device error in {kernel}: {message}")]
     Device { kernel: &'static str, message: String },

@@ -135,14 +135,13 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
             let mut out = tokio::select! {
                 out = driving => out,
                 _ = tx.closed() => None,
-            }?;
+            }
+            .ok_or(None)?;
             if let Some(e) = &out.error {
                 log.outcome(&out);
                 let err =
                     if out.stopped { stopped_error(e) } else { ApiError::stream_failed(e.clone(), out.out_of_memory) };
-                log.failed(err.status);
-                send(err.to_json());
-                return None;
+                return Err(Some(err));
             }
             if let Some(t) = tools.as_mut() {
                 for c in t.finish(&shape) {
@@ -152,22 +151,30 @@ fn stream(runs: Vec<Running>, shape: Shape, params: &Params, log: Entry) -> impl
             }
             log.outcome(&out);
             metrics::counter!("tensorfold_generation_tokens_total").increment(out.tokens.len() as u64);
-            send(indexed(shape.finish_chunk(&out), i)).then_some((i, out))
+            if send(indexed(shape.finish_chunk(&out), i)) { Ok((i, out)) } else { Err(None) }
         });
     }
     tokio::spawn(async move {
         let mut outs = Vec::new();
         while let Some(done) = tasks.join_next().await {
-            match done {
-                Ok(Some(out)) => outs.push(out),
-                // A failed or abandoned choice ends the reply at once, as one choice's would: the others are
-                // cancelled (their engine streams with them), and `[DONE]` follows the failed one's error.
-                _ => {
-                    tasks.abort_all();
-                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
-                    return;
+            // A failed choice (its error), an abandoned one (none) or a panicked task ends the reply at once, as one
+            // choice's would: the others are cancelled and waited for (their engine streams end with them), so
+            // the one error event and `[DONE]` are the reply's last events.
+            let error = match done {
+                Ok(Ok(out)) => {
+                    outs.push(out);
+                    continue;
                 }
+                Ok(Err(error)) => error,
+                Err(_) => Some(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "a choice failed")),
+            };
+            tasks.shutdown().await;
+            if let Some(e) = error {
+                log.failed(e.status);
+                let _ = tx.send(Ok(SseEvent::default().data(e.to_json())));
             }
+            let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+            return;
         }
         outs.sort_by_key(|(i, _)| *i);
         let outs: Vec<_> = outs.into_iter().map(|(_, out)| out).collect();
