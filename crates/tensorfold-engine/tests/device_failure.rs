@@ -93,6 +93,23 @@ fn device_error_fails_its_stream_alone(fault: Fault) {
     assert!(c.failure().is_none() && c.metrics().failure.is_none(), "the engine runs on");
 }
 
+/// A shared round that runs out of device memory before touching any state is run again a stream at a time: every
+/// request finishes as alone, none flagged out of memory, and the engine runs on.
+#[test]
+fn a_shared_round_out_of_memory_is_run_again_a_stream_at_a_time() {
+    let reqs = requests();
+    let inner = FakeTarget::new();
+    let fault = Fault::SharedOutOfMemory;
+    let target = Poisoned { inner: inner.clone(), poison: reqs[1].1.prompt.clone(), after: 3, fault };
+    let mut c = core(target, EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() });
+    let seen = run_scheduled(&mut c, &reqs, |_| {});
+    for (i, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
+        assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
+        assert!(s.error.is_none() && !s.out_of_memory, "request {i}: {s:?}");
+    }
+    assert!(c.failure().is_none() && c.metrics().failure.is_none(), "the engine runs on");
+}
+
 /// Whether `s` finished with the reserve's out-of-memory error, having run no round.
 fn refused_by_name(s: &common::Seen) -> bool {
     let named = s.error.as_deref().is_some_and(|e| e.starts_with("OutOfMemory: kv_reserve could not allocate"));

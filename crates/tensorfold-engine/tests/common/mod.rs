@@ -313,6 +313,9 @@ pub enum Fault {
     DeviceError,
     /// Any call holding its rows runs out of device memory (the device stays usable; a retry may succeed).
     DeviceOutOfMemory,
+    /// A call holding its rows and another stream's runs out of device memory (a shared round too large); its rows
+    /// alone fit.
+    SharedOutOfMemory,
 }
 
 /// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
@@ -352,6 +355,11 @@ impl Poisoned {
                     let message = "planted: out of memory".to_string();
                     return Err(ForwardError::Kernel(KernelError::Device { kernel: "linear", message }));
                 }
+                Fault::SharedOutOfMemory if segs.len() > 1 => {
+                    let message = "planted: out of memory for the shared round".to_string();
+                    return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "scratch", message }));
+                }
+                Fault::SharedOutOfMemory => {}
                 Fault::DeviceOutOfMemory => {
                     let message = "planted: out of memory (CUDA_ERROR_OUT_OF_MEMORY)".to_string();
                     return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "linear", message }));
