@@ -17,8 +17,8 @@ pub enum KernelError {
     #[error("segment table is invalid: {0}")]
     Segments(String),
     /// The device failed (a driver or compiler error; the CUDA backend only; out of memory is
-    /// [`KernelError::DeviceOutOfMemory`]): the call's
-    /// outputs, and those of the infallible calls since the last report, are not valid.
+    /// [`KernelError::DeviceOutOfMemory`]): the call's outputs, and those of the infallible calls since the last
+    /// report, are not valid.
     #[error("device error in {kernel}: {message}")]
     Device { kernel: &'static str, message: String },
     /// The device or a collective between devices failed in a way that leaves it unusable (an illegal address, a

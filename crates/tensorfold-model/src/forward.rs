@@ -42,6 +42,14 @@ pub enum ForwardError {
     NoDrafter,
 }
 
+impl ForwardError {
+    /// Whether a kernel ran out of memory ([`KernelError::is_out_of_memory`]): the stream's alone, and a retry may
+    /// succeed.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ForwardError::Kernel(k) if k.is_out_of_memory())
+    }
+}
+
 /// A loaded model on a backend.
 pub struct Model<B: Backend> {
     /// Admitted config.

@@ -30,8 +30,7 @@ impl<T: Target> Core<T> {
         if self.failure.is_none()
             && let Some(i) = self.lanes.iter().position(|s| s.id == id)
         {
-            let oom = matches!(&e, ForwardError::Kernel(k) if k.is_out_of_memory());
-            self.finish_as(i, FinishReason::Error, Some(e.to_string()), oom);
+            self.finish_as(i, FinishReason::Error, Some(e.to_string()), e.is_out_of_memory());
         }
     }
 

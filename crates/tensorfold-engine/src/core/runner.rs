@@ -7,7 +7,6 @@ use super::plan::{Entry, RoundPlan};
 use crate::keyed::DrawSpec;
 use crate::target::{ForwardCall, SegOut, SegWant, Target};
 use tensorfold_kernels::Segment;
-use tensorfold_model::ForwardError;
 use tensorfold_model::drafter::HeldRows;
 
 /// A forward's failure as its streams finish with it: the message, and whether it was out of memory (the event says
@@ -63,8 +62,7 @@ impl<T: Target> Core<T> {
             entries.iter().map(|e| &mut picked[e.lane].take().expect("one segment a lane").state).collect();
         self.target.forward(&call, &mut states).map_err(|e| {
             self.note_device(&e);
-            let out_of_memory = matches!(&e, ForwardError::Kernel(k) if k.is_out_of_memory());
-            RowsError { message: e.to_string(), out_of_memory }
+            RowsError { message: e.to_string(), out_of_memory: e.is_out_of_memory() }
         })
     }
 

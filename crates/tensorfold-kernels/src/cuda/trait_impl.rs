@@ -1,6 +1,7 @@
 //! `Backend` for `CudaBackend`: each method delegates to its launcher. Methods the trait lets fail report device
-//! failures as `KernelError::Device` (`DeviceLost`, `DeviceOutOfMemory` by kind); the infallible ones record a failure (reported by the next fallible call) and
-//! fill their output with NaN, so a failed forward's logits are flagged non-finite and refused, never used.
+//! failures as `KernelError::Device` (`DeviceLost`, `DeviceOutOfMemory` by kind); the infallible ones record a
+//! failure (reported by the next fallible call) and fill their output with NaN, so a failed forward's logits are
+//! flagged non-finite and refused, never used.
 
 use super::types::{CudaBuf, CudaConv, CudaKv, CudaMat, f32_bytes};
 use super::{CudaBackend, CudaError, attention, conv, draw, moe, ops};
