@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
+/// The last entry of a fake state that a failed forward tore ([`Target::torn`]): such a state is refused by every
+/// later forward ([`ForwardError::Torn`]), as the model's is.
+pub const TORN: u32 = u32::MAX;
+
 /// The fake target: `vocab` logits a row, a context limit, and stop ids.
 #[derive(Clone, Debug)]
 pub struct FakeTarget {
@@ -48,8 +52,8 @@ impl FakeTarget {
     }
 
     /// Feeds each segment's rows to its state and returns, in segment order, the logits of its last row
-    /// (`[vocab]`), or of every row when `all_rows[i]` (`[rows * vocab]`). Refuses a segment off its stream's
-    /// position or an id past the vocabulary before touching any state.
+    /// (`[vocab]`), or of every row when `all_rows[i]` (`[rows * vocab]`). Refuses a torn state, a segment off its
+    /// stream's position or an id past the vocabulary before touching any state.
     pub fn forward_logits(
         &self,
         tokens: &[u32],
@@ -59,6 +63,9 @@ impl FakeTarget {
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         for s in segs {
             let st = states.get(s.cache).ok_or_else(|| ForwardError::Batch(format!("no stream {}", s.cache)))?;
+            if st.last() == Some(&TORN) {
+                return Err(ForwardError::Torn);
+            }
             if st.len() != s.start_pos {
                 return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: st.len() });
             }
@@ -131,7 +138,14 @@ impl Target for FakeTarget {
         host_forward(call, self.vocab, |all| self.forward_logits(call.tokens, call.segs, states, all))
     }
 
+    fn torn(&self, s: &Vec<u32>) -> bool {
+        s.last() == Some(&TORN)
+    }
+
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        if s.last() == Some(&TORN) {
+            return Err(ForwardError::Torn);
+        }
         if pos > s.len() {
             return Err(ForwardError::Batch(format!("cannot keep {pos} of {} positions", s.len())));
         }

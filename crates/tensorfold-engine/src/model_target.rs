@@ -93,6 +93,10 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
             .collect())
     }
 
+    fn torn(&self, s: &StreamState<B>) -> bool {
+        s.torn
+    }
+
     fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
         self.model.keep(s, pos)
     }

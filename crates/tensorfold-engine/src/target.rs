@@ -120,12 +120,18 @@ pub trait Target: Send + 'static {
     fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize;
     /// One forward over every row of the call, serving each segment's [`SegWant`]: the draws where the logits live,
     /// logits copied only where asked, in segment order. A bad `wants` (a draw count that is not the row count) is
-    /// refused, and so is a held row on a target that holds no drafts. An error leaves states unchanged.
+    /// refused, and so is a held row on a target that holds no drafts. A refusal leaves states unchanged; a failure
+    /// after the forward began writing them leaves the call's states torn ([`Target::torn`]).
     fn forward(
         &self,
         call: &ForwardCall<'_, Self::Held>,
         states: &mut [&mut Self::State],
     ) -> Result<Vec<SegOut>, ForwardError>;
+    /// Whether a failed forward left this state part-written: it cannot run on, so the engine ends its stream with
+    /// that failure rather than run it again alone. The default: never (a target whose errors are all refusals).
+    fn torn(&self, _s: &Self::State) -> bool {
+        false
+    }
     /// Rolls a state back to `pos` positions (at least its last call's first row): the kept path of a
     /// verify window. Refuses a position outside the last call.
     fn keep(&self, s: &mut Self::State, pos: usize) -> Result<(), ForwardError>;

@@ -110,6 +110,34 @@ fn a_shared_round_out_of_memory_is_run_again_a_stream_at_a_time() {
     assert!(c.failure().is_none() && c.metrics().failure.is_none(), "the engine runs on");
 }
 
+/// A shared round that runs out of device memory inside a layer tears the states it began writing: those streams
+/// end with that error, flagged out of memory (a retry may succeed), and are never run again on a torn state; the
+/// others equal their solo runs, and the engine runs on.
+#[test]
+fn a_shared_round_that_tears_its_states_ends_those_streams_out_of_memory() {
+    let reqs = requests();
+    let inner = FakeTarget::new();
+    let fault = Fault::TornOutOfMemory;
+    let target = Poisoned { inner: inner.clone(), poison: reqs[1].1.prompt.clone(), after: 3, fault };
+    let mut c = core(target, EngineConfig { parallel: 2, max_draft: 0, ..EngineConfig::default() });
+    let seen = run_scheduled(&mut c, &reqs, |_| {});
+    let mut torn = 0;
+    for (i, ((_, r), s)) in reqs.iter().zip(&seen).enumerate() {
+        if s.reason == Some(FinishReason::Error) {
+            let e = s.error.as_deref().unwrap_or_default();
+            assert!(e.contains("out of memory inside a layer") && s.out_of_memory, "request {i}: {s:?}");
+            torn += 1;
+        } else {
+            assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
+        }
+    }
+    // Request 1 and the stream beside it in its round (the fault needs two).
+    assert_eq!((seen[1].reason, torn), (Some(FinishReason::Error), 2), "{seen:?}");
+    let m = c.metrics();
+    assert_eq!((m.running, m.waiting, m.reserved_bytes, m.failure), (0, 0, 0, None), "nothing held");
+    assert!(c.failure().is_none(), "the engine runs on");
+}
+
 /// Whether `s` finished with the reserve's out-of-memory error, having run no round.
 fn refused_by_name(s: &common::Seen) -> bool {
     let named = s.error.as_deref().is_some_and(|e| e.starts_with("OutOfMemory: kv_reserve could not allocate"));

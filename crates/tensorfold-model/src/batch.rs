@@ -15,7 +15,7 @@ pub struct Batch<'a, 's, B: Backend> {
     pub tokens: &'a [u32],
     /// One segment a stream: its rows of the call and its start position.
     pub segs: &'a [Segment],
-    /// The streams' states, advanced by their rows on success and untouched on a refusal.
+    /// The streams' states, advanced by their rows on success, untouched on a refusal, torn on a failure.
     pub states: &'a mut [&'s mut StreamState<B>],
     /// Rows whose ids are held drafts, taken on the device ([`Model::draft`] with
     /// [`crate::drafter::DraftOut::Held`]).
@@ -157,6 +157,9 @@ impl<B: Backend> Model<B> {
     /// A segment's stream is at its start: its position, every attention layer's key rows and, with a drafter,
     /// the drafter's context rows all equal `start_pos`, so no layer can refuse mid-forward.
     fn check_positions(&self, s: &Segment, st: &StreamState<B>) -> Result<(), ForwardError> {
+        if st.torn {
+            return Err(ForwardError::Torn);
+        }
         if st.pos != s.start_pos {
             return Err(ForwardError::Position { cache: s.cache, start: s.start_pos, pos: st.pos });
         }

@@ -7,7 +7,7 @@ use crate::drafter::Drafter;
 use crate::expert_parallel::ExpertParallel;
 use crate::hooks::Hooks;
 use crate::layers::{Acts, Cx};
-use crate::state::advance;
+use crate::state::{advance, tear};
 use crate::weights::Weights;
 use std::sync::Arc;
 use tensorfold_kernels::{Backend, DeviceWatch, KernelError};
@@ -15,8 +15,9 @@ use tensorfold_kernels::{Backend, DeviceWatch, KernelError};
 pub use crate::batch::{Batch, ForwardOut, HeldIds, LogitRows, RowWant};
 pub use crate::state::{LayerState, StreamState};
 
-/// A forward that could not run. Checked before any state changes, so a refused call leaves every
-/// stream as it was.
+/// A forward that could not run. A refusal (the call's rows, segments, positions, token ids, context, torn states)
+/// is checked before any state changes and leaves every stream as it was; a failure after that (a kernel's, a
+/// collective's, a device's) leaves every stream of the call torn (`StreamState::torn`).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ForwardError {
     /// A kernel refused its inputs.
@@ -37,6 +38,9 @@ pub enum ForwardError {
     /// The drafter scored a non-finite value or picked past the vocabulary: refused, never a silent draft.
     #[error("DraftNonfinite: the drafter's score for block row {row} of stream {stream} is not finite")]
     DraftNonfinite { stream: usize, row: usize },
+    /// A stream's state was left part-written by an earlier failed forward (`StreamState::torn`): it cannot run on.
+    #[error("StateTorn: the stream's state was left part-written by a failed forward and cannot run on")]
+    Torn,
     /// Drafts were asked of a model without a drafter.
     #[error("no drafter is attached")]
     NoDrafter,
@@ -82,7 +86,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::forward`] on the calling thread.
-    fn forward_here(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
+    fn forward_here(&self, mut batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         self.check(&batch)?;
         // The whole forward is one watched wait (`crate::watch`): its launches, any collectives, and the sync that
         // reads its results, where a device that stops answering holds the host.
@@ -90,11 +94,26 @@ impl<B: Backend> Model<B> {
         let rows = batch.tokens.len();
         let from = batch.held.as_ref().map(|h| h.picks(rows)).transpose()?;
         let (b, w, h) = (&self.backend, &self.weights, self.cfg.hidden);
-        let cx = Cx { b, cfg: &self.cfg, segs: batch.segs, rows };
         let mut x = b.scratch(rows * h);
         let held = batch.held.as_ref().map(|h| h.blocks.words()).zip(from.as_deref());
         w.embed_rows(b, batch.tokens, held, &mut x)?;
-        let mut acts = Acts { x, normed: b.scratch(rows * h), mixed: b.scratch(rows * h) };
+        let acts = Acts { x, normed: b.scratch(rows * h), mixed: b.scratch(rows * h) };
+        // The last failure before any state is written: the activations' buffers.
+        b.check()?;
+        let out = self.write_states(&mut batch, acts);
+        if out.is_err() {
+            tear(batch.states);
+        }
+        out
+    }
+
+    /// The part of a forward that writes the streams' states: every layer, the hooks, the head. A failure here
+    /// leaves the states part-written (the caller tears them). A failure recorded by an infallible call
+    /// (`Diagnostics::check`) fails the call here rather than return garbage.
+    fn write_states(&self, batch: &mut Batch<'_, '_, B>, mut acts: Acts<B>) -> Result<ForwardOut, ForwardError> {
+        let (b, w, h) = (&self.backend, &self.weights, self.cfg.hidden);
+        let rows = batch.tokens.len();
+        let cx = Cx { b, cfg: &self.cfg, segs: batch.segs, rows };
         let mut hooks = Hooks::of(self, rows);
         // Each residual add is fused with the RMSNorm that follows it (`add_rmsnorm`, the same bits).
         if let Some(first) = w.layers.first() {
@@ -107,9 +126,10 @@ impl<B: Backend> Model<B> {
         }
         hooks.after_layers(b, batch.segs, batch.states)?;
         advance(batch.states, batch.segs);
-        let out = w.head_rows(&cx, &acts.x, batch.want);
+        let out = w.head_rows(&cx, &acts.x, std::mem::replace(&mut batch.want, LogitRows::Last));
         // The logits are read: a hook's failure on the way fails the call (its results may be garbage).
         hooks.after_head(b, &acts.x, h, !out.rows.is_empty())?;
+        b.check()?;
         // A read that came back after the watchdog gave the device up is not trusted: the engine has stopped.
         self.answered()?;
         Ok(out)

@@ -25,6 +25,9 @@ pub struct StreamState<B: Backend> {
     pub last_start: usize,
     /// The drafter's context (with a drafter attached): K/V of every consumed position.
     pub draft: Option<DraftState<B>>,
+    /// A forward failed after it began writing this state (its layers may stand at different positions): every
+    /// later forward or rollback of it, or of a snapshot of it, is refused ([`ForwardError::Torn`]).
+    pub torn: bool,
 }
 
 impl<B: Backend> Clone for LayerState<B> {
@@ -38,7 +41,8 @@ impl<B: Backend> Clone for LayerState<B> {
 
 impl<B: Backend> Clone for StreamState<B> {
     fn clone(&self) -> Self {
-        Self { layers: self.layers.clone(), pos: self.pos, last_start: self.last_start, draft: self.draft.clone() }
+        let (pos, last_start, torn) = (self.pos, self.last_start, self.torn);
+        Self { layers: self.layers.clone(), pos, last_start, draft: self.draft.clone(), torn }
     }
 }
 
@@ -62,6 +66,11 @@ pub(crate) fn kv_states<'s, B: Backend>(states: &'s mut [&mut StreamState<B>], i
             LayerState::Conv(_) => unreachable!("layer plan and state agree by construction"),
         })
         .collect()
+}
+
+/// After a failed forward that had begun writing states: every stream of the call is torn (`StreamState::torn`).
+pub(crate) fn tear<B: Backend>(states: &mut [&mut StreamState<B>]) {
+    states.iter_mut().for_each(|s| s.torn = true);
 }
 
 /// After a forward: each segment's stream has consumed its rows, and its rollback window starts at its first row.
@@ -90,15 +99,18 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         let draft = self.drafter.as_ref().map(|d| d.new_state(&self.backend));
-        StreamState { layers, pos: 0, last_start: 0, draft }
+        StreamState { layers, pos: 0, last_start: 0, draft, torn: false }
     }
 
     /// Rolls a stream back to `pos` positions, anywhere from its last call's first row to its current
     /// position (a verify window whose later rows were rejected): KV rows are truncated and conv states
-    /// restored to the row at `pos`, never left at the window's end. Errors: a `pos` outside the last call
-    /// ([`ForwardError::Batch`]), a conv kernel's refusal, or `DeviceLost` once the device is given up
-    /// ([`Model::answered`]).
+    /// restored to the row at `pos`, never left at the window's end. Errors: a torn state ([`ForwardError::Torn`]),
+    /// a `pos` outside the last call ([`ForwardError::Batch`]), a conv kernel's refusal, or `DeviceLost` once the
+    /// device is given up ([`Model::answered`]).
     pub fn keep(&self, s: &mut StreamState<B>, pos: usize) -> Result<(), ForwardError> {
+        if s.torn {
+            return Err(ForwardError::Torn);
+        }
         if pos < s.last_start || pos > s.pos {
             return Err(ForwardError::Batch(format!(
                 "cannot keep {pos} positions: the last call covered {}..{}",

@@ -152,3 +152,57 @@ fn a_collective_that_failed_on_the_way_fails_the_forward_as_a_lost_device() {
     let r = m.forward(Batch::new(&[1, 2, 3], &seg, &mut [&mut s], LogitRows::Last));
     assert!(matches!(r, Err(ForwardError::Kernel(KernelError::DeviceLost { .. }))), "{:?}", r.err());
 }
+
+/// A collective whose `reduce_sum` call number `at` (from 0) runs out of device memory, the device usable after.
+struct OutOfMemoryAt {
+    inner: HostCollective,
+    calls: std::sync::atomic::AtomicUsize,
+    at: usize,
+}
+
+impl Collective<CpuBackend> for OutOfMemoryAt {
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    fn broadcast(&self, root: &Vec<f32>, others: &mut [&mut Vec<f32>]) -> Result<(), KernelError> {
+        self.inner.broadcast(root, others)
+    }
+    fn reduce_sum(&self, root: &mut Vec<f32>, others: &[&Vec<f32>]) -> Result<(), KernelError> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == self.at {
+            return Err(KernelError::DeviceOutOfMemory { kernel: "nccl_reduce", message: "planted".into() });
+        }
+        self.inner.reduce_sum(root, others)
+    }
+    fn check(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
+}
+
+/// A failure inside a layer (the first MoE layer's sum, after the conv layers before it wrote their states) tears
+/// every state of the call: the next forward or rollback of either is refused by name before anything runs, and a
+/// fresh state on the same model runs on, equal to a one-device model's.
+#[test]
+fn a_failure_inside_a_layer_tears_the_states_of_its_call() {
+    let src = source("tests/fixtures/lfm2-moe-f32");
+    let comm = OutOfMemoryAt { inner: HostCollective::new(2), calls: 0.into(), at: 0 };
+    let m = open_expert_parallel(&src, vec![CpuBackend; 2], Box::new(comm)).expect("splits").model;
+    let (mut a, mut b) = (m.new_state(), m.new_state());
+    let segs = [
+        Segment { first_row: 0, rows: 3, start_pos: 0, cache: 0 },
+        Segment { first_row: 3, rows: 2, start_pos: 0, cache: 1 },
+    ];
+    let r = m.forward(Batch::new(&[1, 2, 3, 4, 5], &segs, &mut [&mut a, &mut b], LogitRows::Last));
+    assert!(r.as_ref().is_err_and(ForwardError::is_out_of_memory), "{:?}", r.err());
+    assert!(a.torn && b.torn && (a.pos, b.pos) == (0, 0), "both torn, neither advanced");
+    let seg = [Segment { first_row: 0, rows: 1, start_pos: 0, cache: 0 }];
+    let again = m.forward(Batch::new(&[1], &seg, &mut [&mut a], LogitRows::Last));
+    assert_eq!(again.err(), Some(ForwardError::Torn));
+    assert_eq!(m.keep(&mut b, 0), Err(ForwardError::Torn));
+    assert!(m.snapshot(&a).torn, "a snapshot of a torn state is torn too");
+    let mut fresh = m.new_state();
+    let ok = m.forward(Batch::new(&[1, 2, 3], &segs[..1], &mut [&mut fresh], LogitRows::Last)).expect("runs on");
+    let one = open(&src, CpuBackend).expect("opens").model;
+    let mut s = one.new_state();
+    let want = one.forward(Batch::new(&[1, 2, 3], &segs[..1], &mut [&mut s], LogitRows::Last)).expect("runs");
+    assert_eq!(ok.logits, want.logits);
+}

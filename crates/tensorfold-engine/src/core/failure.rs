@@ -1,7 +1,8 @@
 //! Device failures: a forward or a draft that fails with `KernelError::DeviceLost` (a sticky driver error, a failed
 //! collective) leaves stream states undefined, so the engine ends every stream with the error and stops, rather than
 //! run on and risk wrong output. Other errors (out of memory, a refused shape) fail their streams alone
-//! (`drop_failed`, and `refuse_state` for a state the target could not reserve); out of memory, in a reserve or
+//! (`drop_failed`, and `refuse_state` for a state the target could not reserve), except that a failure inside a
+//! shared round's layers ends every stream whose state it tore (`Target::torn`); out of memory, in a reserve or
 //! inside a forward, is flagged in the stream's finish event.
 
 use super::Core;

@@ -31,9 +31,14 @@ impl<T: Target> Core<T> {
             Ok(l) => l.into_iter().map(Ok).collect(),
             // A device failure stops the engine: no retries.
             Err(e) if self.failure.is_some() => plan.entries.iter().map(|_| Err(e.clone())).collect(),
-            // An engine fault (calls are validated before they touch state): run each stream alone, so only a
-            // stream that fails alone fails.
-            Err(_) => plan.entries.iter().map(|e| alone(self, e)).collect(),
+            // A refusal (checked before any state is written) or a failure that tore states (out of memory inside a
+            // layer): each stream whose state is whole runs again alone, so only a stream that fails alone fails;
+            // a torn one ends with the shared failure.
+            Err(e) => plan
+                .entries
+                .iter()
+                .map(|en| if self.target.torn(&self.lanes[en.lane].state) { Err(e.clone()) } else { alone(self, en) })
+                .collect(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tensorfold_engine::core::{Core, EngineConfig, FixedClock};
-use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::fake::{FakeTarget, TORN};
 use tensorfold_engine::keyed::{SamplingParams, draw};
 use tensorfold_engine::target::host_forward;
 use tensorfold_engine::{Event, FinishReason, ForwardCall, Request, RequestId, SegOut, Stats, Target};
@@ -48,6 +48,9 @@ macro_rules! delegate_target {
         }
         fn snapshot(&self, s: &Self::State) -> Self::State {
             self.inner.snapshot(s)
+        }
+        fn torn(&self, s: &Self::State) -> bool {
+            self.inner.torn(s)
         }
     };
 }
@@ -316,6 +319,9 @@ pub enum Fault {
     /// A call holding its rows and another stream's runs out of device memory (a shared round too large); its rows
     /// alone fit.
     SharedOutOfMemory,
+    /// As `SharedOutOfMemory`, but inside a layer, after the call began writing its streams' states: each of them
+    /// is torn (`fake::TORN`).
+    TornOutOfMemory,
 }
 
 /// The fake target, except that a stream whose history starts with `poison` and has grown `after` tokens
@@ -359,7 +365,12 @@ impl Poisoned {
                     let message = "planted: out of memory for the shared round".to_string();
                     return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "scratch", message }));
                 }
-                Fault::SharedOutOfMemory => {}
+                Fault::TornOutOfMemory if segs.len() > 1 => {
+                    segs.iter().for_each(|s| states[s.cache].push(TORN));
+                    let message = "planted: out of memory inside a layer".to_string();
+                    return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "linear", message }));
+                }
+                Fault::SharedOutOfMemory | Fault::TornOutOfMemory => {}
                 Fault::DeviceOutOfMemory => {
                     let message = "planted: out of memory (CUDA_ERROR_OUT_OF_MEMORY)".to_string();
                     return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "linear", message }));
