@@ -105,7 +105,7 @@ impl<B: Backend + 'static> Target for ModelTarget<B> {
         self.model.reserve(s, tokens, verify_rows)
     }
 
-    fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+    fn snapshot(&self, s: &StreamState<B>) -> Result<StreamState<B>, ForwardError> {
         self.model.snapshot(s)
     }
 

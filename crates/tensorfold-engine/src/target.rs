@@ -141,9 +141,10 @@ pub trait Target: Send + 'static {
     fn reserve(&self, _s: &mut Self::State, _tokens: usize, _verify_rows: usize) -> Result<(), ForwardError> {
         Ok(())
     }
-    /// A copy of a state to keep in the prompt cache (no rollback window; exact capacity).
-    fn snapshot(&self, s: &Self::State) -> Self::State {
-        s.clone()
+    /// A copy of a state to keep in the prompt cache or hand a group's follower (no rollback window; exact
+    /// capacity). Errors: the copy could not be made (out of memory, a lost device) or the state is torn.
+    fn snapshot(&self, s: &Self::State) -> Result<Self::State, ForwardError> {
+        Ok(s.clone())
     }
     /// The drafter's block pass for each stream of `states`; `None` when the target has no drafter. With
     /// [`DraftCall::hold`] an error is one the read pass would give too; a non-finite score surfaces only in

@@ -26,7 +26,7 @@ pub struct StreamState<B: Backend> {
     /// The drafter's context (with a drafter attached): K/V of every consumed position.
     pub draft: Option<DraftState<B>>,
     /// A forward failed after it began writing this state (its layers may stand at different positions): every
-    /// later forward or rollback of it, or of a snapshot of it, is refused ([`ForwardError::Torn`]).
+    /// later forward, rollback or snapshot of it is refused ([`ForwardError::Torn`]).
     pub torn: bool,
 }
 
@@ -166,8 +166,14 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// A copy to keep (prompt cache): the same position, without the last call's rollback window.
-    pub fn snapshot(&self, s: &StreamState<B>) -> StreamState<B> {
+    /// A copy to keep (prompt cache, a group's followers): the same position, without the last call's rollback
+    /// window. Errors: a torn state ([`ForwardError::Torn`]); a copy the device could not make (out of memory, a
+    /// lost device: a device state's `Clone` records it, and the copy would be empty or zeroed), so a broken copy is
+    /// never kept or resumed from.
+    pub fn snapshot(&self, s: &StreamState<B>) -> Result<StreamState<B>, ForwardError> {
+        if s.torn {
+            return Err(ForwardError::Torn);
+        }
         let _waiting = self.watch.enter(STATE);
         let mut c = s.clone();
         for l in &mut c.layers {
@@ -176,7 +182,8 @@ impl<B: Backend> Model<B> {
             }
         }
         c.last_start = c.pos;
-        c
+        self.backend.check()?;
+        Ok(c)
     }
 
     /// Bytes a stream of `tokens` positions needs: f32 K and V rows of every attention layer, the conv

@@ -76,12 +76,15 @@ impl<T: Target> Core<T> {
         for f in followers {
             let Some(l) = self.lanes.iter().position(|s| s.id == id) else { return };
             let Some(j) = self.lanes.iter().position(|s| s.id == f) else { continue };
-            let mut state = self.target.snapshot(&self.lanes[l].state);
             let tokens = self.lanes[j].req.prompt.len() + self.lanes[j].req.max_tokens;
-            if let Err(e) = self.target.reserve(&mut state, tokens, v) {
-                self.refuse_state(f, e);
-                continue;
-            }
+            let copied = self.target.snapshot(&self.lanes[l].state);
+            let state = match copied.and_then(|mut s| self.target.reserve(&mut s, tokens, v).map(|()| s)) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.refuse_state(f, e);
+                    continue;
+                }
+            };
             let s = &mut self.lanes[j];
             s.state = state;
             s.leader = None;

@@ -41,9 +41,14 @@ impl<T: Target> Core<T> {
         let prompt_len = self.lanes[i].req.prompt.len();
         let s = &self.lanes[i];
         if self.keeps_state_at(pos, prompt_len) && !self.cache.contains(&s.req.prompt[..pos]) {
-            let snap = self.target.snapshot(&s.state);
-            let bytes = self.target.state_bytes(&snap);
-            self.cache.insert(&s.req.prompt[..pos], snap, bytes);
+            // A copy the device could not make is not kept (a lost device is recorded: the step's check stops).
+            match self.target.snapshot(&s.state) {
+                Ok(snap) => {
+                    let bytes = self.target.state_bytes(&snap);
+                    self.cache.insert(&s.req.prompt[..pos], snap, bytes);
+                }
+                Err(e) => self.note_device(&e),
+            }
         }
         if pos < prompt_len {
             return;

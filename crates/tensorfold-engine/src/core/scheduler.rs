@@ -91,10 +91,19 @@ impl<T: Target> Core<T> {
     fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) -> Result<(), ForwardError> {
         let now = self.clock.now();
         // A follower's state is its leader's at the prompt's end (`fanout.rs`); until then a placeholder.
-        // A resumed state is the cache's copied on the device, as the target copies (and watches) its snapshots.
+        // A resumed state is the cache's copied on the device, as the target copies (and watches) its snapshots; a
+        // copy the device could not make is a miss (a lost device is recorded: the step's check stops the engine).
         let looked = match leader {
             None => self.cache.lookup(&w.req.prompt).map(|(s, n)| (self.target.snapshot(s), n)),
             Some(_) => None,
+        };
+        let looked = match looked {
+            Some((Ok(s), n)) => Some((s, n)),
+            Some((Err(e), _)) => {
+                self.note_device(&e);
+                None
+            }
+            None => None,
         };
         let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
         let reserved = match leader {

@@ -46,7 +46,7 @@ macro_rules! delegate_target {
         fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
             self.inner.stream_bytes(tokens, verify_rows)
         }
-        fn snapshot(&self, s: &Self::State) -> Self::State {
+        fn snapshot(&self, s: &Self::State) -> Result<Self::State, tensorfold_model::ForwardError> {
             self.inner.snapshot(s)
         }
         fn torn(&self, s: &Self::State) -> bool {

@@ -1,0 +1,96 @@
+//! A state copy the device cannot make (`Target::snapshot` out of memory) is never kept or handed on: the prompt
+//! cache keeps nothing and a later request prefills from scratch, equal to its solo run; a group's followers, whose
+//! states are such copies, end out of memory alone while their leader runs on.
+
+mod common;
+
+use common::{core, reference, run_scheduled};
+use tensorfold_engine::core::EngineConfig;
+use tensorfold_engine::fake::FakeTarget;
+use tensorfold_engine::{Caps, FinishReason, ForwardCall, Request, SegOut, Target};
+use tensorfold_kernels::KernelError;
+use tensorfold_model::ForwardError;
+
+/// The fake target, except that every state copy fails as a device out of memory would.
+struct FailedCopies {
+    inner: FakeTarget,
+}
+
+impl Target for FailedCopies {
+    type State = Vec<u32>;
+    type Held = ();
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+    fn new_state(&self) -> Vec<u32> {
+        self.inner.new_state()
+    }
+    fn pos(&self, s: &Vec<u32>) -> usize {
+        self.inner.pos(s)
+    }
+    fn state_bytes(&self, s: &Vec<u32>) -> usize {
+        self.inner.state_bytes(s)
+    }
+    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
+        self.inner.stream_bytes(tokens, verify_rows)
+    }
+    fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
+        self.inner.forward(call, states)
+    }
+    fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
+        self.inner.keep(s, pos)
+    }
+    fn snapshot(&self, _s: &Vec<u32>) -> Result<Vec<u32>, ForwardError> {
+        let message = "planted: copying a KV cache: out of memory".to_string();
+        Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "check", message }))
+    }
+}
+
+/// The same 12-token prompt twice, the second after the first finished.
+fn twice() -> Vec<(usize, Request)> {
+    let r = Request { ignore_eos: true, ..Request::greedy((5..17).collect(), 8) };
+    vec![(0, r.clone()), (40, r)]
+}
+
+#[test]
+fn a_copy_the_device_cannot_make_is_not_kept_in_the_prompt_cache() {
+    let inner = FakeTarget::new();
+    let cfg = EngineConfig { parallel: 2, prefill_chunk: 4, max_draft: 0, ..EngineConfig::default() };
+    // The control: with copies that work, the second request resumes from a kept state.
+    let seen = run_scheduled(&mut core(inner.clone(), cfg.clone()), &twice(), |_| {});
+    assert!(seen[1].cached.is_some_and(|n| n > 0), "the control resumes: {:?}", seen[1]);
+    let mut c = core(FailedCopies { inner: inner.clone() }, cfg);
+    let seen = run_scheduled(&mut c, &twice(), |_| {});
+    for (i, ((_, r), s)) in twice().iter().zip(&seen).enumerate() {
+        assert_eq!((s.reason, &s.tokens), (Some(FinishReason::Length), &reference(&inner, r).0), "request {i}");
+        assert_eq!(s.cached, Some(0), "request {i} prefilled from scratch");
+    }
+    assert_eq!(c.metrics().cache_bytes, 0, "nothing kept");
+    assert!(c.failure().is_none(), "the engine runs on");
+}
+
+#[test]
+fn a_follower_whose_copy_fails_ends_out_of_memory_and_its_leader_runs_on() {
+    let inner = FakeTarget::new();
+    let reqs: Vec<Request> =
+        [10, 12, 14].iter().map(|&m| Request { ignore_eos: true, ..Request::greedy((5..17).collect(), m) }).collect();
+    let mut c = core(FailedCopies { inner: inner.clone() }, EngineConfig { parallel: 4, ..EngineConfig::default() });
+    let (sinks, rx): (Vec<tensorfold_engine::Sink>, Vec<_>) =
+        (0..3).map(|_| std::sync::mpsc::channel()).map(|(tx, rx)| (tx.into(), rx)).unzip();
+    c.submit_group(reqs.clone(), sinks).expect("queued");
+    while c.step() {}
+    for (i, (r, rx)) in reqs.iter().zip(rx).enumerate() {
+        let mut w = common::Watch { id: 0, rx: Some(rx), seen: common::Seen::default() };
+        w.drain(0);
+        if i == 0 {
+            let alone = (Some(FinishReason::Length), &reference(&inner, r).0);
+            assert_eq!((w.seen.reason, &w.seen.tokens), alone, "the leader");
+        } else {
+            let named = w.seen.error.as_deref().is_some_and(|e| e.contains("copying a KV cache"));
+            assert!(w.seen.reason == Some(FinishReason::Error) && named && w.seen.out_of_memory, "{:?}", w.seen);
+            assert!(w.seen.tokens.is_empty(), "follower {i} ran nothing: {:?}", w.seen);
+        }
+    }
+    let m = c.metrics();
+    assert_eq!((m.running, m.waiting, m.reserved_bytes, m.failure), (0, 0, 0, None), "nothing held");
+}
