@@ -7,7 +7,7 @@ mod common;
 use common::{core, reference, run_scheduled};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
-use tensorfold_engine::{Caps, FinishReason, ForwardCall, Request, SegOut, Target};
+use tensorfold_engine::{FinishReason, ForwardCall, Request, SegOut, Target};
 use tensorfold_kernels::KernelError;
 use tensorfold_model::ForwardError;
 
@@ -17,23 +17,8 @@ struct FailedCopies {
 }
 
 impl Target for FailedCopies {
-    type State = Vec<u32>;
-    type Held = ();
-    fn caps(&self) -> Caps {
-        self.inner.caps()
-    }
-    fn new_state(&self) -> Vec<u32> {
-        self.inner.new_state()
-    }
-    fn pos(&self, s: &Vec<u32>) -> usize {
-        self.inner.pos(s)
-    }
-    fn state_bytes(&self, s: &Vec<u32>) -> usize {
-        self.inner.state_bytes(s)
-    }
-    fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
-        self.inner.stream_bytes(tokens, verify_rows)
-    }
+    delegate_target!(FakeTarget, except_snapshot);
+
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
         self.inner.forward(call, states)
     }

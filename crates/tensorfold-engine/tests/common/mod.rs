@@ -14,11 +14,23 @@ use tensorfold_kernels::{KernelError, Segment};
 use tensorfold_model::ForwardError;
 
 /// The `Target` methods a wrapper passes to its `inner` target unchanged (all but forward, keep, draft; with
-/// `except_reserve`, reserve too).
+/// `except_reserve` or `except_snapshot`, that one too).
 #[macro_export]
 macro_rules! delegate_target {
     ($inner:ty) => {
-        delegate_target!($inner, except_reserve);
+        delegate_target!(@base $inner);
+        delegate_target!(@reserve);
+        delegate_target!(@snapshot);
+    };
+    ($inner:ty, except_reserve) => {
+        delegate_target!(@base $inner);
+        delegate_target!(@snapshot);
+    };
+    ($inner:ty, except_snapshot) => {
+        delegate_target!(@base $inner);
+        delegate_target!(@reserve);
+    };
+    (@reserve) => {
         fn reserve(
             &self,
             s: &mut Self::State,
@@ -28,7 +40,12 @@ macro_rules! delegate_target {
             self.inner.reserve(s, tokens, verify_rows)
         }
     };
-    ($inner:ty, except_reserve) => {
+    (@snapshot) => {
+        fn snapshot(&self, s: &Self::State) -> Result<Self::State, tensorfold_model::ForwardError> {
+            self.inner.snapshot(s)
+        }
+    };
+    (@base $inner:ty) => {
         type State = <$inner as Target>::State;
         type Held = ();
         fn caps(&self) -> tensorfold_engine::Caps {
@@ -45,9 +62,6 @@ macro_rules! delegate_target {
         }
         fn stream_bytes(&self, tokens: usize, verify_rows: usize) -> usize {
             self.inner.stream_bytes(tokens, verify_rows)
-        }
-        fn snapshot(&self, s: &Self::State) -> Result<Self::State, tensorfold_model::ForwardError> {
-            self.inner.snapshot(s)
         }
         fn torn(&self, s: &Self::State) -> bool {
             self.inner.torn(s)
