@@ -1,75 +1,61 @@
-//! Tensor-core linears, the wide form (prefill and wide MoE tiles): 64 x 128 blocks from shared-memory stages, the narrow form's chain (dense_tc.cu) at every width, bf16 and MLX Q8 / Q4 weights.
+//! Tensor-core linears, the wide form (prefill and wide MoE tiles): 64 x 128 blocks of four warps, a warp 16 rows by every column, the narrow form's chain (dense_tc.cu) at every width, bf16 and MLX Q8 / Q4 weights.
 // Appended to dense.cu's module after dense_tc.cu (cuda/device/sources.rs), whose pieces, chunk partials and
 // segments it uses: a row's bits are the narrow and few-row forms'.
 
-// Wide form (prefill): a block of 8 warps computes TCM rows by TCN columns from shared-memory stages of TCK_STAGE
-// chunks; warp (wm, wn) = (warp / 4, warp % 4) the rows 32 wm .. +31 (two m16 tiles) and columns 32 wn .. +31 (four
-// n8 tiles). A stage holds the tile's A fragments (pieces split once, by tc_split2) and B fragments in lane order,
-// so each fragment is one 16-byte shared load. The next stage's activations wait in registers and its weights land
-// by cp.async in the other of two B buffers while a stage is multiplied; two blocks share an SM.
+// Wide form (prefill): a block of TCW_THREADS / 32 = 4 warps computes TCM rows by TCN columns; warp w the rows
+// 16 w .. +15 (one m16 tile) and every column (sixteen n8 tiles). A warp loads its own rows' activations and splits
+// them in registers (tc_frag_split, the narrow form's), one chunk ahead of its mmas, so the activations never pass
+// through shared memory; the weights do: B fragments in lane order (one 16-byte load a fragment), two buffers of
+// TCK_STAGE chunks, each filled by cp.async a stage ahead, one barrier a stage. A chunk's 16 fragment loads feed 96
+// mmas of a warp (a 32 x 32 warp tile fed from staged pieces read 16 for 48): shared memory bandwidth was the wide
+// forms' bound beside the tensor pipe.
 #define TCM 64
 #define TCN 128
 #define TCK_STAGE 2
-// Blocks an SM the wide forms are compiled for: registers capped at 65536 / (256 x this), 128 (the chunk loop stays
-// rolled to fit without spills). Two fit an SM's shared memory on Hopper (228 KiB); parts with less run one. A block's dynamic shared memory is its TcSmem stage, then its segment totals
-// (TCW_TOT floats, [element][thread]): TCW_SMEM bytes, tc.rs's WIDE_SMEM.
+#define TCW_THREADS 128
+// Blocks an SM the wide forms are compiled for: two, so registers are not capped below the 255 a thread may hold
+// (three would cap them at 170 and spill the accumulators: on an H100, three gave prefill 1.00x main's form and
+// two 1.21x; docs/receipts/2026-12-08-gpu-wide-warp-rows.md). Three would fit an SM's shared memory. A block's
+// dynamic shared memory is its TcSmem stage, then its segment totals (TCW_TOT floats, [element][thread]): TCW_SMEM
+// bytes, tc.rs's WIDE_SMEM.
 #define TCW_BLOCKS 2
 
 struct alignas(16) TcSmem {
-  uint4 a[TCK_STAGE][3][TCM / 16][2][32];  // [chunk][piece][m16 tile][half][lane]: {a0, a1, a2, a3}
-  uint4 b[2][TCK_STAGE][TCN / 8][32];      // [buffer][chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
-                                           // (Q8: the first 8 bytes, 8 codes; Q4: the first 4)
-  float xs[TCK_STAGE][TCM];                // quantized: each tile row's sum of x over a chunk (tc_xsum's order)
-  float sb[2][TCK_STAGE][2][TCN];          // quantized: [buffer][chunk][scale, bias][block column]
+  uint4 b[2][TCK_STAGE][TCN / 8][32];  // [buffer][chunk][n8 tile][lane]: 8 weights of column 8 tile + lane / 4
+                                       // (Q8: the first 8 bytes, 8 codes; Q4: the first 4)
+  float sb[2][TCK_STAGE][2][TCN];      // quantized: [buffer][chunk][scale, bias][block column]
 };
-#define TCW_TOT (2 * 4 * 4 * 256)
+#define TCW_TOT ((TCN / 8) * 4 * TCW_THREADS)
 #define TCW_SMEM (sizeof(TcSmem) + 4 * TCW_TOT)
 static_assert(sizeof(TcSmem) % 16 == 0, "the totals start on 16 bytes");
-static_assert(TCW_SMEM == 94720, "tc.rs's WIDE_SMEM");
+static_assert(TCW_SMEM == 69632, "tc.rs's WIDE_SMEM");
+static_assert(sizeof(TcSmem) >= 4 * TCM * TCN, "tc_wide_out's NW == 2 meeting place fits the stage");
 
-// One stage's activation loads, held in registers while the stage before it is multiplied: 2 x 2 float4 (two A
-// slots, rows g and g + 8 of each). The weights go straight to shared memory (tc_fetch_w).
-struct TcLoad {
-  float4 x[2][2];
-};
-
-// A slot of the stage's A fragments: sm.a[cc][piece][mt][h][4 g + t] holds elements 8 t + 4 h .. + 3 of chunk cc of
-// tile rows 16 mt + g and 16 mt + g + 8, split. Slot s = tid + 256 i (i < 2) is the thread's: the low 5 bits of s
-// run t (2 bits), then g's low bit, h, g's middle bit, so 8 threads in a row store 8 adjacent slots (no bank
-// conflict) and a warp's loads of one row cover a chunk's 128 contiguous bytes; the high bits run g's top bit, mt,
-// cc.
-struct TcSlot {
-  int cc, mt, h, g, t;
-};
-static_assert(TCK_STAGE == 2 && TCM == 64 && TCN == 128, "tc_slot's, tc_fetch_w's bit fields: 2 chunks, 4 m16 tiles");
-__device__ __forceinline__ TcSlot tc_slot(int s) {
-  TcSlot q;
-  q.t = s & 3;
-  q.h = (s >> 3) & 1;
-  q.g = ((s >> 2) & 1) | (((s >> 4) & 1) << 1) | (((s >> 5) & 1) << 2);
-  q.mt = (s >> 6) & 3;
-  q.cc = (s >> 8) & 1;
-  return q;
+// This lane's two rows of x: tile rows r0 + g and r0 + g + 8 (input rows in_row(r)), from element 8 t; null past nt.
+// Taken once a block, so no chunk waits on the MoE plan's slot list.
+template <class In>
+__device__ __forceinline__ void tc_wide_rows(const float* x, In in_row, int nt, int k, int r0, const float* row[2]) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int up = 0; up < 2; up++) {
+    int r = r0 + g + 8 * up;
+#ifdef FAULT_TC_ROW_MIX
+    if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
+#endif
+    row[up] = r < nt ? x + (u64)in_row(r) * (u64)k + 8 * t : nullptr;
+  }
 }
 
-// Thread `tid`'s activation loads of stage `st` (chunks TCK_STAGE st ..), as its two slots say (tile row r is input
-// row in_row(r) of x); rows past nt and chunks past C load zeros.
-template <class In>
-__device__ __forceinline__ void tc_fetch_x(const float* x, In in_row, int nt, int k, int st, int chunks, TcLoad& ld) {
+// This lane's activations of chunk c from its rows (tc_wide_rows): v[0] v[1] elements 32 c + 8 t .. + 7 of the first
+// row, v[2] v[3] those of the second (tc_frag_split's order); a row past nt, or a chunk past C, is zeros.
+__device__ __forceinline__ void tc_wide_x(const float* const row[2], int c, int chunks, float4 v[4]) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    TcSlot q = tc_slot(threadIdx.x + 256 * i);
-    int c = TCK_STAGE * st + q.cc;
-#pragma unroll
-    for (int up = 0; up < 2; up++) {
-      int r = 16 * q.mt + q.g + 8 * up;
-#ifdef FAULT_TC_ROW_MIX
-      if (r + 1 < nt) r++;  // planted: a row of the tile reads the next row's activations
-#endif
-      bool ok = r < nt && c < chunks;
-      int e = 32 * c + 8 * q.t + 4 * q.h;
-      ld.x[i][up] = ok ? __ldg(reinterpret_cast<const float4*>(x + (u64)in_row(r) * (u64)k + e))
-                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int up = 0; up < 2; up++) {
+    v[2 * up] = v[2 * up + 1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row[up] && c < chunks) {
+      const float4* p = reinterpret_cast<const float4*>(row[up] + 32 * c);
+      v[2 * up] = __ldg(p);
+      v[2 * up + 1] = __ldg(p + 1);
     }
   }
 }
@@ -83,18 +69,20 @@ __device__ __forceinline__ const Mat& tc_block_col(const Mat& m0, const Mat& m1,
   return NW == 2 && bc >= TCN / 2 ? m1 : m0;
 }
 
-// Thread `tid`'s weight copies of stage `st` into buffer `buf`, in flight until tc_async_wait: unit u = tid + 256 i
-// is b[buf][cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2, tile = u / 64: block column 8 tile + lane / 4 at
-// element 8 (lane % 4) of the chunk (tc_block_col's column); a quantized matrix's scales and biases of the stage's
-// chunks go to sb (thread tid copies chunk i's (i < 2) scale, or its bias when tid is odd, of block column tid / 2).
-// Chunks past C are zeros.
+// Thread `tid`'s weight copies of stage `st` into buffer `buf`, in flight until tc_async_wait: unit
+// u = tid + TCW_THREADS i is b[buf][cc][tile][lane] with lane = u % 32, cc = (u / 32) % 2, tile = u / 64: block
+// column 8 tile + lane / 4 at element 8 (lane % 4) of the chunk (tc_block_col's column); a quantized matrix's scales
+// and biases of the stage's chunks go to sb (thread tid copies chunk i's scale, or its bias when tid is odd, of
+// block columns tid / 2 and tid / 2 + 64). Chunks past C are zeros.
 template <int DT, int NW>
 __device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const Mat& m0, const Mat& m1, int j0, int n,
                                            int st, int chunks, int gs) {
+  static_assert(TCK_STAGE == 2 && TCW_THREADS % 64 == 0, "tc_fetch_w's unit fields: 2 chunks, whole n8 tiles a pass");
   int tid = threadIdx.x;
-#pragma unroll 1
-  for (int i = 0; i < 4; i++) {
-    int u = tid + 256 * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1), bc = 8 * (u >> 6) + (lane >> 2), col;
+#pragma unroll 2
+  for (int i = 0; i < TCK_STAGE * TCN * 4 / TCW_THREADS; i++) {
+    int u = tid + TCW_THREADS * i, lane = u & 31, cw = TCK_STAGE * st + ((u >> 5) & 1);
+    int bc = 8 * (u >> 6) + (lane >> 2), col;
     const Mat& m = tc_block_col<NW>(m0, m1, j0, n, bc, &col);
     bool ok = cw < chunks;
     const u8* src = tc_col<DT>(m, col, k, lane & 3).w + (ok ? (u64)cw * (4 * TC_LANE_BYTES(DT)) : 0);
@@ -104,75 +92,64 @@ __device__ __forceinline__ void tc_fetch_w(TcSmem& sm, int buf, int k, const Mat
   }
   if (DT == DT_BF16) return;
 #pragma unroll
-  for (int i = 0; i < TCK_STAGE; i++) {
-    int bc = tid >> 1, cw = TCK_STAGE * st + i, col;
-    const Mat& m = tc_block_col<NW>(m0, m1, j0, n, bc, &col);
-    bool ok = cw < chunks;
-    const TcCol cl = tc_col<DT>(m, col, k, 0);
-    const float* src = (tid & 1 ? cl.b : cl.s) + (ok ? cw >> gs : 0);
-    tc_async_small<4>(&sm.sb[buf][i][tid & 1][bc], src, ok);
-  }
-}
-
-// The held activation loads into the stage: each A slot's activations split into pieces, one 16-byte store a piece.
-// QT (a quantized matrix): also each tile row's sum of x over each chunk into xs, in tc_xsum's order: the lane of half
-// 0 sums its 4 elements in order, the lane of half 1 (lane ^ 8) goes on with its 4, then the butterfly over t.
-template <bool QT>
-__device__ __forceinline__ void tc_put(TcSmem& sm, const TcLoad& ld) {
-  int tid = threadIdx.x;
+  for (int i = 0; i < TCK_STAGE; i++)
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    TcSlot q = tc_slot(tid + 256 * i);
-    if (QT) {
-#pragma unroll
-      for (int up = 0; up < 2; up++) {
-        const float4& v = ld.x[i][up];
-        float own = v.x + v.y;
-        own = own + v.z;
-        own = own + v.w;
-        float s = __shfl_xor_sync(0xffffffffu, own, 8);  // half 1: half 0's sum of the first 4
-        s = s + v.x;
-        s = s + v.y;
-        s = s + v.z;
-        s = s + v.w;
-        s = s + __shfl_xor_sync(0xffffffffu, s, 1);
-        s = s + __shfl_xor_sync(0xffffffffu, s, 2);
-        if (q.h == 1 && q.t == 0) sm.xs[q.cc][16 * q.mt + q.g + 8 * up] = s;
-      }
+    for (int h = 0; h < TCN / (TCW_THREADS / 2); h++) {
+      int bc = (tid >> 1) + (TCW_THREADS / 2) * h, cw = TCK_STAGE * st + i, col;
+      const Mat& m = tc_block_col<NW>(m0, m1, j0, n, bc, &col);
+      bool ok = cw < chunks;
+      const TcCol cl = tc_col<DT>(m, col, k, 0);
+      const float* src = (tid & 1 ? cl.b : cl.s) + (ok ? cw >> gs : 0);
+      tc_async_small<4>(&sm.sb[buf][i][tid & 1][bc], src, ok);
     }
-    u32 a0[3], a1[3], a2[3], a3[3];
-    tc_split2(ld.x[i][0].x, ld.x[i][0].y, a0);  // row g, slots 2t, 2t + 1
-    tc_split2(ld.x[i][1].x, ld.x[i][1].y, a1);  // row g + 8
-    tc_split2(ld.x[i][0].z, ld.x[i][0].w, a2);  // row g, slots 2t + 8, 2t + 9
-    tc_split2(ld.x[i][1].z, ld.x[i][1].w, a3);  // row g + 8
-#pragma unroll
-    for (int pc = 0; pc < 3; pc++)
-      sm.a[q.cc][pc][q.mt][q.h][4 * q.g + q.t] = make_uint4(a0[pc], a1[pc], a2[pc], a3[pc]);
-  }
 }
 
-// Element (m16 tile a, n8 tile b, fragment element i) of this thread's segment totals in the block's totals.
-__device__ __forceinline__ float& tc_tot(float* tot, int a, int b, int i) {
-  return tot[(16 * a + 4 * b + i) * 256 + threadIdx.x];
+// Element (n8 tile b, fragment element i) of this thread's segment totals in the block's totals.
+__device__ __forceinline__ float& tc_tot(float* tot, int b, int i) {
+  return tot[(4 * b + i) * TCW_THREADS + threadIdx.x];
+}
+
+// One chunk of a warp's 16 rows into its sums acc over the stage's weights of chunk cc in buffer buf: a fresh
+// partial a column tile over the split activations a (tc_chunk's order); quantized, each partial's affine value with
+// the rows' sums of x over the chunk xr (tc_xsum's order).
+template <int DT>
+__device__ __forceinline__ void tc_wide_chunk(const TcSmem& sm, int buf, int cc, const u32 a[3][2][4],
+                                              const float xr[2], float acc[TCN / 8][4]) {
+  int lane = threadIdx.x & 31, t = lane & 3;
+#pragma unroll
+  for (int ni = 0; ni < TCN / 8; ni++) {
+    if (DT == DT_BF16) {
+      tc_chunk(acc[ni], a, sm.b[buf][cc][ni][lane]);
+      continue;
+    }
+    Raw8 r = {};
+    r.a = sm.b[buf][cc][ni][lane];
+    float p[4];
+    tc_partial(p, a, tc_wfrag<DT>(r));
+    // Lane element i: warp row g (+ 8 for i >= 2), block column 8 ni + 2t + (i & 1).
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int bc = 8 * ni + 2 * t + (i & 1);
+      acc[ni][i] = acc[ni][i] + tc_affine(p[i], sm.sb[buf][cc][0][bc], sm.sb[buf][cc][1][bc], xr[i >> 1]);
+    }
+  }
 }
 
 // The wide block's sums: tile rows 0 .. nt - 1 (nt <= TCM; row i reads input row in_row(i)), block columns as
-// tc_fetch_w's, into this thread's totals tc_tot(tot, m16 tile, n8 tile, fragment element) in shared memory (read
-// once a segment: registers for two blocks an SM). Every thread must call it (barriers).
+// tc_fetch_w's, into this thread's totals tc_tot(tot, n8 tile, fragment element) in shared memory (read once a
+// segment: registers for three blocks an SM). Every thread must call it (barriers).
 template <int DT, int NW, class In>
 __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_row, int nt, int k, const Mat& w0,
                                              const Mat& w1, int j0, int n, float* tot) {
-  constexpr bool QT = DT != DT_BF16;
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
-  int gs = QT ? tc_group_shift(w0.group) : 0;
+  int r0 = 16 * (int)(threadIdx.x >> 5);
+  bool live = r0 < nt;  // a warp whose rows all lie past nt multiplies nothing: its rows are never written
+  int gs = DT != DT_BF16 ? tc_group_shift(w0.group) : 0;
   int chunks = k / 32, stages = (chunks + TCK_STAGE - 1) / TCK_STAGE;
-  float acc[2][4][4];
+  float acc[TCN / 8][4];
 #pragma unroll
-  for (int a = 0; a < 2; a++)
+  for (int b = 0; b < TCN / 8; b++)
 #pragma unroll
-    for (int b = 0; b < 4; b++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) { acc[a][b][i] = 0.0f; tc_tot(tot, a, b, i) = 0.0f; }
+    for (int i = 0; i < 4; i++) { acc[b][i] = 0.0f; tc_tot(tot, b, i) = 0.0f; }
 #ifdef FAULT_TC_WIDTH_SPLIT
   const int segs = 2;  // planted: the wide form splits k in two segments (a split chosen by the width)
 #else
@@ -183,69 +160,44 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
   auto close_until = [&](int c) {
     while (seg < segs && (int)(((long long)(seg + 1) * chunks) / segs) <= c) {
 #pragma unroll
-      for (int a = 0; a < 2; a++)
+      for (int b = 0; b < TCN / 8; b++)
 #pragma unroll
-        for (int b = 0; b < 4; b++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            tc_tot(tot, a, b, i) = seg == 0 ? acc[a][b][i] : tc_tot(tot, a, b, i) + acc[a][b][i];
-            acc[a][b][i] = 0.0f;
-          }
+        for (int i = 0; i < 4; i++) {
+          tc_tot(tot, b, i) = seg == 0 ? acc[b][i] : tc_tot(tot, b, i) + acc[b][i];
+          acc[b][i] = 0.0f;
+        }
       seg++;
     }
   };
-  TcLoad ld;
+  const float* row[2];
+  tc_wide_rows(x, in_row, nt, k, r0, row);
+  float4 v[4];
   if (stages > 0) {
-    tc_fetch_x(x, in_row, nt, k, 0, chunks, ld);
     tc_fetch_w<DT, NW>(sm, 0, k, w0, w1, j0, n, 0, chunks, gs);
+    if (live) tc_wide_x(row, 0, chunks, v);
   }
   for (int st = 0; st < stages; st++) {
-    __syncthreads();  // the stage before is multiplied: A and the other weight buffer are free
-    tc_put<QT>(sm, ld);
-    tc_async_wait();  // this stage's weight copies have landed
-    __syncthreads();
-    if (st + 1 < stages) {
-      tc_fetch_x(x, in_row, nt, k, st + 1, chunks, ld);
-      tc_fetch_w<DT, NW>(sm, (st + 1) & 1, k, w0, w1, j0, n, st + 1, chunks, gs);
-    }
-#pragma unroll 1
+    tc_async_wait();  // this thread's copies of stage st have landed
+    __syncthreads();  // and every thread's; every warp is done with stage st - 1, whose buffer the next copies fill
+    if (st + 1 < stages) tc_fetch_w<DT, NW>(sm, (st + 1) & 1, k, w0, w1, j0, n, st + 1, chunks, gs);
+#pragma unroll
     for (int cc = 0; cc < TCK_STAGE; cc++) {
       int c = TCK_STAGE * st + cc;
       if (c >= chunks) break;
       close_until(c);
-      // One m16 tile's fragments at a time (24 registers, not 48: two blocks an SM fit 128 a thread); each
-      // accumulator still takes the chunks in order.
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++) {
-        u32 a[3][2][4];
-#pragma unroll
-        for (int pc = 0; pc < 3; pc++)
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            uint4 v = sm.a[cc][pc][2 * wm + mi][h][lane];
-            a[pc][h][0] = v.x; a[pc][h][1] = v.y; a[pc][h][2] = v.z; a[pc][h][3] = v.w;
-          }
-        if (!QT) {
-#pragma unroll
-          for (int ni = 0; ni < 4; ni++) tc_chunk(acc[mi][ni], a, sm.b[st & 1][cc][4 * wn + ni][lane]);
-          continue;
-        }
-        // Lane element i: tile row 32 wm + 16 mi + g (+ 8 for i >= 2), block column 32 wn + 8 ni + 2t + (i & 1).
-        const float xr[2] = {sm.xs[cc][32 * wm + 16 * mi + g], sm.xs[cc][32 * wm + 16 * mi + g + 8]};
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-          Raw8 r = {};
-          r.a = sm.b[st & 1][cc][4 * wn + ni][lane];
-          float p[4];
-          tc_partial(p, a, tc_wfrag<DT>(r));
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            int bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
-            float v = tc_affine(p[i], sm.sb[st & 1][cc][0][bc], sm.sb[st & 1][cc][1][bc], xr[i >> 1]);
-            acc[mi][ni][i] = acc[mi][ni][i] + v;
-          }
-        }
+      if (!live) continue;
+      float4 vn[4];
+      tc_wide_x(row, c + 1, chunks, vn);  // the next chunk's loads wait in registers
+      u32 a[3][2][4];
+      tc_frag_split(v, true, a);
+      float xr[2] = {0.0f, 0.0f};
+      if (DT != DT_BF16) {
+        xr[0] = tc_xsum(v[0], v[1]);
+        xr[1] = tc_xsum(v[2], v[3]);
       }
+      tc_wide_chunk<DT>(sm, st & 1, cc, a, xr, acc);
+#pragma unroll
+      for (int q = 0; q < 4; q++) v[q] = vn[q];
     }
   }
   close_until(chunks);
@@ -256,25 +208,23 @@ __device__ __forceinline__ void tc_wide_sums(TcSmem& sm, const float* x, In in_r
 // which meet in shared memory. Every thread must call it (barriers).
 template <int NW, class Put>
 __device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int j0, int n, Put put) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3, g = lane >> 2, t = lane & 3;
-  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 60.5
-  if (NW == 2) __syncthreads();             // the last stage is multiplied
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = 16 * (int)(threadIdx.x >> 5);
+  float* o = reinterpret_cast<float*>(&sm);  // NW == 2: [TCM][TCN], 32 KiB of the stage's 36
+  if (NW == 2) __syncthreads();             // every warp is done with the last stage's weights
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++)
+  for (int ni = 0; ni < TCN / 8; ni++)
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        int r = 32 * wm + 16 * mi + g + (i >= 2 ? 8 : 0), bc = 32 * wn + 8 * ni + 2 * t + (i & 1);
-        if (NW == 1) {
-          if (r < nt && j0 + bc < n) put(r, j0 + bc, tc_tot(tot, mi, ni, i), 0.0f);
-        } else {
-          o[r * TCN + bc] = tc_tot(tot, mi, ni, i);
-        }
+    for (int i = 0; i < 4; i++) {
+      int r = r0 + g + (i >= 2 ? 8 : 0), bc = 8 * ni + 2 * t + (i & 1);
+      if (NW == 1) {
+        if (r < nt && j0 + bc < n) put(r, j0 + bc, tc_tot(tot, ni, i), 0.0f);
+      } else {
+        o[r * TCN + bc] = tc_tot(tot, ni, i);
       }
+    }
   if (NW == 1) return;
   __syncthreads();
-  for (int idx = threadIdx.x; idx < TCM * (TCN / 2); idx += 256) {
+  for (int idx = threadIdx.x; idx < TCM * (TCN / 2); idx += TCW_THREADS) {
     int r = idx / (TCN / 2), c = idx % (TCN / 2);
     if (r < nt && j0 + c < n) put(r, j0 + c, o[r * TCN + c], o[r * TCN + TCN / 2 + c]);
   }
@@ -283,65 +233,65 @@ __device__ __forceinline__ void tc_wide_out(TcSmem& sm, float* tot, int nt, int 
 // Wide entry points, one a weight dtype (NAME_tcw_bf16, _q8, _q4; the arguments of the narrow entries). Grid x: row
 // tiles of TCM rows (MoE: the plan's tiles, planned at TCM slots); grid y: column blocks of TCN (TCN / 2 for the
 // gate-up forms, which read two matrices).
-#define TCW_ENTRIES(SFX, DT)                                                                                      \
-  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
-      linear_tcw_##SFX(const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb,  \
-                       int group, const float* bias, float* out) {                                               \
-    PDL_ENTRY();                                                                                                 \
-    extern __shared__ float tcw_dyn[];                                                                           \
-    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
-    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
-    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;          \
-    const Mat m = tc_mat(w, ws, wb, group);                                                                      \
-    tc_wide_sums<DT, 1>(sm, x, [&](int i) { return r0 + i; }, nt, k, m, m, j0, n, tot);                          \
-    tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {                                       \
-      out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;                                                  \
-    });                                                                                                          \
-  }                                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
-      gateup_tcw_##SFX(const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb,  \
-                       const void* u, const float* us, const float* ub, int group, float* act) {                 \
-    PDL_ENTRY();                                                                                                 \
-    extern __shared__ float tcw_dyn[];                                                                           \
-    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
-    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
-    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;    \
-    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return r0 + i; }, nt, k, tc_mat(g, gs, gb, group),                   \
-                        tc_mat(u, us, ub, group), j0, n, tot);                                                   \
-    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                   \
-      act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                        \
-    });                                                                                                          \
-  }                                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
-      moe_gateup_tcw_##SFX(const float* x, int k, int n, const u64* tab, int group, const int* tiles,            \
-                           const int* ntiles, const int* list, int kk, float* act) {                             \
-    PDL_ENTRY();                                                                                                 \
-    extern __shared__ float tcw_dyn[];                                                                           \
-    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
-    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
-    int t = blockIdx.x;                                                                                          \
-    if (t >= *ntiles) return;                                                                                    \
-    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;        \
-    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, expert_mat(tab, e, 0, group),    \
-                        expert_mat(tab, e, 1, group), j0, n, tot);                                               \
-    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                   \
-      act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                        \
-    });                                                                                                          \
-  }                                                                                                              \
-  extern "C" __global__ void __launch_bounds__(256, TCW_BLOCKS)                                                  \
-      moe_down_tcw_##SFX(const float* act, int k, int n, const u64* tab, int group, const int* tiles,            \
-                         const int* ntiles, const int* list, float* y) {                                         \
-    PDL_ENTRY();                                                                                                 \
-    extern __shared__ float tcw_dyn[];                                                                           \
-    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                            \
-    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                   \
-    int t = blockIdx.x;                                                                                          \
-    if (t >= *ntiles) return;                                                                                    \
-    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;              \
-    const Mat w = expert_mat(tab, e, 2, group);                                                                  \
-    tc_wide_sums<DT, 1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);                        \
-    tc_wide_out<1>(sm, tot, nt, j0, n,                                                                           \
-                   [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });                \
+#define TCW_ENTRIES(SFX, DT)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(TCW_THREADS, TCW_BLOCKS)                                              \
+      linear_tcw_##SFX(const float* x, int rows, int k, int n, const void* w, const float* ws, const float* wb,      \
+                       int group, const float* bias, float* out) {                                                   \
+    PDL_ENTRY();                                                                                                     \
+    extern __shared__ float tcw_dyn[];                                                                               \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                                \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                       \
+    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = TCN * (int)blockIdx.y;              \
+    const Mat m = tc_mat(w, ws, wb, group);                                                                          \
+    tc_wide_sums<DT, 1>(sm, x, [&](int i) { return r0 + i; }, nt, k, m, m, j0, n, tot);                              \
+    tc_wide_out<1>(sm, tot, nt, j0, n, [&](int i, int j, float v, float) {                                           \
+      out[(u64)(r0 + i) * (u64)n + j] = bias ? v + bias[j] : v;                                                      \
+    });                                                                                                              \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(TCW_THREADS, TCW_BLOCKS)                                              \
+      gateup_tcw_##SFX(const float* x, int rows, int k, int n, const void* g, const float* gs, const float* gb,      \
+                       const void* u, const float* us, const float* ub, int group, float* act) {                     \
+    PDL_ENTRY();                                                                                                     \
+    extern __shared__ float tcw_dyn[];                                                                               \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                                \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                       \
+    int r0 = TCM * (int)blockIdx.x, nt = rows - r0 < TCM ? rows - r0 : TCM, j0 = (TCN / 2) * (int)blockIdx.y;        \
+    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return r0 + i; }, nt, k, tc_mat(g, gs, gb, group),                       \
+                        tc_mat(u, us, ub, group), j0, n, tot);                                                       \
+    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                       \
+      act[(u64)(r0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                            \
+    });                                                                                                              \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(TCW_THREADS, TCW_BLOCKS)                                              \
+      moe_gateup_tcw_##SFX(const float* x, int k, int n, const u64* tab, int group, const int* tiles,                \
+                           const int* ntiles, const int* list, int kk, float* act) {                                 \
+    PDL_ENTRY();                                                                                                     \
+    extern __shared__ float tcw_dyn[];                                                                               \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                                \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                       \
+    int t = blockIdx.x;                                                                                              \
+    if (t >= *ntiles) return;                                                                                        \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = (TCN / 2) * (int)blockIdx.y;            \
+    tc_wide_sums<DT, 2>(sm, x, [&](int i) { return list[s0 + i] / kk; }, nt, k, expert_mat(tab, e, 0, group),        \
+                        expert_mat(tab, e, 1, group), j0, n, tot);                                                   \
+    tc_wide_out<2>(sm, tot, nt, j0, n, [&](int i, int j, float gv, float uv) {                                       \
+      act[(u64)(s0 + i) * (u64)n + j] = silu_mul(gv, uv);                                                            \
+    });                                                                                                              \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(TCW_THREADS, TCW_BLOCKS)                                              \
+      moe_down_tcw_##SFX(const float* act, int k, int n, const u64* tab, int group, const int* tiles,                \
+                         const int* ntiles, const int* list, float* y) {                                             \
+    PDL_ENTRY();                                                                                                     \
+    extern __shared__ float tcw_dyn[];                                                                               \
+    TcSmem& sm = *reinterpret_cast<TcSmem*>(tcw_dyn);                                                                \
+    float* tot = tcw_dyn + sizeof(TcSmem) / 4;                                                                       \
+    int t = blockIdx.x;                                                                                              \
+    if (t >= *ntiles) return;                                                                                        \
+    int e = tiles[3 * t], s0 = tiles[3 * t + 1], nt = tiles[3 * t + 2], j0 = TCN * (int)blockIdx.y;                  \
+    const Mat w = expert_mat(tab, e, 2, group);                                                                      \
+    tc_wide_sums<DT, 1>(sm, act, [&](int i) { return s0 + i; }, nt, k, w, w, j0, n, tot);                            \
+    tc_wide_out<1>(sm, tot, nt, j0, n,                                                                               \
+                   [&](int i, int j, float v, float) { y[(u64)list[s0 + i] * (u64)n + j] = v; });                    \
   }
 TCW_ENTRIES(bf16, DT_BF16)
 TCW_ENTRIES(q8, DT_Q8)

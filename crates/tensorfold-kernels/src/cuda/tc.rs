@@ -1,6 +1,6 @@
 //! Host launches of the tensor-core forms (dense_tc.cu, dense_tcw.cu, `TENSORFOLD_CUDA_TENSOR_CORES=1`): the linear, q/k/v in one launch, the dense gate-up and the MoE expert tiles, few-row, narrow or wide.
 
-use super::device::{Arg, BLOCK, GRID_YZ, Src, TC_SEGS, TCM, TCN};
+use super::device::{Arg, GRID_YZ, Src, TC_SEGS, TCM, TCN};
 use super::ops::int;
 use super::types::{CudaBuf, CudaMat};
 use super::{CudaBackend, CudaError};
@@ -69,16 +69,15 @@ fn mat_args(w: &CudaMat) -> Result<[Arg; 4], CudaError> {
     Ok([Arg::P(wp), Arg::P(sp), Arg::P(bp), Arg::I(int(w.group, "group")?)])
 }
 
-/// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): the stage of two chunks' A pieces (24 KiB),
-/// two buffers of two chunks' B fragments (32 KiB), a quantized matrix's row sums of x (two chunks, 512 bytes) and
-/// two buffers of two chunks' scales and biases (4 KiB), then 32 segment totals a thread of 256 (32 KiB): 92.5 KiB,
-/// so two blocks fit a Hopper SM (228 KiB); a part with less shared memory runs one.
-const WIDE_SMEM: usize = 2 * 3 * (TCM / 16) * 2 * 32 * 16
-    + 2 * 2 * (TCN / 8) * 32 * 16
-    + 2 * TCM * 4
-    + 2 * 2 * 2 * TCN * 4
-    + 2 * 4 * 4 * 256 * 4;
-const _: () = assert!(WIDE_SMEM == 94_720, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
+/// Threads of a wide block (dense_tcw.cu's `TCW_THREADS`): four warps, each 16 rows by every column.
+const WIDE_BLOCK: u32 = 128;
+
+/// Dynamic shared memory of a wide block (dense_tcw.cu's `TCW_SMEM`): two buffers of two chunks' B fragments
+/// (32 KiB), two buffers of two chunks' scales and biases of a quantized matrix (4 KiB), then 64 segment totals a
+/// thread of 128 (32 KiB): 68 KiB; the kernels are compiled for two blocks an SM (`TCW_BLOCKS`), which any part
+/// with 136 KiB of shared memory an SM holds.
+const WIDE_SMEM: usize = 2 * 2 * (TCN / 8) * 32 * 16 + 2 * 2 * 2 * TCN * 4 + (TCN / 8) * 4 * WIDE_BLOCK as usize * 4;
+const _: () = assert!(WIDE_SMEM == 69_632, "dense_tcw.cu's static_assert on TCW_SMEM names the same bytes");
 
 /// The wide entry of `kind` (linear, gateup, moe_gateup, moe_down) for matrices like `w` over `grid` blocks.
 fn wide_launch(
@@ -92,7 +91,7 @@ fn wide_launch(
     }
     let f = be.func(Src::Dense, &format!("{kind}_tcw_{}", w.dtype_name()))?;
     be.dev.allow_smem(&f, WIDE_SMEM)?;
-    be.dev.launch(&f, grid, BLOCK, WIDE_SMEM as u32, args)
+    be.dev.launch(&f, grid, WIDE_BLOCK, WIDE_SMEM as u32, args)
 }
 
 /// Row tiles of `tile` rows for the narrow or few-row form of a `rows`-row call, within the grid's y limit.
