@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Fault, Poisoned, core, reference, run_scheduled};
+use common::{Fault, Poisoned, core, reference, run_group, run_scheduled};
 use std::time::{Duration, Instant};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
@@ -188,18 +188,12 @@ fn a_group_member_whose_reserve_fails_ends_alone_and_the_rest_equal_their_solo_r
         let target = RefusedReserve::new(inner.clone(), 24);
         let refused = target.refused.clone();
         let mut c = core(target, EngineConfig { parallel: 4, ..EngineConfig::default() });
-        let (sinks, rx): (Vec<tensorfold_engine::Sink>, Vec<_>) =
-            (0..3).map(|_| std::sync::mpsc::channel()).map(|(tx, rx)| (tx.into(), rx)).unzip();
-        c.submit_group(reqs.clone(), sinks).expect("queued");
-        while c.step() {}
-        for (i, (r, rx)) in reqs.iter().zip(rx).enumerate() {
-            let mut w = common::Watch { id: 0, rx: Some(rx), seen: common::Seen::default() };
-            w.drain(0);
+        for (i, (r, seen)) in reqs.iter().zip(run_group(&mut c, &reqs)).enumerate() {
             if r.max_tokens == 12 {
-                assert!(refused_by_name(&w.seen), "{max_tokens:?}: member {i}: {:?}", w.seen);
+                assert!(refused_by_name(&seen), "{max_tokens:?}: member {i}: {seen:?}");
             } else {
                 let alone = (Some(FinishReason::Length), &reference(&inner, r).0);
-                assert_eq!((w.seen.reason, &w.seen.tokens), alone, "{max_tokens:?}: member {i}");
+                assert_eq!((seen.reason, &seen.tokens), alone, "{max_tokens:?}: member {i}");
             }
         }
         let want = max_tokens.iter().filter(|&&m| m == 12).count();

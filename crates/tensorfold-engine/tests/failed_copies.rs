@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{core, reference, run_scheduled};
+use common::{core, reference, run_group, run_scheduled};
 use tensorfold_engine::core::EngineConfig;
 use tensorfold_engine::fake::FakeTarget;
 use tensorfold_engine::{FinishReason, ForwardCall, Request, SegOut, Target};
@@ -60,20 +60,14 @@ fn a_follower_whose_copy_fails_ends_out_of_memory_and_its_leader_runs_on() {
     let reqs: Vec<Request> =
         [10, 12, 14].iter().map(|&m| Request { ignore_eos: true, ..Request::greedy((5..17).collect(), m) }).collect();
     let mut c = core(FailedCopies { inner: inner.clone() }, EngineConfig { parallel: 4, ..EngineConfig::default() });
-    let (sinks, rx): (Vec<tensorfold_engine::Sink>, Vec<_>) =
-        (0..3).map(|_| std::sync::mpsc::channel()).map(|(tx, rx)| (tx.into(), rx)).unzip();
-    c.submit_group(reqs.clone(), sinks).expect("queued");
-    while c.step() {}
-    for (i, (r, rx)) in reqs.iter().zip(rx).enumerate() {
-        let mut w = common::Watch { id: 0, rx: Some(rx), seen: common::Seen::default() };
-        w.drain(0);
+    for (i, (r, seen)) in reqs.iter().zip(run_group(&mut c, &reqs)).enumerate() {
         if i == 0 {
             let alone = (Some(FinishReason::Length), &reference(&inner, r).0);
-            assert_eq!((w.seen.reason, &w.seen.tokens), alone, "the leader");
+            assert_eq!((seen.reason, &seen.tokens), alone, "the leader");
         } else {
-            let named = w.seen.error.as_deref().is_some_and(|e| e.contains("copying a KV cache"));
-            assert!(w.seen.reason == Some(FinishReason::Error) && named && w.seen.out_of_memory, "{:?}", w.seen);
-            assert!(w.seen.tokens.is_empty(), "follower {i} ran nothing: {:?}", w.seen);
+            let named = seen.error.as_deref().is_some_and(|e| e.contains("copying a KV cache"));
+            assert!(seen.reason == Some(FinishReason::Error) && named && seen.out_of_memory, "{seen:?}");
+            assert!(seen.tokens.is_empty(), "follower {i} ran nothing: {seen:?}");
         }
     }
     let m = c.metrics();

@@ -244,6 +244,22 @@ pub fn core<T: Target>(target: T, cfg: EngineConfig) -> Core<T> {
     Core::new(target, cfg, Box::new(FixedClock(Instant::now())))
 }
 
+/// Submits `reqs` as one group (`n` choices of one prompt), runs the core until idle, and returns what each member
+/// saw, in member order.
+pub fn run_group<T: Target>(core: &mut Core<T>, reqs: &[Request]) -> Vec<Seen> {
+    let (sinks, rx): (Vec<tensorfold_engine::Sink>, Vec<_>) =
+        reqs.iter().map(|_| channel()).map(|(tx, rx)| (tx.into(), rx)).unzip();
+    core.submit_group(reqs.to_vec(), sinks).expect("queued");
+    while core.step() {}
+    rx.into_iter()
+        .map(|rx| {
+            let mut w = Watch { id: 0, rx: Some(rx), seen: Seen::default() };
+            w.drain(0);
+            w.seen
+        })
+        .collect()
+}
+
 /// Runs `reqs`, each submitted after the round given with it (rounds counted from 0), until idle; asserts
 /// the event order and the stats' counts, and calls `each_round` after every step.
 pub fn run_scheduled<T: Target>(
