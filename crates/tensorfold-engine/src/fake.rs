@@ -142,6 +142,13 @@ impl Target for FakeTarget {
         s.last() == Some(&TORN)
     }
 
+    fn snapshot(&self, s: &Vec<u32>) -> Result<Vec<u32>, ForwardError> {
+        if s.last() == Some(&TORN) {
+            return Err(ForwardError::Torn);
+        }
+        Ok(s.clone())
+    }
+
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         if s.last() == Some(&TORN) {
             return Err(ForwardError::Torn);
@@ -197,6 +204,9 @@ impl Target for RefusedReserve {
     }
     fn forward(&self, call: &ForwardCall<'_, ()>, states: &mut [&mut Vec<u32>]) -> Result<Vec<SegOut>, ForwardError> {
         self.inner.forward(call, states)
+    }
+    fn torn(&self, s: &Vec<u32>) -> bool {
+        self.inner.torn(s)
     }
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
         self.inner.keep(s, pos)

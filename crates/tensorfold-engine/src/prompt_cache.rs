@@ -51,7 +51,8 @@ impl<S: Clone> PromptCache<S> {
     }
 
     /// The longest kept prefix of `prompt` that leaves at least one row to compute: its state (for the caller to
-    /// copy, `Target::snapshot`: a device copy under the target's watch) and its length. Counts a query (and a hit).
+    /// copy, `Target::snapshot`: a device copy under the target's watch) and its length. Counts a query; the caller
+    /// counts the hit once its copy is made ([`PromptCache::resumed`]).
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<(&S, usize)> {
         self.counters.queries += 1;
         self.tick += 1;
@@ -61,9 +62,13 @@ impl<S: Clone> PromptCache<S> {
             .filter(|e| e.tokens.len() < prompt.len() && prompt.starts_with(&e.tokens))
             .max_by_key(|e| e.tokens.len())?;
         best.last_used = self.tick;
-        self.counters.hits += 1;
-        self.counters.reused_tokens += best.tokens.len() as u64;
         Some((&best.state, best.tokens.len()))
+    }
+
+    /// Counts a hit: a request resumed from a kept state after `tokens` prompt tokens.
+    pub fn resumed(&mut self, tokens: usize) {
+        self.counters.hits += 1;
+        self.counters.reused_tokens += tokens as u64;
     }
 
     /// True when a state after exactly `tokens` is kept.
@@ -102,6 +107,9 @@ mod tests {
         assert_eq!(c.lookup(&[1, 2, 3, 4, 5]), Some((&"abcd", 4)));
         assert_eq!(c.lookup(&[1, 2, 9]), Some((&"ab", 2)));
         assert_eq!(c.lookup(&[7]), None);
+        assert_eq!(c.counters, CacheCounters { queries: 3, hits: 0, reused_tokens: 0 }, "hits count once resumed");
+        c.resumed(4);
+        c.resumed(2);
         assert_eq!(c.counters, CacheCounters { queries: 3, hits: 2, reused_tokens: 6 });
     }
 

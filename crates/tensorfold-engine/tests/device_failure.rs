@@ -1,7 +1,8 @@
 //! A device failure (a lost GPU, a failed collective) stops the engine: every running and waiting request ends with
 //! the named error, no lane or memory stays held, the engine thread ends (`/health` answers 503) and later submits
-//! are refused; a device error that leaves the device usable (out of memory) fails its stream alone, also when it
-//! meets the stream's state as it is reserved (admission, a group's fan-out), before any round holds its rows.
+//! are refused; a device error that leaves the device usable (out of memory) before any state is written fails its
+//! stream alone, also when it meets the stream's state as it is reserved (admission, a group's fan-out), before any
+//! round holds its rows; one inside a layer of a shared round ends every stream whose state it tore.
 
 mod common;
 

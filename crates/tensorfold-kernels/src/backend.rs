@@ -473,6 +473,11 @@ pub trait Diagnostics: Memory {
     fn check(&self) -> Result<(), KernelError> {
         Ok(())
     }
+    /// [`Diagnostics::check`] after sending every queued operation to the device (without waiting for it), so a
+    /// failure to send this caller's work is its own, not a later call's: the end of a forward, a state copy.
+    fn flush_check(&self) -> Result<(), KernelError> {
+        self.check()
+    }
     /// Device memory high-water marks in bytes of the device's default pool, over the whole process (never reset):
     /// `(allocated, reserved by the pool)`; `None` where memory is the host's (read the process's peak RSS instead).
     fn memory_high(&self) -> Option<(usize, usize)> {

@@ -1,14 +1,15 @@
 //! A planted stall for one device (feature `planted-faults` only): a backend that runs another's kernels and, once
 //! armed, blocks its next device sync (a read of results to the host) for a while, as a GPU that stops answering
-//! without an error does. The single-device twin of `deadline::StallingCollective`.
+//! without an error does. The single-device twin of `deadline::StallingCollective`. It can also record a planted
+//! failure, as a CUDA call that cannot return one leaves it for the next `Diagnostics::check`.
 
 use crate::backend::{
     Diagnostics, Ffn, KernelError, Memory, MoeParams, Ops, Pick, RopeParams, Sampling, Segment, StreamState,
 };
 use crate::bytes::MatView;
 use crate::sample::{DrawSpec, SampleError};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// `inner`'s kernels; once `armed` is set, the next host read (`read`, `greedy`, `draw_rows`: where a GPU's host
@@ -18,15 +19,46 @@ pub struct StallingBackend<B> {
     inner: B,
     armed: Arc<AtomicBool>,
     stall: Duration,
+    planted: Arc<Mutex<Recorded>>,
+}
+
+/// A planted failure: recorded now, or at the next host read; `check` and `flush_check` take the recorded one.
+#[derive(Default)]
+struct Recorded {
+    at_read: Option<KernelError>,
+    now: Option<KernelError>,
 }
 
 impl<B> StallingBackend<B> {
     /// `inner` whose next sync after `armed` is set stalls for `stall`.
     pub fn new(inner: B, armed: Arc<AtomicBool>, stall: Duration) -> Self {
-        Self { inner, armed, stall }
+        Self { inner, armed, stall, planted: Arc::default() }
+    }
+
+    /// Records `e` as an infallible call's failure: the next `check` or `flush_check` returns it.
+    pub fn record(&self, e: KernelError) {
+        self.recorded().now = Some(e);
+    }
+
+    /// Records `e` at the next host read (`read`, `greedy`, `draw_rows`): a failure met inside a forward's head.
+    pub fn record_at_read(&self, e: KernelError) {
+        self.recorded().at_read = Some(e);
+    }
+
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.planted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take_recorded(&self) -> Result<(), KernelError> {
+        self.recorded().now.take().map_or(Ok(()), Err)
     }
 
     fn maybe_stall(&self) {
+        let mut r = self.recorded();
+        if let Some(e) = r.at_read.take() {
+            r.now.get_or_insert(e);
+        }
+        drop(r);
         if self.armed.swap(false, Ordering::AcqRel) {
             std::thread::sleep(self.stall);
         }
@@ -299,7 +331,12 @@ impl<B: Diagnostics> Diagnostics for StallingBackend<B> {
         self.inner.copy_bandwidth()
     }
     fn check(&self) -> Result<(), KernelError> {
+        self.take_recorded()?;
         self.inner.check()
+    }
+    fn flush_check(&self) -> Result<(), KernelError> {
+        self.take_recorded()?;
+        self.inner.flush_check()
     }
     fn memory_high(&self) -> Option<(usize, usize)> {
         self.inner.memory_high()

@@ -76,9 +76,11 @@ pub struct Model<B: Backend> {
 impl<B: Backend> Model<B> {
     /// Runs every layer once over all rows of the batch. On success each stream's position advances by its rows
     /// and the rows `batch.want` names get their logits, picks or draws. Errors ([`ForwardError`]): a refused batch
-    /// (rows, segments, positions, token ids, context, held runs) leaves all states unchanged; a kernel's or a
-    /// collective's failure after that is returned as it happened; a device given up by the watchdog (a wait past
-    /// the deadline, this one or an earlier) is `KernelError::DeviceLost` ([`Model::answered`]).
+    /// (rows, segments, positions, token ids, context, held runs, torn states) leaves all states unchanged, and so
+    /// does a failure before the first layer (the embedding, the activations' buffers); a kernel's or a
+    /// collective's failure after that is returned as it happened and tears every state of the call
+    /// (`StreamState::torn`); a device given up by the watchdog (a wait past the deadline, this one or an earlier)
+    /// is `KernelError::DeviceLost` ([`Model::answered`]).
     pub fn forward(&self, batch: Batch<'_, '_, B>) -> Result<ForwardOut, ForwardError> {
         // On the CPU, the whole forward runs on a worker of the kernels' pool: each kernel's split is then a cheap
         // fork from inside the pool instead of a cold hand-off from this thread and a sleep until it is done.
@@ -108,8 +110,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// The part of a forward that writes the streams' states: every layer, the hooks, the head. A failure here
-    /// leaves the states part-written (the caller tears them). A failure recorded by an infallible call
-    /// (`Diagnostics::check`) fails the call here rather than return garbage.
+    /// leaves the states part-written (the caller tears them). A failure recorded by an infallible call, or met
+    /// sending the call's queued work (`Diagnostics::flush_check`), fails the call here rather than return garbage.
     fn write_states(&self, batch: &mut Batch<'_, '_, B>, mut acts: Acts<B>) -> Result<ForwardOut, ForwardError> {
         let (b, w, h) = (&self.backend, &self.weights, self.cfg.hidden);
         let rows = batch.tokens.len();
@@ -129,9 +131,10 @@ impl<B: Backend> Model<B> {
         let out = w.head_rows(&cx, &acts.x, std::mem::replace(&mut batch.want, LogitRows::Last));
         // The logits are read: a hook's failure on the way fails the call (its results may be garbage).
         hooks.after_head(b, &acts.x, h, !out.rows.is_empty())?;
-        b.check()?;
         // A read that came back after the watchdog gave the device up is not trusted: the engine has stopped.
         self.answered()?;
+        // A forward without a head leaves its work queued: sent here, so its failure is this call's.
+        b.flush_check()?;
         Ok(out)
     }
 

@@ -124,7 +124,13 @@ impl<B: Backend> Model<B> {
         for l in &mut s.layers {
             match l {
                 LayerState::Kv(k) => self.backend.kv_truncate(k, pos),
-                LayerState::Conv(c) => self.backend.conv_keep(c, pos - s.last_start)?,
+                LayerState::Conv(c) => {
+                    if let Err(e) = self.backend.conv_keep(c, pos - s.last_start) {
+                        // Earlier layers are rolled back and later ones not: the state cannot run on.
+                        s.torn = true;
+                        return Err(e.into());
+                    }
+                }
             }
         }
         if let (Some(d), Some(ds)) = (&self.drafter, &mut s.draft) {
@@ -182,7 +188,8 @@ impl<B: Backend> Model<B> {
             }
         }
         c.last_start = c.pos;
-        self.backend.check()?;
+        // The copies are queued: sent now, so a failure to make them is this call's.
+        self.backend.flush_check()?;
         Ok(c)
     }
 

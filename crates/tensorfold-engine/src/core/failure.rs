@@ -35,6 +35,14 @@ impl<T: Target> Core<T> {
         }
     }
 
+    /// Finishes lane `i`, whose verify window could not be rolled back, with that error (out of memory flagged);
+    /// a lost device is recorded, and the step's check stops the engine.
+    pub(super) fn refuse_rollback(&mut self, i: usize, e: ForwardError) {
+        self.note_device(&e);
+        let message = format!("rolling back a verify window: {e}");
+        self.finish_as(i, FinishReason::Error, Some(message), e.is_out_of_memory());
+    }
+
     /// The device failure that stopped this engine, if one did.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()

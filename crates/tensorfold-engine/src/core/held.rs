@@ -74,7 +74,7 @@ impl<T: Target> Core<T> {
         let s = &mut self.lanes[i];
         let pos = self.target.pos(&s.state);
         if let Err(e) = self.target.keep(&mut s.state, pos - n) {
-            self.finish(i, crate::request::FinishReason::Error, Some(format!("rolling back a verify window: {e}")));
+            self.refuse_rollback(i, e);
             return false;
         }
         s.stats.draft_error = Some(error);

@@ -1,6 +1,6 @@
 //! Running a round, its second stage: the plan's inputs (token rows, segments, each segment's wants, the rows that
-//! take held drafts) and the ONE target forward over them (or one per stream when shared rounds are off, or after an
-//! engine fault, so only a stream that fails alone fails).
+//! take held drafts) and the ONE target forward over them (or one per stream when shared rounds are off, or after a
+//! failed shared forward for each stream whose state it left whole, so only a stream that fails alone fails).
 
 use super::Core;
 use super::plan::{Entry, RoundPlan};

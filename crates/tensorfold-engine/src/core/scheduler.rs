@@ -98,7 +98,10 @@ impl<T: Target> Core<T> {
             Some(_) => None,
         };
         let looked = match looked {
-            Some((Ok(s), n)) => Some((s, n)),
+            Some((Ok(s), n)) => {
+                self.cache.resumed(n);
+                Some((s, n))
+            }
             Some((Err(e), _)) => {
                 self.note_device(&e);
                 None

@@ -37,7 +37,7 @@ impl<T: Target> Core<T> {
         if n > 0 {
             let s = &mut self.lanes[i];
             if let Err(e) = self.target.keep(&mut s.state, p0 + toks.len()) {
-                return self.finish(i, FinishReason::Error, Some(format!("rolling back a verify window: {e}")));
+                return self.refuse_rollback(i, e);
             }
             s.guard.record(accepted);
             self.record_window(i, n, accepted);

@@ -342,9 +342,11 @@ pub enum Fault {
     RefuseCall,
     /// Any call holding its rows fails on the device for good (a lost GPU, a failed collective).
     DeviceLost,
-    /// Any call holding its rows meets a device error that leaves the device usable (a driver error).
+    /// Any call holding its rows meets a device error that leaves the device usable (a driver error), before the call
+    /// writes any state (the embedding).
     DeviceError,
-    /// Any call holding its rows runs out of device memory (the device stays usable; a retry may succeed).
+    /// Any call holding its rows runs out of device memory before it writes any state (the device stays usable; a
+    /// retry may succeed).
     DeviceOutOfMemory,
     /// A call holding its rows and another stream's runs out of device memory (a shared round too large); its rows
     /// alone fit.
@@ -389,7 +391,7 @@ impl Poisoned {
                 }
                 Fault::DeviceError => {
                     let message = "planted: out of memory".to_string();
-                    return Err(ForwardError::Kernel(KernelError::Device { kernel: "linear", message }));
+                    return Err(ForwardError::Kernel(KernelError::Device { kernel: "embed", message }));
                 }
                 Fault::SharedOutOfMemory if segs.len() > 1 => {
                     let message = "planted: out of memory for the shared round".to_string();
@@ -403,7 +405,7 @@ impl Poisoned {
                 Fault::SharedOutOfMemory | Fault::TornOutOfMemory => {}
                 Fault::DeviceOutOfMemory => {
                     let message = "planted: out of memory (CUDA_ERROR_OUT_OF_MEMORY)".to_string();
-                    return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "linear", message }));
+                    return Err(ForwardError::Kernel(KernelError::DeviceOutOfMemory { kernel: "embed", message }));
                 }
                 Fault::NanLogits => {}
             }

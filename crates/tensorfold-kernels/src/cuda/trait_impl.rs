@@ -471,6 +471,11 @@ impl Diagnostics for CudaBackend {
         self.dev.take("check")
     }
 
+    fn flush_check(&self) -> Result<(), KernelError> {
+        self.dev.note("sending queued work", self.dev.send());
+        self.dev.take("check")
+    }
+
     fn copy_bandwidth(&self) -> f64 {
         self.dev.copy_bandwidth().unwrap_or(f64::NAN)
     }

@@ -203,8 +203,8 @@ impl CudaKv {
 }
 
 impl Clone for CudaKv {
-    /// A copy of the held rows (prompt-cache snapshots). On a device failure the copy is empty, so the next forward
-    /// over it is refused by its key-count check, and the failure is reported by the next fallible kernel.
+    /// A copy of the held rows (prompt-cache snapshots). On a device failure the copy is empty and the failure
+    /// recorded: the model's snapshot takes it (`Diagnostics::flush_check`) and refuses the copy.
     fn clone(&self) -> Self {
         match self.copy() {
             Ok(c) => c,
@@ -311,8 +311,8 @@ impl CudaConv {
 }
 
 impl Clone for CudaConv {
-    /// A copy of the state and the kept window. On a device failure the copy is a zeroed state without a window
-    /// (and the failure is reported by the next fallible kernel).
+    /// A copy of the state and the kept window. On a device failure the copy is a zeroed state without a window and
+    /// the failure recorded: the model's snapshot takes it (`Diagnostics::flush_check`) and refuses the copy.
     fn clone(&self) -> Self {
         match self.copy() {
             Ok(c) => c,

@@ -2,8 +2,8 @@
 //! once after it; and the rows of a forward that take them.
 
 use crate::forward::ForwardError;
-use tensorfold_kernels::Backend;
 use tensorfold_kernels::backend::{DRAWN, DRAWN_GREEDY};
+use tensorfold_kernels::{Backend, KernelError};
 
 /// A batch's drafted blocks left on the device (held drafts, docs/drafter.md): block row `k`'s `[token, status,
 /// index]` words of every stream, `[block, streams, 3]` u32 bits in f32 slots, the layout [`Backend::draw_into`]
@@ -39,12 +39,17 @@ impl<B: Backend> HeldBlocks<B> {
     /// Every stream's drafts after the verify (one copy to the host), each refused as the synchronous read refuses
     /// it: a row whose status is not drawn, or whose id is past the vocabulary, makes that stream's block
     /// [`ForwardError::DraftNonfinite`] with `stream: 0` (the stream's own pass, as the engine's retry reports it). A
-    /// device failure recorded before the read ([`Backend::check`]) is every stream's error instead.
+    /// device failure recorded before the read or by it ([`Backend::check`]) is every stream's error instead.
     pub fn read(&self, b: &B) -> Vec<Result<Vec<u32>, ForwardError>> {
+        let failed = |e: KernelError| (0..self.streams).map(|_| Err(ForwardError::Kernel(e.clone()))).collect();
         if let Err(e) = b.check() {
-            return (0..self.streams).map(|_| Err(ForwardError::Kernel(e.clone()))).collect();
+            return failed(e);
         }
         let w = b.read(&self.words);
+        // The read's own failure is this call's, not the next one's (a rollback, a state copy).
+        if let Err(e) = b.check() {
+            return failed(e);
+        }
         (0..self.streams)
             .map(|i| {
                 (0..self.block)

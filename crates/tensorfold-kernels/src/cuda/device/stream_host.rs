@@ -207,6 +207,13 @@ impl Dev {
         graphs::Issuer { stream: self.stream.cu_stream(), arena: l.arena_ptr(), pdl: self.pdl }
     }
 
+    /// Issues every operation queued so far, without waiting for them: a failure to send them is returned here
+    /// rather than met by whichever later call would have sent them.
+    pub fn send(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.flush(&mut lock(&self.host))
+    }
+
     /// Waits for every operation queued so far.
     pub fn sync(&self) -> Result<(), CudaError> {
         self.bind()?;
