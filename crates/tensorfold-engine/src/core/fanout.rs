@@ -69,7 +69,8 @@ impl<T: Target> Core<T> {
     }
 
     /// At lane `i`'s prompt end (`logits`: its last row): each follower takes a copy of its state and commits its
-    /// first token, drawn from those logits with its own parameters (and logit controls).
+    /// first token, drawn from those logits with its own parameters (and logit controls). A follower whose copy the
+    /// device has no memory for prefills its prompt on its own (the same bits: rows are invariant).
     pub(super) fn fan_out(&mut self, i: usize, logits: &[f32]) {
         let (id, pos, v) = (self.lanes[i].id, self.target.pos(&self.lanes[i].state), self.verify_rows());
         let followers: Vec<RequestId> = self.lanes.iter().filter(|s| s.leader == Some(id)).map(|s| s.id).collect();
@@ -77,14 +78,21 @@ impl<T: Target> Core<T> {
             let Some(l) = self.lanes.iter().position(|s| s.id == id) else { return };
             let Some(j) = self.lanes.iter().position(|s| s.id == f) else { continue };
             let tokens = self.lanes[j].req.prompt.len() + self.lanes[j].req.max_tokens;
-            let copied = self.target.snapshot(&self.lanes[l].state);
-            let state = match copied.and_then(|mut s| self.target.reserve(&mut s, tokens, v).map(|()| s)) {
+            let mut state = match self.target.snapshot(&self.lanes[l].state) {
                 Ok(s) => s,
+                Err(e) if e.is_out_of_memory() => {
+                    self.on_its_own(f);
+                    continue;
+                }
                 Err(e) => {
                     self.refuse_state(f, e);
                     continue;
                 }
             };
+            if let Err(e) = self.target.reserve(&mut state, tokens, v) {
+                self.refuse_state(f, e);
+                continue;
+            }
             let s = &mut self.lanes[j];
             s.state = state;
             s.leader = None;
@@ -107,15 +115,19 @@ impl<T: Target> Core<T> {
     /// A lane that finished before its prompt was in leaves its followers to prefill on their own; one whose state
     /// the target could not reserve finishes with that error ([`Core::refuse_state`]).
     pub(super) fn release_followers(&mut self, id: RequestId) {
-        let v = self.verify_rows();
-        let mut refused = Vec::new();
-        for s in self.lanes.iter_mut().filter(|s| s.leader == Some(id)) {
-            s.leader = None;
-            if let Err(e) = self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens, v) {
-                refused.push((s.id, e));
-            }
+        let followers: Vec<RequestId> = self.lanes.iter().filter(|s| s.leader == Some(id)).map(|s| s.id).collect();
+        for f in followers {
+            self.on_its_own(f);
         }
-        for (f, e) in refused {
+    }
+
+    /// Follower `f` prefills its prompt on its own: its placeholder state is reserved now; one the target could not
+    /// reserve finishes it with that error ([`Core::refuse_state`]).
+    fn on_its_own(&mut self, f: RequestId) {
+        let v = self.verify_rows();
+        let Some(s) = self.lanes.iter_mut().find(|s| s.id == f) else { return };
+        s.leader = None;
+        if let Err(e) = self.target.reserve(&mut s.state, s.req.prompt.len() + s.req.max_tokens, v) {
             self.refuse_state(f, e);
         }
     }
