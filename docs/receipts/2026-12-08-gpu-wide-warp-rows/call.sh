@@ -2,7 +2,11 @@
 # Session 32's landing call: the wide form of four warps, each 16 rows by 128 columns, compiled for two blocks an SM
 # (B = 2f3f77c + wide-warp-rows.patch with TCW_BLOCKS 2) against 2f3f77c (A): the contract entry cuda.tensor_cores
 # on B, exact on the MoE fixtures with the wide stage from 16 rows, drafted == plain with tensor cores, then prefill
-# A B B A at 512, 2,048 and 8,192 tokens (hash each run) and, if time is left, 256 streams A B.
+# A B B A at 512, 2,048 and 8,192 tokens (hash each run) and, if time is left, 256 streams A B. Not run in session
+# 32 (no device after the timing call). To run it later: carry/bin/tensorfold.xz = the commit to check (main),
+# carry/bin/prev.xz = df26ac6 (the last commit before the wide form landed in cacd2d3), each built with
+# `cargo build --release --no-default-features --features tensorfold/cuda,tensorfold/contract -p tensorfold`,
+# stripped and `xz -T2 -6`; BUDGET=470 fits one 600 s call.
 set -uo pipefail
 BUDGET=${BUDGET:-470}
 . tools/cuda/env.sh "$OUT"
