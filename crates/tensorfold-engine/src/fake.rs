@@ -12,6 +12,11 @@ use tensorfold_model::ForwardError;
 /// later forward ([`ForwardError::Torn`]), as the model's is.
 pub const TORN: u32 = u32::MAX;
 
+/// Whether a fake state ends in [`TORN`].
+fn is_torn(s: &[u32]) -> bool {
+    s.last() == Some(&TORN)
+}
+
 /// The fake target: `vocab` logits a row, a context limit, and stop ids.
 #[derive(Clone, Debug)]
 pub struct FakeTarget {
@@ -63,7 +68,7 @@ impl FakeTarget {
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         for s in segs {
             let st = states.get(s.cache).ok_or_else(|| ForwardError::Batch(format!("no stream {}", s.cache)))?;
-            if st.last() == Some(&TORN) {
+            if is_torn(st) {
                 return Err(ForwardError::Torn);
             }
             if st.len() != s.start_pos {
@@ -139,18 +144,18 @@ impl Target for FakeTarget {
     }
 
     fn torn(&self, s: &Vec<u32>) -> bool {
-        s.last() == Some(&TORN)
+        is_torn(s)
     }
 
     fn snapshot(&self, s: &Vec<u32>) -> Result<Vec<u32>, ForwardError> {
-        if s.last() == Some(&TORN) {
+        if is_torn(s) {
             return Err(ForwardError::Torn);
         }
         Ok(s.clone())
     }
 
     fn keep(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), ForwardError> {
-        if s.last() == Some(&TORN) {
+        if is_torn(s) {
             return Err(ForwardError::Torn);
         }
         if pos > s.len() {

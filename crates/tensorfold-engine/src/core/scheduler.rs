@@ -86,28 +86,29 @@ impl<T: Target> Core<T> {
         }
     }
 
+    /// The prompt cache's longest kept prefix of `prompt`, copied on the device as the target copies (and watches)
+    /// its snapshots, and its length; a copy the device could not make is a miss (a lost device is recorded: the
+    /// step's check stops the engine).
+    fn resume(&mut self, prompt: &[u32]) -> Option<(T::State, usize)> {
+        let (copied, n) = self.cache.lookup(prompt).map(|(s, n)| (self.target.snapshot(s), n))?;
+        match copied {
+            Ok(s) => {
+                self.cache.resumed(n);
+                Some((s, n))
+            }
+            Err(e) => {
+                self.note_device(&e);
+                None
+            }
+        }
+    }
+
     /// Puts one waiting request in a lane (a group's follower waits for `leader`'s prefill). Errors: the target could
     /// not reserve a leader's or a lone request's state; the lane is taken all the same, for the caller to finish.
     fn admit_one(&mut self, w: Waiting, leader: Option<RequestId>) -> Result<(), ForwardError> {
         let now = self.clock.now();
         // A follower's state is its leader's at the prompt's end (`fanout.rs`); until then a placeholder.
-        // A resumed state is the cache's copied on the device, as the target copies (and watches) its snapshots; a
-        // copy the device could not make is a miss (a lost device is recorded: the step's check stops the engine).
-        let looked = match leader {
-            None => self.cache.lookup(&w.req.prompt).map(|(s, n)| (self.target.snapshot(s), n)),
-            Some(_) => None,
-        };
-        let looked = match looked {
-            Some((Ok(s), n)) => {
-                self.cache.resumed(n);
-                Some((s, n))
-            }
-            Some((Err(e), _)) => {
-                self.note_device(&e);
-                None
-            }
-            None => None,
-        };
+        let looked = leader.is_none().then(|| self.resume(&w.req.prompt)).flatten();
         let (mut state, cached) = looked.unwrap_or_else(|| (self.target.new_state(), 0));
         let reserved = match leader {
             None => self.target.reserve(&mut state, w.req.prompt.len() + w.req.max_tokens, self.verify_rows()),
